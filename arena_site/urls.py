@@ -1,0 +1,11 @@
+from django.contrib import admin
+from django.urls import include, path
+
+from arena_site.health import healthz
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("healthz", healthz, name="healthz"),
+    path("leaderboard/", include("leaderboard.urls")),
+    path("", include("votes.urls")),
+]

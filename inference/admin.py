@@ -1,0 +1,11 @@
+from django.contrib import admin
+
+from inference.models import LLM
+
+
+@admin.register(LLM)
+class LLMAdmin(admin.ModelAdmin):
+    list_display = ("name", "family", "queue", "enabled", "sampling_weight", "preset")
+    list_filter = ("family", "enabled")
+    list_editable = ("enabled", "sampling_weight")
+    search_fields = ("name", "preset", "queue")

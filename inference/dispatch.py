@@ -1,0 +1,53 @@
+"""Hands generation jobs to whoever runs them: Celery queues, or a thread in this process.
+
+This module is imported by the web tier: it must never import Keras or JAX. The in-process
+worker imports the generation service lazily, inside its thread.
+"""
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+
+from arena_site.celery import app as celery_app
+
+if TYPE_CHECKING:
+    from votes.services import GenerationJob
+
+logger = logging.getLogger(__name__)
+
+GENERATE_REPLY_TASK = "inference.generate_reply"
+
+# One thread per side, so both replies of a turn stream at the same time.
+_in_process_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="arena-generation")
+
+
+async def enqueue_generations(jobs: Sequence["GenerationJob"]) -> None:
+    if settings.GENERATION_BACKEND == "celery":
+        await sync_to_async(_send_to_celery)(jobs)
+        return
+    loop = asyncio.get_running_loop()
+    for job in jobs:
+        _in_process_executor.submit(_generate_in_process, job.message_id, loop)
+
+
+def _send_to_celery(jobs: Sequence["GenerationJob"]) -> None:
+    for job in jobs:
+        celery_app.send_task(GENERATE_REPLY_TASK, args=[job.message_id], queue=job.queue)
+
+
+def _generate_in_process(message_id: int, loop: asyncio.AbstractEventLoop) -> None:
+    from inference import services
+    from inference.publisher import ChannelLayerPublisher
+
+    try:
+        services.run_generation(message_id, ChannelLayerPublisher(loop))
+    except Exception:  # The thread must survive one failed job; run_generation logs details.
+        logger.exception("In-process generation of message %s failed", message_id)
+    finally:
+        close_old_connections()

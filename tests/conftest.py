@@ -1,0 +1,167 @@
+"""Shared fixtures: the real PostgreSQL and Redis of this machine, a real Celery worker, voters."""
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from asgiref.sync import sync_to_async
+from celery.contrib.testing.worker import start_worker
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.contrib.sessions.backends.db import SessionStore
+from django.db import connection, connections
+
+from arena_site.asgi import application
+from arena_site.celery import app as celery_app
+from inference.models import LLM
+
+PRESETS_DIR = Path(settings.BASE_DIR) / "inference" / "presets"
+# Demo presets the websocket tests battle with: two families, so both chat templates run.
+BATTLE_PRESETS = ("tiny-gemma", "tiny-llama3")
+FRAME_TIMEOUT = 120  # seconds; the first reply includes loading and compiling the model
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _real_services(django_db_setup: None, django_db_blocker: Any) -> None:
+    """The suite runs against the real PostgreSQL and Redis, never SQLite or in-memory stand-ins."""
+    with django_db_blocker.unblock():
+        assert connection.vendor == "postgresql", (
+            "Tests need PostgreSQL: run them with scripts/test (it sets DATABASE_URL)."
+        )
+    assert settings.REDIS_URL, "Tests need Redis: run them with scripts/test (it sets REDIS_URL)."
+    redis.Redis.from_url(settings.REDIS_URL).ping()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fresh_redis_db(_real_services: None) -> None:
+    """Start the run on an empty Redis database (scripts/test gives the suite one of its own)."""
+    redis.Redis.from_url(settings.REDIS_URL).flushdb()
+
+
+@pytest.fixture(autouse=True)
+def _clean_channel_layer() -> Iterator[None]:
+    """Drop channel-layer leftovers between tests.
+
+    Only the layer's keys: flushing the whole database would also delete kombu's queue bindings,
+    which the Celery producer has cached as declared, and later jobs would go undeliverable.
+    """
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    prefix = settings.CHANNEL_LAYERS["default"].get("CONFIG", {}).get("prefix", "asgi")
+    yield
+    for key in client.scan_iter(f"{prefix}*"):
+        client.delete(key)
+
+
+@pytest.fixture(scope="session")
+def run_id() -> str:
+    """Per-run suffix for queue names: a stray worker on the same broker can't steal our jobs."""
+    return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture
+def demo_llms(db: None, run_id: str) -> list[LLM]:
+    return [
+        LLM.objects.create(
+            name=name,
+            family="gemma" if "gemma" in name else "llama3",
+            preset=str(PRESETS_DIR / name),
+            queue=f"test-{run_id}.{name}",
+            max_new_tokens=24,
+        )
+        for name in BATTLE_PRESETS
+    ]
+
+
+@pytest.fixture(scope="session")
+def celery_worker(run_id: str, django_db_blocker: Any) -> Iterator[Any]:
+    """A real Celery worker (not eager mode) on the Redis broker, consuming this run's queues."""
+    queues = ",".join(f"test-{run_id}.{name}" for name in BATTLE_PRESETS)
+    with (
+        django_db_blocker.unblock(),
+        start_worker(celery_app, pool="solo", perform_ping_check=False, queues=queues, shutdown_timeout=60) as worker,
+    ):
+        yield worker
+
+
+@pytest.fixture
+def voter_session(transactional_db: None) -> SessionStore:
+    session = SessionStore()
+    session.create()
+    return session
+
+
+class BattleClient:
+    """A websocket client speaking the battle protocol, recording every frame it receives."""
+
+    def __init__(self, communicator: WebsocketCommunicator) -> None:
+        self.communicator = communicator
+        self.frames: list[dict[str, Any]] = []
+        self.raw: list[str] = []
+
+    async def send(self, frame: dict[str, Any] | str) -> None:
+        text = frame if isinstance(frame, str) else json.dumps(frame)
+        await self.communicator.send_to(text_data=text)
+
+    async def receive(self, timeout: float = FRAME_TIMEOUT) -> dict[str, Any]:
+        try:
+            raw = await self.communicator.receive_from(timeout=timeout)
+        except TimeoutError:
+            raise AssertionError(f"no frame within {timeout} s; frames so far: {self.frames[-8:]}") from None
+        self.raw.append(raw)
+        frame = json.loads(raw)
+        self.frames.append(frame)
+        return frame
+
+    async def receive_until(self, predicate: Any, timeout: float = FRAME_TIMEOUT) -> list[dict[str, Any]]:
+        """Frames up to and including the first one matching predicate."""
+        received = []
+        while True:
+            frame = await self.receive(timeout)
+            received.append(frame)
+            if predicate(frame):
+                return received
+
+    async def receive_both_ends(self) -> list[dict[str, Any]]:
+        ended: set[str] = set()
+        received = []
+        while ended != {"a", "b"}:
+            frame = await self.receive()
+            received.append(frame)
+            if frame["type"] == "end":
+                ended.add(frame["side"])
+        return received
+
+    async def assert_silent(self) -> None:
+        assert await self.communicator.receive_nothing(timeout=0.2)
+
+
+def cookie_headers(session: SessionStore) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"cookie", f"{settings.SESSION_COOKIE_NAME}={session.session_key}".encode()),
+        (b"origin", b"http://127.0.0.1"),
+        (b"host", b"127.0.0.1"),
+    ]
+
+
+@pytest.fixture
+async def connect_battle(voter_session: SessionStore) -> AsyncIterator[Any]:
+    """connect_battle(public_id=None) -> a connected BattleClient for the voter's session."""
+    opened: list[WebsocketCommunicator] = []
+
+    async def connect(public_id: str | None = None, session: SessionStore | None = None) -> BattleClient:
+        path = f"/ws/battle/{public_id}/" if public_id else "/ws/battle/"
+        communicator = WebsocketCommunicator(application, path, headers=cookie_headers(session or voter_session))
+        connected, _ = await communicator.connect(timeout=10)
+        assert connected
+        opened.append(communicator)
+        return BattleClient(communicator)
+
+    yield connect
+    for communicator in opened:
+        await communicator.disconnect()
+    # Threads of database_sync_to_async keep connections open; the test DB can't be dropped then.
+    await sync_to_async(connections.close_all)()

@@ -1,0 +1,115 @@
+"""Bad frames get a clear error frame and change nothing in the database."""
+
+import json
+
+import pytest
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from votes import services
+from votes.models import Battle, Message, Vote
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def db_snapshot() -> tuple:
+    return (
+        list(Battle.objects.values_list("public_id", "state")),
+        list(Message.objects.values_list("id", "status", "content")),
+        list(Vote.objects.values_list("battle_id", "choice")),
+    )
+
+
+def battle_with_replies(voter_key: str, *, finished: bool) -> Battle:
+    battle = services.start_battle(voter_key=voter_key)
+    submitted = services.submit_prompt(battle=battle, text="Add a meeting with Fred on Nov 11 at 5PM")
+    if finished:
+        for job in submitted.jobs:
+            services.mark_reply_streaming(job.message_id)
+            services.complete_reply(
+                job.message_id, content="action.x()", delta_count=1, token_count=3,
+                time_to_first_token_ms=5, duration_ms=20,
+            )
+    return battle
+
+
+async def expect_error(client, frame, code: str) -> dict:
+    before = await database_sync_to_async(db_snapshot)()
+    await client.send(frame)
+    reply = await client.receive(timeout=10)
+    assert reply["type"] == "error", reply
+    assert reply["code"] == code, reply
+    assert reply["message"]
+    await client.assert_silent()
+    assert await database_sync_to_async(db_snapshot)() == before
+    return reply
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        ("this is not json", "bad_json"),
+        ("[1, 2, 3]", "bad_frame"),
+        ({"text": "no type"}, "bad_frame"),
+        ({"type": "shout", "text": "hi"}, "unknown_type"),
+        ({"type": "prompt"}, "bad_frame"),
+        ({"type": "prompt", "text": 42}, "bad_frame"),
+        ({"type": "prompt", "text": "   "}, "empty_prompt"),
+        ({"type": "prompt", "text": "x" * (settings.ARENA_MAX_PROMPT_CHARS + 1)}, "prompt_too_long"),
+        ({"type": "prompt", "text": "x" * settings.ARENA_MAX_FRAME_BYTES}, "frame_too_large"),
+        ({"type": "vote", "choice": "c"}, "bad_frame"),
+        ({"type": "vote", "choice": "a"}, "not_ready"),
+    ],
+)
+async def test_bad_frames_on_a_new_battle(connect_battle, demo_llms, frame, code) -> None:
+    client = await connect_battle()
+    await expect_error(client, frame, code)
+
+
+async def test_vote_before_both_replies_are_done(connect_battle, demo_llms, voter_session) -> None:
+    voter_key = services.voter_key_for(voter_session.session_key)
+    battle = await database_sync_to_async(battle_with_replies)(voter_key, finished=False)
+    client = await connect_battle(battle.public_id)
+    state = await client.receive()
+    assert {reply["status"] for reply in state["turns"][0]["replies"].values()} == {"pending"}
+    await expect_error(client, {"type": "vote", "choice": "a"}, "not_ready")
+    # A prompt while replies are pending is refused too, leaving the pending turn as it is.
+    await expect_error(client, {"type": "prompt", "text": "The current year is 2024."}, "busy")
+
+
+async def test_second_vote_is_refused(connect_battle, demo_llms, voter_session) -> None:
+    voter_key = services.voter_key_for(voter_session.session_key)
+    battle = await database_sync_to_async(battle_with_replies)(voter_key, finished=True)
+    client = await connect_battle(battle.public_id)
+    await client.receive()
+    await client.send({"type": "vote", "choice": "b"})
+    assert (await client.receive())["type"] == "revealed"
+    await expect_error(client, {"type": "vote", "choice": "a"}, "already_voted")
+    await expect_error(client, {"type": "prompt", "text": "One more thing."}, "battle_closed")
+    vote = await database_sync_to_async(Vote.objects.get)(battle=battle)
+    assert vote.choice == "b"
+
+
+async def test_unknown_battle_and_missing_session(connect_battle, demo_llms) -> None:
+    client = await connect_battle("does-not-exist")
+    frame = await client.receive(timeout=10)
+    assert frame["code"] == "not_found"
+
+    from channels.testing import WebsocketCommunicator
+
+    from arena_site.asgi import application
+
+    anonymous = WebsocketCommunicator(application, "/ws/battle/", headers=[(b"origin", b"http://127.0.0.1")])
+    connected, _ = await anonymous.connect(timeout=10)
+    assert connected
+    assert json.loads(await anonymous.receive_from(timeout=10))["code"] == "no_session"
+    await anonymous.disconnect()
+
+
+def test_database_refuses_a_second_vote_row(db, demo_llms) -> None:
+    from django.db import IntegrityError, transaction
+
+    battle = battle_with_replies("voter", finished=True)
+    Vote.objects.create(battle=battle, choice="a")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Vote.objects.create(battle=battle, choice="b")

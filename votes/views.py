@@ -1,0 +1,27 @@
+"""The arena pages. They carry no model names: the websocket brings everything after the vote."""
+
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from votes import selectors, services
+
+
+def _voter_key(request: HttpRequest) -> str:
+    # The websocket identifies the voter by this session, so it must exist before the page loads.
+    if not request.session.session_key:
+        request.session.save()
+    assert request.session.session_key is not None
+    return services.voter_key_for(request.session.session_key)
+
+
+def arena(request: HttpRequest) -> HttpResponse:
+    """A fresh battle: the models are drawn when the first prompt arrives."""
+    _voter_key(request)
+    return render(request, "votes/arena.html", {"battle_id": ""})
+
+
+def battle(request: HttpRequest, public_id: str) -> HttpResponse:
+    voter_key = _voter_key(request)
+    if selectors.battle_for_voter(public_id=public_id, voter_key=voter_key) is None:
+        raise Http404("No such battle.")
+    return render(request, "votes/arena.html", {"battle_id": public_id})
