@@ -76,39 +76,34 @@ def run_generation(message_id: int, publisher: FramePublisher) -> None:
         message_id=message_id, group=group, side=context.side, turn=context.turn, publisher=publisher
     )
     started = time.monotonic()
+    failure = "This reply could not be generated."
     try:
         lm = streaming.load_causal_lm(resolve_preset(context.preset))
         turns = [chat_templates.ChatTurn(role=role, content=content) for role, content in context.conversation]
         prompt = chat_templates.render_prompt(context.family, None, turns)
-        generation = streaming.StreamingGeneration(
-            lm,
-            prompt,
-            max_new_tokens=min(context.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS),
-            stop_strings=chat_templates.stop_strings(context.family),
-        )
+        try:
+            generation = streaming.StreamingGeneration(
+                lm,
+                prompt,
+                max_new_tokens=min(context.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS),
+                stop_strings=chat_templates.stop_strings(context.family),
+            )
+        except ValueError:
+            # The prompt is validated as non-empty upstream: what is left is a context overflow.
+            failure = "The conversation is too long for this model; start a new battle."
+            raise
         for delta in generation:
             batcher.add(delta)
         batcher.flush()
-    except Exception as exc:
+    except Exception:
         # The voter sees that this side failed, never why in model terms (anonymity).
         logger.exception("Generation of reply %s failed", message_id)
-        batcher.flush()
         duration_ms = int((time.monotonic() - started) * 1000)
         votes_services.fail_reply(message_id, content=batcher.text, delta_count=batcher.seq, duration_ms=duration_ms)
-        reason = "The conversation is too long for this model." if isinstance(exc, ValueError) else ""
-        publisher.publish(
-            group,
-            [
-                end_frame(
-                    context.side,
-                    context.turn,
-                    seq=batcher.seq,
-                    status="failed",
-                    text=batcher.text,
-                    error=reason or "This reply could not be generated.",
-                )
-            ],
+        end = end_frame(
+            context.side, context.turn, seq=batcher.seq, status="failed", text=batcher.text, error=failure
         )
+        publisher.publish(group, [end])
         return
 
     stats = generation.stats

@@ -1,0 +1,57 @@
+"""A reply that cannot be generated ends as "failed", says so without naming the model, and the
+battle goes on: the other side still streams and the voter can still vote."""
+
+import pytest
+from channels.db import database_sync_to_async
+
+from votes.models import Message
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LONG_PROMPT = " ".join(f"Meeting{i} with Fred{i * 7} at {i}pm" for i in range(70))[:1990]
+
+
+def saved_replies() -> dict[str, Message]:
+    return {m.side: m for m in Message.objects.filter(role=Message.Role.ASSISTANT)}
+
+
+async def test_broken_model_fails_one_side_only(connect_battle, demo_llms, celery_worker) -> None:
+    broken = demo_llms[1]
+    broken.preset = "/nonexistent/preset-folder"
+    await database_sync_to_async(broken.save)()
+
+    client = await connect_battle()
+    await client.send({"type": "prompt", "text": "Add a meeting with Fred on Nov 11 at 5PM"})
+    battle_id = (await client.receive())["battle"]
+    frames = await client.receive_both_ends()
+    ends = {f["side"]: f for f in frames if f["type"] == "end"}
+    assert sorted(f["status"] for f in ends.values()) == ["done", "failed"]
+    (failed,) = [f for f in ends.values() if f["status"] == "failed"]
+    assert failed["error"] == "This reply could not be generated."
+    for raw in client.raw:
+        assert "nonexistent" not in raw and broken.name not in raw
+
+    replies = await database_sync_to_async(saved_replies)()
+    assert replies[failed["side"]].status == Message.Status.FAILED
+    await client.send({"type": "vote", "choice": "both_bad"})
+    revealed = await client.receive()
+    assert revealed["type"] == "revealed", revealed
+    assert battle_id
+
+
+async def test_conversation_longer_than_the_context_fails_clearly(connect_battle, demo_llms, celery_worker) -> None:
+    client = await connect_battle()
+    await client.send({"type": "prompt", "text": LONG_PROMPT})
+    await client.receive()
+    frames = await client.receive_both_ends()
+    ends = [f for f in frames if f["type"] == "end"]
+    assert [f["status"] for f in ends] == ["failed", "failed"]
+    assert all(f["error"] == "The conversation is too long for this model; start a new battle." for f in ends)
+    replies = await database_sync_to_async(saved_replies)()
+    assert {m.status for m in replies.values()} == {Message.Status.FAILED}
+    # Nothing is left stuck: the next prompt is accepted (not "busy") and answered, with the same
+    # clear failure, since the history it carries still does not fit.
+    await client.send({"type": "prompt", "text": "Cancel the meeting with Fred."})
+    assert (await client.receive())["type"] == "prompt"
+    frames = await client.receive_both_ends()
+    assert {f["status"] for f in frames if f["type"] == "end"} == {"failed"}
