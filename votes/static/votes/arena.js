@@ -145,6 +145,7 @@
         if (frame.seq > entry.seq) { send({ type: "sync" }); break; }  // a gap: resync
         entry.textNode.textContent += frame.text;
         entry.seq += 1;
+        logs[frame.side].scrollTop = logs[frame.side].scrollHeight;
         entry.status = "streaming";
         break;
       }
