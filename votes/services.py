@@ -48,16 +48,26 @@ def start_battle(*, voter_key: str, rng: random.Random | None = None) -> Battle:
     return Battle.objects.create(model_a=model_a, model_b=model_b, voter_key=voter_key)
 
 
+def _locked(battle: Battle) -> Battle:
+    """The battle re-read under a row lock: prompts and votes on one battle run one at a time."""
+    return Battle.objects.select_for_update(of=("self",)).select_related("model_a", "model_b").get(pk=battle.pk)
+
+
+def _has_unfinished_replies(battle: Battle) -> bool:
+    return (
+        Message.objects.filter(battle=battle, role=Message.Role.ASSISTANT)
+        .exclude(status__in=[Message.Status.DONE, Message.Status.FAILED])
+        .exists()
+    )
+
+
 @transaction.atomic
 def submit_prompt(*, battle: Battle, text: str) -> SubmittedPrompt:
     """Store the user's prompt on both sides and a pending reply for each side to fill."""
-    battle = (
-        Battle.objects.select_for_update(of=("self",)).select_related("model_a", "model_b").get(pk=battle.pk)
-    )
+    battle = _locked(battle)
     if battle.is_voted:
         raise ArenaError("battle_closed", "This battle has been voted on; start a new battle to go on.")
-    replies = Message.objects.filter(battle=battle, role=Message.Role.ASSISTANT)
-    if replies.exclude(status__in=[Message.Status.DONE, Message.Status.FAILED]).exists():
+    if _has_unfinished_replies(battle):
         raise ArenaError("busy", "Wait until both replies are finished before sending the next prompt.")
     turn = Message.objects.filter(battle=battle, role=Message.Role.USER).values("turn").distinct().count()
     if turn >= settings.ARENA_MAX_TURNS:
@@ -75,15 +85,12 @@ def submit_prompt(*, battle: Battle, text: str) -> SubmittedPrompt:
 @transaction.atomic
 def cast_vote(*, battle: Battle, choice: str) -> Vote:
     """Store the vote and close the battle; `vote.battle.reveal()` then names the models."""
-    battle = (
-        Battle.objects.select_for_update(of=("self",)).select_related("model_a", "model_b").get(pk=battle.pk)
-    )
+    battle = _locked(battle)
     if battle.is_voted:
         raise ArenaError("already_voted", "This battle already has a vote.")
-    replies = Message.objects.filter(battle=battle, role=Message.Role.ASSISTANT)
-    if not replies.exists():
+    if not Message.objects.filter(battle=battle, role=Message.Role.ASSISTANT).exists():
         raise ArenaError("not_ready", "Send a prompt and read both replies before voting.")
-    if replies.exclude(status__in=[Message.Status.DONE, Message.Status.FAILED]).exists():
+    if _has_unfinished_replies(battle):
         raise ArenaError("not_ready", "Wait until both replies are finished before voting.")
     if choice not in Vote.Choice.values:
         raise ArenaError("bad_frame", f"Unknown vote choice {choice!r}.")
