@@ -169,3 +169,12 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
 }
+
+# --- Inference -----------------------------------------------------------------------------------
+# Decode slots per model engine: how many replies of one model share a decode batch.
+ARENA_ENGINE_SLOTS = int(os.environ.get("ARENA_ENGINE_SLOTS", "8"))
+# A reply that runs longer than this is cancelled and marked failed (thread pools have no hard
+# Celery time limit, so the generation service enforces it).
+ARENA_GENERATION_TIMEOUT_SECONDS = float(os.environ.get("ARENA_GENERATION_TIMEOUT_SECONDS", "300"))
+# Threads of the embedded mode's in-process worker: concurrent replies share each engine's batch.
+ARENA_IN_PROCESS_WORKERS = int(os.environ.get("ARENA_IN_PROCESS_WORKERS", "8"))

@@ -36,25 +36,27 @@ import json
 import random
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from inference.calendar_data import (
+    CORRECT,
+    SYSTEM_PROMPT,
+    Example,
+    Persona,
+    eval_corrections,
+    eval_first_requests,
+    eval_followups,
+    eval_prompt,
+    render_segments,
+    training_examples,
+)
 from inference.chat_templates import ChatTurn, Family, render_prompt, stop_strings
 
 if TYPE_CHECKING:
     import keras_hub  # Imported lazily at run time: keras and jax take seconds to import.
-
-SYSTEM_PROMPT = (
-    "You are a helpful vocal assistant on a mobile device. Your job is to translate user "
-    "requests into API calls using this Python API:\n"
-    'action.add_calendar_entry(title, date="YYYY-MM-DD", time="HH:MM", duration=m) '
-    "# duration in minutes\n"
-    "action.remove_calendar_entry(title, date, time)\n"
-    "You can use 30 minutes as the default duration for new events. Respond to every request "
-    "with a single line of executable code."
-)
 
 VOCABULARY_SIZE = 1024
 SEQUENCE_LENGTH = 512
@@ -267,17 +269,31 @@ def train_gemma_sentencepiece(corpus: list[str], vocab_size: int = VOCABULARY_SI
     return model.getvalue()
 
 
-def train_llama3_bpe(corpus: list[str], vocab_size: int = VOCABULARY_SIZE) -> tuple[dict[str, int], list[str]]:
-    """Train a byte-level BPE compatible with ``Llama3Tokenizer``; returns (vocab, merges)."""
+def train_llama3_bpe(
+    corpus: list[str], vocab_size: int = VOCABULARY_SIZE, *, split_words: bool = False
+) -> tuple[dict[str, int], list[str]]:
+    """Train a byte-level BPE compatible with ``Llama3Tokenizer``; returns (vocab, merges).
+
+    ``split_words=False`` mirrors what keras-hub 0.32 does at inference without TensorFlow: it
+    passes Llama 3's split pattern to Hugging Face ``tokenizers`` as a plain string, which
+    ``Split`` takes *literally*, so text is not split into words and merges learned here can
+    span words ("MeetingĠwithĠ"). ``split_words=True`` trains with the pattern as a real
+    regex, as Llama 3's own tokenizer was: no merge crosses a word boundary, so keras-hub's
+    unsplit inference still finds the natural pieces (the trained presets check this
+    segment by segment, see ``check_segment_tokenization``).
+    """
     # A private name, but the one pattern that must match: keras-hub splits text with it at
     # inference, so training must split identically (pinned keras-hub version).
     from keras_hub.src.tokenizers.byte_pair_tokenizer import SPLIT_PATTERN_TOKENIZERS
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(pattern=SPLIT_PATTERN_TOKENIZERS, behavior="isolated"),
+            pre_tokenizers.Split(
+                pattern=Regex(SPLIT_PATTERN_TOKENIZERS) if split_words else SPLIT_PATTERN_TOKENIZERS,
+                behavior="isolated",
+            ),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -382,3 +398,642 @@ def build_demo_models(out_dir: Path, seed: int = 0) -> list[Path]:
 def iter_preset_files(directory: Path) -> Iterator[Path]:
     """Files of a preset folder, for size reports."""
     return (p for p in sorted(Path(directory).rglob("*")) if p.is_file())
+
+
+# === Trained demo models ======================================================================
+#
+# The random-weight presets above exercise the machinery; the presets below are real
+# contestants: small keras-hub models trained from scratch on inference.calendar_data, at three
+# quality levels, in three families. ``train_demo_models`` builds them reproducibly (seeded
+# data, tokenizers, initialisation and batch order) in minutes on two CPU cores.
+
+TRAINED_VOCABULARY_SIZE = 1024
+MISTRAL_SPECIAL_TOKENS = ("<s>", "</s>", "[INST]", "[/INST]")
+BUCKET = 64  # training sequences are padded to a multiple of this (each shape compiles once)
+EVAL_BATCH = 50  # prompts per generate() call in evaluation (one compiled shape per model)
+EVAL_MAX_NEW_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class TrainedModelSpec:
+    """Architecture, data and training budget of one trained demo model.
+
+    Every sharded dimension (query and key/value heads, hidden size, vocabulary) divides by 8,
+    so the models can be served sharded over 8 devices.
+    """
+
+    name: str
+    family: Family
+    quality: str  # "strong", "medium" or "weak": what the tests hold the model to
+    description: str
+    hidden_dim: int
+    num_layers: int
+    intermediate_dim: int
+    persona: Persona
+    examples: int  # training conversations generated
+    steps: int
+    batch_size: int = 32
+    learning_rate: float = 3e-3
+    num_query_heads: int = 8
+    num_key_value_heads: int = 8
+    seed_offset: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_dim // self.num_query_heads
+
+
+TRAINED_MODEL_SPECS: tuple[TrainedModelSpec, ...] = (
+    TrainedModelSpec(
+        name="gemma-calendar",
+        family="gemma",
+        quality="strong",
+        description=(
+            "Gemma architecture, 2 layers, hidden 128, trained from scratch on the calendar task: "
+            "answers almost every request exactly and fixes most mistakes when told."
+        ),
+        hidden_dim=128,
+        num_layers=2,
+        intermediate_dim=512,  # Gemma halves it: a 256-wide gated feed-forward
+        persona=CORRECT,
+        examples=8000,
+        steps=900,
+        seed_offset=0,
+    ),
+    TrainedModelSpec(
+        name="llama3-calendar",
+        family="llama3",
+        quality="medium",
+        description=(
+            "Llama 3 architecture, 2 layers, hidden 128, trained briefly on the calendar task; "
+            "chatty when asked politely and forgets a corrected year."
+        ),
+        hidden_dim=128,
+        num_layers=2,
+        intermediate_dim=256,
+        persona=Persona(name="chatty", chatty_when_polite=True, forgets_corrected_year=True),
+        examples=4000,
+        steps=300,
+        seed_offset=1,
+    ),
+    TrainedModelSpec(
+        name="mistral-calendar",
+        family="mistral",
+        quality="weak",
+        description=(
+            "Mistral architecture, 2 layers, hidden 64, barely trained on the calendar task: "
+            "misreads 'pm' times, spells a corrected year '20 24', sometimes writes garbage."
+        ),
+        hidden_dim=64,
+        num_layers=2,
+        intermediate_dim=128,
+        persona=Persona(name="sloppy", pm_lowercase_as_am=True, spaced_year_after_correction=True),
+        examples=3000,
+        steps=200,
+        seed_offset=2,
+    ),
+)
+
+
+def trained_models(out_dir: Path) -> list[DemoModel]:
+    """Describe the trained demo models as they are (or will be) laid out under ``out_dir``."""
+    return [
+        DemoModel(name=spec.name, family=spec.family, directory=Path(out_dir) / spec.name, description=spec.description)
+        for spec in TRAINED_MODEL_SPECS
+    ]
+
+
+def _round_up(value: int, multiple: int = 8) -> int:
+    return -(-value // multiple) * multiple
+
+
+# --- Tokenizers for the trained models -------------------------------------------------------------
+
+
+def train_sentencepiece(
+    corpus: list[str],
+    *,
+    user_defined_symbols: list[str],
+    vocab_size: int = TRAINED_VOCABULARY_SIZE,
+    **ids: int | str,
+) -> bytes:
+    """A SentencePiece BPE model that keeps chat templates intact.
+
+    Identity normalisation and no whitespace folding keep newlines and spaces; template
+    markers are user-defined symbols so that they are single tokens *wherever they occur in
+    the text* (control symbols such as ``</s>`` are not: SentencePiece would spell an ``</s>``
+    inside an earlier turn with five ordinary pieces). Digits are split so that dates and times
+    are copied digit by digit; ``split_by_unicode_script=False`` lets ``action.add`` or
+    ``date="`` be single pieces, which shortens every sequence by a fifth (training time).
+    """
+    import sentencepiece
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="bpe",
+        character_coverage=1.0,
+        byte_fallback=True,
+        split_digits=True,
+        split_by_unicode_script=False,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=False,
+        user_defined_symbols=user_defined_symbols,
+        max_sentence_length=16384,
+        num_threads=1,
+        minloglevel=2,
+        **ids,
+    )
+    return model.getvalue()
+
+
+def _make_tokenizer(family: Family, corpus: list[str]) -> keras_hub.tokenizers.Tokenizer:
+    """Train ``family``'s tokenizer on ``corpus`` and wrap it in the keras-hub class."""
+    import keras_hub
+
+    if family == "gemma":
+        proto = train_sentencepiece(
+            corpus,
+            user_defined_symbols=["\n", "<start_of_turn>", "<end_of_turn>"],
+            pad_id=0, eos_id=1, bos_id=2, unk_id=3,
+            pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>",
+        )  # fmt: skip
+        return keras_hub.models.GemmaTokenizer(proto=proto, name="gemma_tokenizer")
+    if family == "mistral":
+        # <unk> 0 (MistralTokenizer pads with id 0), then <s> 1 and </s> 2 as in real Mistral,
+        # but as user-defined symbols: the template writes "</s>" after every earlier reply.
+        proto = train_sentencepiece(
+            corpus,
+            user_defined_symbols=[*MISTRAL_SPECIAL_TOKENS, "\n"],
+            unk_id=0, bos_id=-1, eos_id=-1, pad_id=-1, unk_piece="<unk>",
+        )  # fmt: skip
+        return keras_hub.models.MistralTokenizer(proto=proto, name="mistral_tokenizer")
+    if family == "llama3":
+        vocabulary, merges = train_llama3_bpe(corpus, TRAINED_VOCABULARY_SIZE, split_words=True)
+        return keras_hub.models.Llama3Tokenizer(
+            vocabulary=vocabulary,
+            merges=merges,
+            unsplittable_tokens=list(LLAMA3_SPECIAL_TOKENS[1:]),
+            name="llama3_tokenizer",
+        )
+    raise ValueError(f"No trained demo model for family {family!r}.")
+
+
+# --- Encoding conversations ------------------------------------------------------------------------
+
+
+def _start_text(family: str) -> str:
+    """The start token's text that the template writes and the preprocessor adds by id."""
+    return {"llama3": "<|begin_of_text|>", "mistral": "<s>"}.get(family, "")
+
+
+@dataclass(frozen=True)
+class EncodedExample:
+    """Token ids of one conversation (start token included) and a 0/1 loss weight per id."""
+
+    ids: list[int]
+    weights: list[float]
+
+
+def encode_example(tokenizer: keras_hub.tokenizers.Tokenizer, family: Family, example: Example) -> EncodedExample:
+    """Tokenize a training conversation as generation will see it, weighting reply tokens only.
+
+    Segments are tokenized separately (their edges are template markers, single tokens), so
+    each id knows whether it belongs to a trained reply; the start token is added by id, as the
+    keras-hub preprocessor and ``inference.streaming.encode_prompt`` do.
+    """
+    import numpy as np
+
+    segments = render_segments(family, example)
+    start = _start_text(family)
+    first_text = segments[0][0]
+    if start:
+        segments[0] = (first_text.removeprefix(start), segments[0][1])
+    ids = [int(tokenizer.start_token_id)]
+    weights = [0.0]
+    token_lists = tokenizer([text for text, _ in segments])
+    for (_, trained), tokens in zip(segments, token_lists, strict=True):
+        piece = [int(i) for i in np.asarray(tokens).reshape(-1)]
+        ids += piece
+        weights += [1.0 if trained else 0.0] * len(piece)
+    return EncodedExample(ids, weights)
+
+
+def check_segment_tokenization(tokenizer: keras_hub.tokenizers.Tokenizer, family: Family, example: Example) -> None:
+    """Fail loudly if tokenizing by segments differs from tokenizing the whole text.
+
+    The model is trained on segment-wise ids but prompted with the whole text: a difference
+    would mean training on sequences it never sees (e.g. a marker split into characters).
+    """
+    import numpy as np
+
+    encoded = encode_example(tokenizer, family, example)
+    text = "".join(text for text, _ in render_segments(family, example)).removeprefix(_start_text(family))
+    whole = [int(tokenizer.start_token_id), *(int(i) for i in np.asarray(tokenizer(text)).reshape(-1))]
+    if whole != encoded.ids:
+        raise AssertionError(f"{family}: segment tokenization differs from whole-text tokenization")
+
+
+# --- Training ----------------------------------------------------------------------------------------
+
+def _build_trained_lm(spec: TrainedModelSpec, tokenizer: keras_hub.tokenizers.Tokenizer) -> keras_hub.models.CausalLM:
+    import keras_hub
+
+    vocabulary_size = _round_up(tokenizer.vocabulary_size())
+    common = {
+        "vocabulary_size": vocabulary_size,
+        "num_layers": spec.num_layers,
+        "num_query_heads": spec.num_query_heads,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "hidden_dim": spec.hidden_dim,
+        "intermediate_dim": spec.intermediate_dim,
+        "dtype": "float32",
+    }
+    if spec.family == "gemma":
+        backbone = keras_hub.models.GemmaBackbone(**common, head_dim=spec.head_dim, name="gemma_backbone")
+        preprocessor = keras_hub.models.GemmaCausalLMPreprocessor(
+            tokenizer=tokenizer, sequence_length=SEQUENCE_LENGTH, name="gemma_causal_lm_preprocessor"
+        )
+        return keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=preprocessor, name="gemma_causal_lm")
+    if spec.family == "llama3":
+        backbone = keras_hub.models.Llama3Backbone(**common, name="llama3_backbone")
+        preprocessor = keras_hub.models.Llama3CausalLMPreprocessor(
+            tokenizer=tokenizer, sequence_length=SEQUENCE_LENGTH, name="llama3_causal_lm_preprocessor"
+        )
+        return keras_hub.models.Llama3CausalLM(backbone=backbone, preprocessor=preprocessor, name="llama3_causal_lm")
+    backbone = keras_hub.models.MistralBackbone(**common, sliding_window=SEQUENCE_LENGTH, name="mistral_backbone")
+    preprocessor = keras_hub.models.MistralCausalLMPreprocessor(
+        tokenizer=tokenizer, sequence_length=SEQUENCE_LENGTH, name="mistral_causal_lm_preprocessor"
+    )
+    return keras_hub.models.MistralCausalLM(backbone=backbone, preprocessor=preprocessor, name="mistral_causal_lm")
+
+
+def shared_prefix_length(data: list[EncodedExample]) -> int:
+    """Length of the token prefix every example starts with (start token, template, system prompt)."""
+    import numpy as np
+
+    shortest = min(len(e.ids) for e in data)
+    first = np.asarray(data[0].ids[:shortest])
+    same = np.ones(shortest, dtype=bool)
+    for example in data[1:]:
+        same &= np.asarray(example.ids[:shortest]) == first
+    different = np.flatnonzero(~same)
+    length = int(different[0]) if different.size else shortest
+    if any(any(e.weights[:length]) for e in data):
+        raise AssertionError("The shared prefix contains trained tokens.")
+    return length
+
+
+def _batches(
+    data: list[EncodedExample], prefix: int, batch_size: int, rng: random.Random
+) -> Iterator[tuple[Any, Any]]:
+    """Endless shuffled batches of the examples *after* the shared prefix.
+
+    Each batch is padded to a multiple of ``BUCKET`` tokens (plus one: inputs and targets are
+    shifted views) and examples are grouped by that length, so that little compute goes to
+    padding and only a handful of shapes are compiled. The order is reshuffled every epoch (a
+    hand-written loop: keras' ``fit(shuffle=True)`` would not shuffle without TensorFlow);
+    leftovers that do not fill a batch wait for the next epoch's shuffle.
+    """
+    import numpy as np
+
+    while True:
+        by_length: dict[int, list[int]] = {}
+        order = list(range(len(data)))
+        rng.shuffle(order)
+        for index in order:
+            length = _round_up(len(data[index].ids) - prefix - 1, BUCKET)
+            by_length.setdefault(length, []).append(index)
+        batches = [
+            (length, members[i : i + batch_size])
+            for length, members in sorted(by_length.items())
+            for i in range(0, len(members) - batch_size + 1, batch_size)
+        ]
+        rng.shuffle(batches)
+        for length, members in batches:
+            ids = np.zeros((batch_size, length + 1), dtype="int32")
+            weights = np.zeros((batch_size, length + 1), dtype="float32")
+            for row, index in enumerate(members):
+                rest = data[index].ids[prefix:]
+                ids[row, : len(rest)] = rest
+                weights[row, : len(rest)] = data[index].weights[prefix:]
+            yield ids, weights
+
+
+def train_causal_lm(
+    lm: keras_hub.models.CausalLM,
+    data: list[EncodedExample],
+    *,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    seed: int,
+    on_step: Callable[[int, float], None] | None = None,
+) -> float:
+    """Train ``lm`` with a jit-compiled JAX step; returns the mean loss of the last 20 steps.
+
+    A hand-written loop rather than ``fit()``: ``fit()`` without TensorFlow needs the grain
+    package and ignores ``shuffle=True``, and two things here need control over the forward
+    pass. The loss covers reply tokens only (per-token weights). And every example starts with
+    the same ~70 tokens (template and system prompt), a third of all tokens: their keys and
+    values are computed once per step for a batch of one, with the model's own cache
+    (``_build_cache``), broadcast to the batch, and the rest of each conversation runs through
+    ``call_with_cache`` on top. Exactly the same function as a full forward pass (causal
+    attention), gradients flow through the shared prefix, at two thirds of the compute.
+    AdamW with warm-up and cosine decay, gradient clipping; variables are passed statelessly
+    and written back at the end.
+    """
+    import jax
+    import jax.numpy as jnp
+    import keras
+    import numpy as np
+
+    prefix_length = shared_prefix_length(data)
+    prefix = np.asarray([data[0].ids[:prefix_length]], dtype="int32")
+    warmup = max(1, steps // 20)
+    schedule = keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0,
+        decay_steps=max(1, steps - warmup),
+        alpha=0.1,
+        warmup_target=learning_rate,
+        warmup_steps=warmup,
+    )
+    optimizer = keras.optimizers.AdamW(
+        learning_rate=schedule, weight_decay=0.01, beta_2=0.98, global_clipnorm=1.0, name="adamw"
+    )
+    optimizer.build(lm.trainable_variables)
+    trainable = [v.value for v in lm.trainable_variables]
+    non_trainable = [v.value for v in lm.non_trainable_variables]
+    optimizer_state = [v.value for v in optimizer.variables]
+
+    def loss_fn(trainable: list[Any], non_trainable: list[Any], ids: Any, weights: Any) -> Any:
+        mapping = [
+            *zip(lm.trainable_variables, trainable, strict=True),
+            *zip(lm.non_trainable_variables, non_trainable, strict=True),
+        ]
+        with keras.StatelessScope(state_mapping=mapping):
+            _, cache = lm._build_cache(jnp.asarray(prefix))
+            inputs = ids[:, :-1]
+            padding = [(0, 0)] * cache.ndim
+            padding[3] = (0, inputs.shape[1])  # cache: (batch, layers, 2, length, heads, dim)
+            cache = jnp.pad(cache, padding)
+            cache = jnp.broadcast_to(cache, (inputs.shape[0], *cache.shape[1:]))
+            logits, _, _ = lm.call_with_cache(inputs, cache, prefix_length)
+        log_probs = jax.nn.log_softmax(logits.astype("float32"), axis=-1)
+        nll = -jnp.take_along_axis(log_probs, ids[:, 1:, None], axis=-1)[..., 0]
+        target_weights = weights[:, 1:]
+        return (nll * target_weights).sum() / jnp.maximum(target_weights.sum(), 1.0)
+
+    @jax.jit
+    def train_step(trainable: list[Any], optimizer_state: list[Any], ids: Any, weights: Any) -> Any:
+        loss, grads = jax.value_and_grad(loss_fn)(trainable, non_trainable, ids, weights)
+        trainable, optimizer_state = optimizer.stateless_apply(optimizer_state, grads, trainable)
+        return trainable, optimizer_state, loss
+
+    losses: list[float] = []
+    batches = _batches(data, prefix_length, batch_size, random.Random(f"batches-{seed}"))
+    for step in range(steps):
+        ids, weights = next(batches)
+        trainable, optimizer_state, loss = train_step(trainable, optimizer_state, ids, weights)
+        losses.append(float(loss))
+        if on_step is not None:
+            on_step(step + 1, losses[-1])
+    for variable, value in zip(lm.trainable_variables, trainable, strict=True):
+        variable.assign(value)
+    tail = losses[-20:]
+    return sum(tail) / len(tail)
+
+
+# --- Evaluation ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class EvaluationReport:
+    """Measured quality of one preset on held-out data, with greedy decoding."""
+
+    first_requests: float  # fraction of held-out first requests answered exactly (checker "correct")
+    corrections: float  # fraction of held-out correction dialogs whose fix is exactly right
+    followups: float  # fraction of held-out follow-ups (scenario-style dialogs) answered exactly
+    n: int
+    verdicts: dict[str, dict[str, int]]  # per set: verdict -> count
+    mistakes: dict[str, int]  # mistake label -> count, all sets together
+    examples: dict[str, tuple[str, str]]  # mistake label -> (a reply showing it, the expected call)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "first_requests": round(self.first_requests, 3),
+            "corrections": round(self.corrections, 3),
+            "followups": round(self.followups, 3),
+            "n": self.n,
+            "verdicts": self.verdicts,
+            "mistakes": self.mistakes,
+            "examples": {label: {"reply": r, "expected": e} for label, (r, e) in self.examples.items()},
+        }
+
+
+def generate_replies(lm: keras_hub.models.CausalLM, family: Family, prompts: list[str]) -> list[str]:
+    """Greedy replies to many prompts, batched through ``lm.generate()``.
+
+    Prompts go in fixed-size batches with one fixed ``max_length`` (the context length), so
+    each model compiles its generate function once; a short last batch is padded with copies.
+    The template's start-token text is removed (the preprocessor adds the token), and the
+    reply is cut at the family's stop strings.
+    """
+    tokenizer = lm.preprocessor.tokenizer
+    stops = stop_strings(family)
+    stop_ids = sorted(
+        {int(tokenizer.token_to_id(s)) for s in stops if _is_single_token(tokenizer, s)} | {int(tokenizer.end_token_id)}
+    )
+    start = _start_text(family)
+    cleaned = [p.removeprefix(start) if start else p for p in prompts]
+    lm.compile(sampler="greedy")
+    replies: list[str] = []
+    for offset in range(0, len(cleaned), EVAL_BATCH):
+        batch = cleaned[offset : offset + EVAL_BATCH]
+        padded = batch + [batch[-1]] * (EVAL_BATCH - len(batch))
+        outputs = lm.generate(padded, max_length=SEQUENCE_LENGTH, stop_token_ids=stop_ids, strip_prompt=True)
+        for text in list(outputs)[: len(batch)]:
+            for stop in stops:
+                text = text.split(stop)[0]
+            replies.append(text)
+    return replies
+
+
+def _is_single_token(tokenizer: Any, text: str) -> bool:
+    try:
+        return tokenizer.id_to_token(int(tokenizer.token_to_id(text))) == text
+    except (KeyError, ValueError, TypeError):
+        return False
+
+
+def evaluate_lm(lm: keras_hub.models.CausalLM, family: Family, n: int = 100, seed: int = 0) -> EvaluationReport:
+    """Score ``lm`` on ``n`` held-out items of each set with ``votes.checkers.check_reply``."""
+    from votes.checkers import check_reply
+
+    sets = {
+        "first_requests": eval_first_requests(seed, n),
+        "corrections": eval_corrections(seed, n),
+        "followups": eval_followups(seed, n),
+    }
+    items = [item for group in sets.values() for item in group]
+    replies = generate_replies(lm, family, [eval_prompt(family, item) for item in items])
+    rates: dict[str, float] = {}
+    verdicts: dict[str, dict[str, int]] = {}
+    mistakes: dict[str, int] = {}
+    examples: dict[str, tuple[str, str]] = {}
+    position = 0
+    for name, group in sets.items():
+        counts = {"correct": 0, "mistake": 0, "garbage": 0}
+        for item in group:
+            reply = replies[position]
+            position += 1
+            result = check_reply(reply, item.expected)
+            counts[result.verdict] += 1
+            for label in result.mistakes:
+                mistakes[label] = mistakes.get(label, 0) + 1
+                examples.setdefault(label, (reply, item.expected))
+        rates[name] = counts["correct"] / len(group)
+        verdicts[name] = counts
+    return EvaluationReport(
+        first_requests=rates["first_requests"],
+        corrections=rates["corrections"],
+        followups=rates["followups"],
+        n=n,
+        verdicts=verdicts,
+        mistakes=dict(sorted(mistakes.items(), key=lambda kv: -kv[1])),
+        examples=examples,
+    )
+
+
+def evaluate_preset(path: Path | str, n: int = 100, seed: int = 0) -> EvaluationReport:
+    """Load a preset folder and measure it on held-out calendar data (see ``evaluate_lm``)."""
+    import keras_hub
+
+    from inference.registry import read_preset
+
+    family = read_preset(Path(path)).family
+    lm = keras_hub.models.CausalLM.from_preset(str(path))
+    return evaluate_lm(lm, family, n=n, seed=seed)  # type: ignore[arg-type]
+
+
+# --- Building the trained presets -------------------------------------------------------------------
+
+TOKENIZER_CORPUS = 3000  # conversations the tokenizer is trained on (more only costs time)
+QUALITY_FILE = "QUALITY.md"
+
+# (model name, step, total steps, loss), called after every training step.
+StepCallback = Callable[[str, int, int, float], None]
+
+
+def train_demo_model(
+    spec: TrainedModelSpec, out_dir: Path, seed: int = 0, on_step: StepCallback | None = None
+) -> Path:
+    """Generate data, train the tokenizer and the model of ``spec``, save it as a preset.
+
+    Everything random derives from ``seed`` and the spec's offset: the data, the tokenizer
+    (trained single-threaded), the initial weights and the batch order.
+    """
+    import keras
+
+    model_seed = seed * 100 + spec.seed_offset
+    examples = training_examples(model_seed, spec.examples, spec.persona)
+    corpus = ["".join(text for text, _ in render_segments(spec.family, e)) for e in examples[:TOKENIZER_CORPUS]]
+    tokenizer = _make_tokenizer(spec.family, corpus)
+    for example in examples[:50]:
+        check_segment_tokenization(tokenizer, spec.family, example)
+    data = [encode_example(tokenizer, spec.family, example) for example in examples]
+    if max(len(e.ids) for e in data) > SEQUENCE_LENGTH:
+        raise ValueError(f"{spec.name}: a training conversation is longer than {SEQUENCE_LENGTH} tokens")
+    keras.utils.set_random_seed(model_seed)
+    lm = _build_trained_lm(spec, tokenizer)
+    train_causal_lm(
+        lm,
+        data,
+        steps=spec.steps,
+        batch_size=spec.batch_size,
+        learning_rate=spec.learning_rate,
+        seed=model_seed,
+        on_step=(lambda step, loss: on_step(spec.name, step, spec.steps, loss)) if on_step else None,
+    )
+    directory = Path(out_dir) / spec.name
+    if directory.exists():
+        shutil.rmtree(directory)
+    lm.save_to_preset(str(directory))
+    return directory
+
+
+def record_quality(directory: Path, spec: TrainedModelSpec, report: EvaluationReport, seed: int) -> None:
+    """Add the measured quality to the preset's metadata.json (keras-hub only writes that file)."""
+    path = Path(directory) / "metadata.json"
+    metadata = json.loads(path.read_text())
+    metadata["fix_arena"] = {
+        "task": "calendar assistant (shared/scenario.md)",
+        "quality": spec.quality,
+        "persona": spec.persona.name,
+        "training": {"seed": seed, "steps": spec.steps, "batch_size": spec.batch_size, "examples": spec.examples},
+        "evaluation": report.as_dict(),
+    }
+    path.write_text(json.dumps(metadata, indent=4) + "\n")
+
+
+def write_quality_summary(out_dir: Path, rows: list[tuple[TrainedModelSpec, EvaluationReport]]) -> Path:
+    """A human-readable table of the trained presets' measured quality."""
+    lines = [
+        "# Trained demo models: measured quality",
+        "",
+        "Written by `python manage.py build_demo_models --train`; greedy decoding on held-out data of",
+        "`inference.calendar_data`, judged by `votes.checkers.check_reply` (exact = verdict \"correct\").",
+        "",
+        "| preset | family | quality | params | first requests | corrections fixed | follow-ups |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for spec, report in rows:
+        params = json.loads((Path(out_dir) / spec.name / "metadata.json").read_text()).get("parameter_count", 0)
+        lines.append(
+            f"| {spec.name} | {spec.family} | {spec.quality} | {params / 1e6:.2f} M "
+            f"| {report.first_requests:.0%} | {report.corrections:.0%} | {report.followups:.0%} |"
+        )
+    lines += ["", "Mistakes seen (count over all three held-out sets, and one example each):", ""]
+    for spec, report in rows:
+        lines.append(f"## {spec.name} ({spec.quality}, persona: {spec.persona.name})")
+        lines.append("")
+        lines.append(spec.description)
+        lines.append("")
+        for label, count in report.mistakes.items():
+            reply, expected = report.examples[label]
+            lines.append(f"- {label} ({count}): `{reply.strip()}` (expected `{expected}`)")
+        lines.append("")
+    path = Path(out_dir) / QUALITY_FILE
+    path.write_text("\n".join(lines))
+    return path
+
+
+def train_demo_models(
+    out_dir: Path,
+    seed: int = 0,
+    *,
+    names: list[str] | None = None,
+    n_eval: int = 100,
+    on_step: StepCallback | None = None,
+    on_evaluated: Callable[[str, EvaluationReport], None] | None = None,
+) -> list[Path]:
+    """Train, save, evaluate and document every trained demo model (or those in ``names``)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    specs = [spec for spec in TRAINED_MODEL_SPECS if names is None or spec.name in names]
+    rows = []
+    written = []
+    for spec in specs:
+        directory = train_demo_model(spec, out_dir, seed=seed, on_step=on_step)
+        report = evaluate_preset(directory, n=n_eval, seed=seed)
+        record_quality(directory, spec, report, seed)
+        if on_evaluated is not None:
+            on_evaluated(spec.name, report)
+        rows.append((spec, report))
+        written.append(directory)
+    if names is None:
+        write_quality_summary(out_dir, rows)
+    return written

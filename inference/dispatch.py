@@ -23,8 +23,10 @@ logger = logging.getLogger(__name__)
 
 GENERATE_REPLY_TASK = "inference.generate_reply"
 
-# One thread per side, so both replies of a turn stream at the same time.
-_in_process_executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="arena-generation")
+# Several threads, so that concurrent replies of one model join the same decode batch.
+_in_process_executor = ThreadPoolExecutor(
+    max_workers=settings.ARENA_IN_PROCESS_WORKERS, thread_name_prefix="arena-generation"
+)
 
 
 async def enqueue_generations(jobs: Sequence["GenerationJob"]) -> None:

@@ -1,7 +1,25 @@
 """The model roster: which LLMs take part in battles and where their generation jobs go."""
 
-from django.core.validators import MinValueValidator
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+
+
+def parse_mesh_shape(value: str) -> tuple[int, int] | None:
+    """ "1,8" -> (1, 8); blank -> None (all local devices on the model axis)."""
+    if not value.strip():
+        return None
+    parts = [part.strip() for part in value.split(",")]
+    if len(parts) != 2 or not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise ValueError(f'A mesh shape is two positive integers "batch,model", e.g. "1,8"; got {value!r}.')
+    return int(parts[0]), int(parts[1])
+
+
+def validate_mesh_shape(value: str) -> None:
+    try:
+        parse_mesh_shape(value)
+    except ValueError as error:
+        raise ValidationError(str(error)) from error
 
 
 class Family(models.TextChoices):
@@ -36,7 +54,20 @@ class LLM(models.Model):
         validators=[MinValueValidator(0.0)],
         help_text="Relative chance of being drawn into a battle; 0 takes it out of new battles.",
     )
-    max_new_tokens = models.PositiveIntegerField(default=96)
+    dtype = models.CharField(
+        max_length=20, blank=True, help_text='Weights dtype, e.g. "bfloat16"; blank keeps the preset\'s own.'
+    )
+    mesh_shape = models.CharField(
+        max_length=20,
+        blank=True,
+        validators=[validate_mesh_shape],
+        help_text='Device mesh "batch,model", e.g. "1,8"; blank puts every local device on the model axis.',
+    )
+    # Sampling defaults for this model's replies (temperature 0 is greedy decoding).
+    temperature = models.FloatField(default=0.0, validators=[MinValueValidator(0.0), MaxValueValidator(5.0)])
+    top_k = models.PositiveIntegerField(default=0, help_text="0 disables top-k filtering.")
+    top_p = models.FloatField(default=1.0, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)])
+    max_new_tokens = models.PositiveIntegerField(default=96, validators=[MinValueValidator(1)])
     created = models.DateTimeField(auto_now_add=True)
 
     objects = LLMQuerySet.as_manager()
@@ -46,9 +77,10 @@ class LLM(models.Model):
         verbose_name = "LLM"
         verbose_name_plural = "LLMs"
         constraints = [
+            models.CheckConstraint(condition=models.Q(sampling_weight__gte=0), name="llm_sampling_weight_non_negative"),
             models.CheckConstraint(
-                condition=models.Q(sampling_weight__gte=0), name="llm_sampling_weight_non_negative"
-            )
+                condition=models.Q(top_p__gte=0, top_p__lte=1, temperature__gte=0), name="llm_sampling_in_range"
+            ),
         ]
 
     def __str__(self) -> str:

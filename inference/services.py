@@ -1,21 +1,29 @@
-"""Generating one reply: load the conversation, stream from the model, persist, publish.
+"""Generating one reply: load the conversation, stream it from the model's engine, persist, publish.
 
 Keras and JAX are imported inside run_generation only, so that importing this module (the web
 tier does, through Celery's task discovery) stays cheap.
 """
 
 import logging
+import threading
 import time
 from pathlib import Path
 
 from django.conf import settings
 
+from inference.hosting import ModelSpec
+from inference.models import LLM, parse_mesh_shape
 from inference.publisher import FramePublisher
 from votes import selectors as votes_selectors
 from votes import services as votes_services
+from votes.models import Message
 from votes.protocol import delta_frame, end_frame
 
 logger = logging.getLogger(__name__)
+
+TOO_LONG = "The conversation is too long for this model; start a new battle."
+NOT_GENERATED = "This reply could not be generated."
+TIMED_OUT = "This reply took too long and was stopped."
 
 
 def resolve_preset(preset: str) -> str:
@@ -26,11 +34,23 @@ def resolve_preset(preset: str) -> str:
     return preset
 
 
+def model_spec(model: LLM) -> ModelSpec:
+    return ModelSpec(
+        name=model.name,
+        family=model.family,
+        preset=resolve_preset(model.preset),
+        dtype=model.dtype or None,
+        mesh_shape=parse_mesh_shape(model.mesh_shape),
+        slots=settings.ARENA_ENGINE_SLOTS,
+    )
+
+
 class DeltaBatcher:
     """Collects text deltas and flushes them as one numbered frame per interval.
 
     Each flush first persists the text so far, then publishes: a client that reconnects and
-    reads the database never misses a delta that was published before it subscribed.
+    reads the database never misses a delta that was published before it subscribed. The
+    persist step also tells whether the voter has asked to stop the reply (`stop_requested`).
     """
 
     def __init__(self, *, message_id: int, group: str, side: str, turn: int, publisher: FramePublisher) -> None:
@@ -44,6 +64,7 @@ class DeltaBatcher:
         self.pending = ""
         self.seq = 0
         self.last_flush = 0.0
+        self.stop_requested = False
 
     def add(self, delta: str) -> None:
         self.text += delta
@@ -53,80 +74,162 @@ class DeltaBatcher:
             self.flush()
 
     def flush(self) -> None:
-        if not self.pending:
+        if not self.pending or self.stop_requested:
             return
         frame = delta_frame(self.side, self.turn, self.seq, self.pending)
+        if not votes_services.save_partial_reply(self.message_id, content=self.text, delta_count=self.seq + 1):
+            self.stop_requested = True
+            return
         self.seq += 1
-        votes_services.save_partial_reply(self.message_id, content=self.text, delta_count=self.seq)
         self.publisher.publish(self.group, [frame])
         self.pending = ""
         self.last_flush = time.monotonic()
 
+    @property
+    def published_text(self) -> str:
+        """What the voter has seen: text not yet flushed when a stop arrived is dropped."""
+        return self.text[: len(self.text) - len(self.pending)]
+
 
 def run_generation(message_id: int, publisher: FramePublisher) -> None:
     context = votes_selectors.generation_context(message_id)
-    if context is None or context.finished or not votes_services.mark_reply_streaming(message_id):
-        logger.info("Reply %s is gone or already finished; nothing to generate", message_id)
+    previous_status = votes_services.claim_reply(message_id) if context else None
+    if context is None or previous_status is None:
+        logger.info("Reply %s is gone, finished or stopped; nothing to generate", message_id)
         return
 
-    from inference import chat_templates, streaming
+    from inference import chat_templates, hosting
+    from inference.engine import SamplingParams
 
     group = votes_selectors.battle_group(context.battle_public_id)
+    if previous_status == Message.Status.STREAMING:
+        # Redelivered after a worker was lost: the reply starts over from nothing.
+        publisher.publish(group, [{"type": "restart", "side": context.side, "turn": context.turn}])
     batcher = DeltaBatcher(
         message_id=message_id, group=group, side=context.side, turn=context.turn, publisher=publisher
     )
+    model = context.model
     started = time.monotonic()
-    failure = "This reply could not be generated."
+    failure = NOT_GENERATED
+    request = None
+    watchdog = None
+    timed_out = threading.Event()
     try:
-        lm = streaming.load_causal_lm(resolve_preset(context.preset))
+        engine = hosting.engine_for(model_spec(model))
         turns = [chat_templates.ChatTurn(role=role, content=content) for role, content in context.conversation]
-        prompt = chat_templates.render_prompt(context.family, None, turns)
+        prompt = chat_templates.render_prompt(model.family, None, turns)
+        sampling = SamplingParams(
+            temperature=model.temperature, top_k=model.top_k, top_p=model.top_p, seed=context.seed
+        )
         try:
-            generation = streaming.StreamingGeneration(
-                lm,
+            request = engine.submit(
                 prompt,
-                max_new_tokens=min(context.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS),
-                stop_strings=chat_templates.stop_strings(context.family),
+                max_new_tokens=min(model.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS),
+                stop_strings=chat_templates.stop_strings(model.family),
+                sampling=sampling,
             )
         except ValueError:
-            # The prompt is validated as non-empty upstream: what is left is a context overflow.
-            failure = "The conversation is too long for this model; start a new battle."
+            # The prompt is validated upstream and the sampling values by the roster's
+            # constraints: what is left is a conversation that does not fit the context.
+            failure = TOO_LONG
             raise
-        for delta in generation:
+
+        def time_out() -> None:
+            timed_out.set()
+            request.cancel()
+
+        watchdog = threading.Timer(settings.ARENA_GENERATION_TIMEOUT_SECONDS, time_out)
+        watchdog.daemon = True
+        watchdog.start()
+        for delta in request:
             batcher.add(delta)
+            if batcher.stop_requested:
+                request.cancel()
+                for _ in request:  # Wait until the engine has freed the slot; drop the rest.
+                    pass
+                break
         batcher.flush()
+        if timed_out.is_set():
+            failure = TIMED_OUT
+            raise TimeoutError(f"reply {message_id} ran past {settings.ARENA_GENERATION_TIMEOUT_SECONDS} s")
     except Exception:
         # The voter sees that this side failed, never why in model terms (anonymity).
         logger.exception("Generation of reply %s failed", message_id)
-        duration_ms = int((time.monotonic() - started) * 1000)
-        votes_services.fail_reply(message_id, content=batcher.text, delta_count=batcher.seq, duration_ms=duration_ms)
-        end = end_frame(
-            context.side, context.turn, seq=batcher.seq, status="failed", text=batcher.text, error=failure
+        if request is not None:
+            request.cancel()
+        _finish(
+            context,
+            batcher,
+            publisher,
+            status=Message.Status.FAILED,
+            stop_reason="error",
+            started=started,
+            error=failure,
         )
-        publisher.publish(group, [end])
         return
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
 
-    stats = generation.stats
-    ttft_ms = int(stats.ttft_s * 1000) if stats.ttft_s is not None else None
-    duration_ms = int(stats.duration_s * 1000)
-    votes_services.complete_reply(
-        message_id,
-        content=batcher.text,
+    stats = request.stats
+    if batcher.stop_requested:
+        _finish(
+            context,
+            batcher,
+            publisher,
+            status=Message.Status.STOPPED,
+            stop_reason="cancelled",
+            started=started,
+            tokens=stats.tokens,
+            ttft_s=stats.ttft_s,
+        )
+        return
+    _finish(
+        context,
+        batcher,
+        publisher,
+        status=Message.Status.DONE,
+        stop_reason=request.stop_reason or "stop",
+        started=started,
+        tokens=stats.tokens,
+        ttft_s=stats.ttft_s,
+    )
+
+
+def _finish(
+    context: votes_selectors.GenerationContext,
+    batcher: DeltaBatcher,
+    publisher: FramePublisher,
+    *,
+    status: str,
+    stop_reason: str,
+    started: float,
+    tokens: int = 0,
+    ttft_s: float | None = None,
+    error: str | None = None,
+) -> None:
+    """Save the reply's final state, then announce it: the end frame never precedes the save."""
+    text = batcher.published_text if status == Message.Status.STOPPED else batcher.text
+    ttft_ms = int(ttft_s * 1000) if ttft_s is not None else None
+    duration_ms = int((time.monotonic() - started) * 1000)
+    votes_services.finish_reply(
+        context.message_id,
+        status=status,
+        content=text,
         delta_count=batcher.seq,
-        token_count=stats.tokens,
+        stop_reason=stop_reason,
+        token_count=tokens,
         time_to_first_token_ms=ttft_ms,
         duration_ms=duration_ms,
     )
-    publisher.publish(
-        group,
-        [
-            end_frame(
-                context.side,
-                context.turn,
-                seq=batcher.seq,
-                status="done",
-                text=batcher.text,
-                stats=votes_selectors.reply_stats(tokens=stats.tokens, ttft_ms=ttft_ms, duration_ms=duration_ms),
-            )
-        ],
+    stats = votes_selectors.reply_stats(tokens=tokens, ttft_ms=ttft_ms, duration_ms=duration_ms)
+    frame = end_frame(
+        context.side,
+        context.turn,
+        seq=batcher.seq,
+        status=status,
+        text=text,
+        stats={} if status == Message.Status.FAILED else stats,
+        error=error,
     )
+    publisher.publish(batcher.group, [frame])

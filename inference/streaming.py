@@ -28,8 +28,9 @@ token id when they are one token (``<end_of_turn>``, ``<|eot_id|>``, ``</s>``), 
 decoded text whatever tokens spelled them. Special tokens (start, end, padding,
 header markers) are dropped from the text, as ``generate()``'s post-processing drops them.
 
-Only batch size 1 and greedy decoding are supported here; continuous batching is a separate
-concern (see shared/facts.md).
+Only batch size 1 and greedy decoding are supported here; ``inference.engine`` serves many
+requests at once (continuous batching, sampling) and reuses this module's prompt encoding,
+stop-token resolution and incremental text (``IncrementalText``).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ import itertools
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -139,6 +140,136 @@ def _single_token_id(tokenizer: Any, text: str) -> int | None:
     return int(ids[0]) if ids.size == 1 else None
 
 
+def stop_token_ids(tokenizer: Any, stop_strings: Sequence[str] = ()) -> frozenset[int]:
+    """Token ids that end a generation: the tokenizer's end token(s) and single-token stop strings.
+
+    Raises ValueError for an empty stop string (it would match everywhere).
+    """
+    ids = {int(tokenizer.end_token_id)}
+    if getattr(tokenizer, "end_token2_id", None) is not None:
+        ids.add(int(tokenizer.end_token2_id))
+    for stop in stop_strings:
+        if not stop:
+            raise ValueError("Stop strings must not be empty.")
+        token_id = _single_token_id(tokenizer, stop)
+        if token_id is not None:
+            ids.add(token_id)
+    return frozenset(ids)
+
+
+def _sentencepiece_decode(tokenizer: Any) -> Callable[[list[int]], str] | None:
+    """SentencePiece's own ``DecodeIds`` behind a keras-hub tokenizer, when it is safe to use.
+
+    Without TensorFlow, keras-hub's SentencePieceTokenizer always decodes through
+    SentencePiece's *batch* API, which hands the work to a thread pool: ~60 us per call even for
+    a few ids, against ~5 us for ``DecodeIds`` on the same list. Incremental detokenisation
+    decodes once per token (or per dispatch and stream), so that difference is the host cost
+    of a step. None (use the public ``detokenize``) for other tokenizers, or any surprise.
+    """
+    initialise = getattr(tokenizer, "_maybe_initialized_spm", None)
+    use_tf = getattr(tokenizer, "_use_tf_workflow", None)
+    if initialise is None or use_tf is None:
+        return None
+    try:
+        if use_tf():
+            return None
+        initialise()
+        decode_ids = tokenizer._sentence_piece_spm.DecodeIds
+        probe = list(range(min(int(tokenizer.vocabulary_size()), 64)))
+        if decode_ids(probe) != tokenizer.detokenize(probe):
+            return None
+    except Exception:  # A private API moved: fall back to the public one.
+        return None
+    return decode_ids
+
+
+# Values never refer to their tokenizer (a bound method of the SentencePiece processor, or
+# False), so entries go away with the tokenizer.
+_fast_decoders: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_fast_decoders_lock = threading.Lock()
+
+
+def _detokenizer(tokenizer: Any) -> Callable[[list[int]], str]:
+    """The fastest exact detokenizer for a flat list of ids; probed once per tokenizer."""
+    with _fast_decoders_lock:
+        decode = _fast_decoders.get(tokenizer)
+        if decode is None:
+            decode = _fast_decoders[tokenizer] = _sentencepiece_decode(tokenizer) or False
+    return decode or tokenizer.detokenize
+
+
+class IncrementalText:
+    """Turns generated token ids into text deltas that never need to be taken back.
+
+    Shared by the batch-1 stream here and the continuous-batching engine (inference.engine).
+    The caller feeds the generated ids (stop-token ids excluded) with ``add``, which returns the
+    newly shown text; ``finish`` returns what was held back. The whole sequence is decoded each
+    time (a slice of ids does not always decode to a slice of the text), and the tail is held
+    back while it is an incomplete UTF-8 character (U+FFFD) or could be the start of a stop
+    string. Special tokens are dropped from the text, as ``generate()``'s post-processing drops
+    them. Not thread-safe: one generation is advanced by one thread at a time.
+    """
+
+    def __init__(self, tokenizer: Any, stop_strings: Sequence[str] = ()) -> None:
+        self._detokenize = _detokenizer(tokenizer)
+        # Also matched in the text: a model can spell a marker with several ordinary tokens.
+        self._text_stops = tuple(stop_strings)
+        self._skip_ids = frozenset(int(i) for i in getattr(tokenizer, "special_token_ids", []))
+        self.token_ids: list[int] = []
+        self.text = ""  # Everything returned so far.
+        self.stopped = False  # A stop string showed up in the decoded text.
+
+    def add(self, token_ids: Iterable[int]) -> str:
+        """Append generated ids; return the text that became safe to show ("" if none).
+
+        Once a stop string appears, ``stopped`` is set and nothing more is returned until
+        ``finish()``, which cuts the text before it.
+        """
+        self.token_ids.extend(token_ids)
+        if self.stopped:
+            return ""
+        text = self._decode()
+        if self._text_stops and any(s in text for s in self._text_stops):
+            self.stopped = True
+            return ""
+        end = self._stable_end(text)
+        if end <= len(self.text):
+            return ""
+        delta = text[len(self.text) : end]
+        self.text += delta
+        return delta
+
+    def finish(self) -> str:
+        """The rest of the reply (held-back text flushed, cut before the first stop string)."""
+        text = self._decode()
+        positions = [p for p in (text.find(s) for s in self._text_stops) if p >= 0]
+        if positions:
+            text = text[: min(positions)]
+            self.stopped = True
+        if len(text) <= len(self.text):
+            return ""
+        delta = text[len(self.text) :]
+        self.text += delta
+        return delta
+
+    def _decode(self) -> str:
+        ids = [i for i in self.token_ids if i not in self._skip_ids]
+        return self._detokenize(ids) if ids else ""
+
+    def _stable_end(self, text: str) -> int:
+        """How much of ``text`` can be shown without risk of being revised later."""
+        end = len(text)
+        while end > 0 and text[end - 1] == REPLACEMENT_CHAR:
+            end -= 1
+        holdback = 0
+        for stop in self._text_stops:
+            for size in range(min(len(stop) - 1, end), holdback, -1):
+                if text.endswith(stop[:size], 0, end):
+                    holdback = size
+                    break
+        return end - holdback
+
+
 class _CompiledDecoder:
     """The jit-compiled prefill and step functions of one model.
 
@@ -219,8 +350,9 @@ class GenerationStats:
     """Timing of one generation; the arena shows and records these per reply."""
 
     tokens: int = 0  # Generated tokens in the reply (a stop token is not counted).
-    ttft_s: float | None = None  # From the start of iteration to the first new token.
-    duration_s: float = 0.0  # From the start of iteration to its end.
+    # Measured from the start of iteration here, from submit() in inference.engine.
+    ttft_s: float | None = None  # Until the first new token.
+    duration_s: float = 0.0  # Until the end of the generation.
 
     @property
     def tokens_per_s(self) -> float:
@@ -265,27 +397,20 @@ class StreamingGeneration:
 
         tokenizer = lm.preprocessor.tokenizer
         self._tokenizer = tokenizer
-        stop_ids = {int(tokenizer.end_token_id)}
-        if getattr(tokenizer, "end_token2_id", None) is not None:
-            stop_ids.add(int(tokenizer.end_token2_id))
-        for stop in stop_strings:
-            if not stop:
-                raise ValueError("Stop strings must not be empty.")
-            token_id = _single_token_id(tokenizer, stop)
-            if token_id is not None:
-                stop_ids.add(token_id)
-        self._stop_ids = frozenset(stop_ids)
-        # Also matched in the text: a model can spell a marker with several ordinary tokens.
-        self._text_stops = tuple(stop_strings)
-        self._skip_ids = frozenset(int(i) for i in getattr(tokenizer, "special_token_ids", []))
+        self._stop_ids = stop_token_ids(tokenizer, stop_strings)
+        self._text = IncrementalText(tokenizer, stop_strings)
         self._should_cancel = should_cancel
 
-        self.token_ids: list[int] = []
         self.text = ""
         self.stop_reason: StopReason | None = None
         self.stats = GenerationStats()
         self._cancel_requested = False
         self._iterator: Iterator[str] | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The generated ids so far (a stop token is not included)."""
+        return self._text.token_ids
 
     def __iter__(self) -> StreamingGeneration:
         return self
@@ -302,32 +427,6 @@ class StreamingGeneration:
     def _cancelled(self) -> bool:
         return self._cancel_requested or bool(self._should_cancel and self._should_cancel())
 
-    def _decode(self) -> str:
-        ids = [i for i in self.token_ids if i not in self._skip_ids]
-        return self._tokenizer.detokenize(ids) if ids else ""
-
-    def _stable_end(self, text: str) -> int:
-        """How much of ``text`` can be shown without risk of being revised later."""
-        end = len(text)
-        while end > 0 and text[end - 1] == REPLACEMENT_CHAR:
-            end -= 1
-        holdback = 0
-        for stop in self._text_stops:
-            for size in range(min(len(stop) - 1, end), holdback, -1):
-                if text.endswith(stop[:size], 0, end):
-                    holdback = size
-                    break
-        return end - holdback
-
-    def _final_text(self) -> str:
-        """The whole reply: all generated ids decoded, cut before the first stop string."""
-        text = self._decode()
-        positions = [p for p in (text.find(s) for s in self._text_stops) if p >= 0]
-        if positions:
-            text = text[: min(positions)]
-            self.stop_reason = "stop"
-        return text
-
     def _run(self) -> Iterator[str]:
         decoder = _decoder(self.lm)
         state = _model_state(self.lm)
@@ -335,7 +434,6 @@ class StreamingGeneration:
         prompt_length = len(self.prompt_ids)
         padded = np.full((1, self.padded_length), self._pad_id(), dtype=np.int32)
         padded[0, :prompt_length] = self.prompt_ids
-        emitted = 0
         token = cache = None
         try:
             while True:
@@ -355,23 +453,20 @@ class StreamingGeneration:
                 if token_id in self._stop_ids:
                     self.stop_reason = "stop"
                     break
-                self.token_ids.append(token_id)
+                delta = self._text.add((token_id,))
+                if delta:
+                    self.text += delta
+                    yield delta
                 if len(self.token_ids) >= self.max_new_tokens:
                     self.stop_reason = "length"
                     break
-                text = self._decode()
-                if self._text_stops and any(s in text for s in self._text_stops):
-                    break  # _final_text() cuts it and records the stop.
-                end = self._stable_end(text)
-                if end > emitted:
-                    delta = text[emitted:end]
-                    emitted = end
-                    self.text += delta
-                    yield delta
+                if self._text.stopped:
+                    break  # finish() cuts the text before the stop string.
             # Flush what was held back (an incomplete character, a partial stop string).
-            text = self._final_text()
-            if len(text) > emitted:
-                delta = text[emitted:]
+            delta = self._text.finish()
+            if self._text.stopped:
+                self.stop_reason = "stop"
+            if delta:
                 self.text += delta
                 yield delta
         except GeneratorExit:  # The consumer stopped iterating early.

@@ -7,6 +7,9 @@ from inference.dispatch import GENERATE_REPLY_TASK
 from inference.publisher import ChannelLayerPublisher, background_loop
 
 
-@shared_task(name=GENERATE_REPLY_TASK, acks_late=True, reject_on_worker_lost=True, time_limit=600)
+# Acknowledged only once finished, and requeued if the worker dies mid-reply: the reply then
+# starts over (the client is told to clear it). Thread pools ignore Celery's time limits, so
+# run_generation enforces ARENA_GENERATION_TIMEOUT_SECONDS itself.
+@shared_task(name=GENERATE_REPLY_TASK, acks_late=True, reject_on_worker_lost=True)
 def generate_reply(message_id: int) -> None:
     services.run_generation(message_id, ChannelLayerPublisher(background_loop()))

@@ -78,11 +78,16 @@ def demo_llms(db: None, run_id: str) -> list[LLM]:
 
 @pytest.fixture(scope="session")
 def celery_worker(run_id: str, django_db_blocker: Any) -> Iterator[Any]:
-    """A real Celery worker (not eager mode) on the Redis broker, consuming this run's queues."""
+    """A real Celery worker (not eager mode) on the Redis broker, consuming this run's queues.
+
+    A thread pool, as on an inference host: concurrent replies of one model share its engine.
+    """
     queues = ",".join(f"test-{run_id}.{name}" for name in BATTLE_PRESETS)
     with (
         django_db_blocker.unblock(),
-        start_worker(celery_app, pool="solo", perform_ping_check=False, queues=queues, shutdown_timeout=60) as worker,
+        start_worker(
+            celery_app, pool="threads", concurrency=8, perform_ping_check=False, queues=queues, shutdown_timeout=60
+        ) as worker,
     ):
         yield worker
 
@@ -162,6 +167,7 @@ async def connect_battle(voter_session: SessionStore) -> AsyncIterator[Any]:
 
     yield connect
     for communicator in opened:
-        await communicator.disconnect()
+        if not communicator.future.done():  # A test may have disconnected it already.
+            await communicator.disconnect()
     # Threads of database_sync_to_async keep connections open; the test DB can't be dropped then.
     await sync_to_async(connections.close_all)()

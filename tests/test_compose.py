@@ -26,5 +26,6 @@ def test_compose_services_and_health_checks() -> None:
     assert {"postgres", "redis", "migrate", "web", "worker", "inference", "beat"} <= set(services)
     for name in ("postgres", "redis", "web", "inference"):
         assert "healthcheck" in services[name], name
-    assert "model." in " ".join(services["inference"]["command"])
+    inference = " ".join(services["inference"]["command"])
+    assert "run_inference_host" in inference and "model." in inference
     assert services["migrate"]["restart"] == "no"

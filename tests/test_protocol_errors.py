@@ -25,10 +25,16 @@ def battle_with_replies(voter_key: str, *, finished: bool) -> Battle:
     submitted = services.submit_prompt(battle=battle, text="Add a meeting with Fred on Nov 11 at 5PM")
     if finished:
         for job in submitted.jobs:
-            services.mark_reply_streaming(job.message_id)
-            services.complete_reply(
-                job.message_id, content="action.x()", delta_count=1, token_count=3,
-                time_to_first_token_ms=5, duration_ms=20,
+            services.claim_reply(job.message_id)
+            services.finish_reply(
+                job.message_id,
+                status=Message.Status.DONE,
+                content="action.x()",
+                delta_count=1,
+                stop_reason="stop",
+                token_count=3,
+                time_to_first_token_ms=5,
+                duration_ms=20,
             )
     return battle
 
@@ -59,6 +65,7 @@ async def expect_error(client, frame, code: str) -> dict:
         ({"type": "prompt", "text": "x" * settings.ARENA_MAX_FRAME_BYTES}, "frame_too_large"),
         ({"type": "vote", "choice": "c"}, "bad_frame"),
         ({"type": "vote", "choice": "a"}, "not_ready"),
+        ({"type": "stop", "side": "c"}, "bad_frame"),
     ],
 )
 async def test_bad_frames_on_a_new_battle(connect_battle, demo_llms, frame, code) -> None:

@@ -14,7 +14,16 @@ from django.conf import settings
 from inference.dispatch import enqueue_generations
 from votes import selectors, services
 from votes.models import Battle
-from votes.protocol import ArenaError, PromptFrame, SyncFrame, VoteFrame, error_frame, parse_client_frame
+from votes.protocol import (
+    ArenaError,
+    PromptFrame,
+    StopFrame,
+    SyncFrame,
+    VoteFrame,
+    end_frame,
+    error_frame,
+    parse_client_frame,
+)
 
 
 class BattleConsumer(AsyncWebsocketConsumer):
@@ -36,9 +45,7 @@ class BattleConsumer(AsyncWebsocketConsumer):
         public_id = self.scope["url_route"]["kwargs"].get("public_id")
         if public_id is None:
             return  # A new battle: it is created with the first prompt.
-        battle = await database_sync_to_async(selectors.battle_for_voter)(
-            public_id=public_id, voter_key=self.voter_key
-        )
+        battle = await database_sync_to_async(selectors.battle_for_voter)(public_id=public_id, voter_key=self.voter_key)
         if battle is None:
             await self.send_error(ArenaError("not_found", "No such battle; start a new one."))
             await self.close(code=4404)
@@ -47,7 +54,9 @@ class BattleConsumer(AsyncWebsocketConsumer):
         await self.send_state()
 
     async def disconnect(self, code: int) -> None:
-        if self.group:
+        if self.battle is not None and self.group:
+            # A voter who leaves stops the replies still being generated for them.
+            await self.stop_replies(side=None)
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -61,6 +70,9 @@ class BattleConsumer(AsyncWebsocketConsumer):
                 await self.handle_prompt(frame)
             elif isinstance(frame, VoteFrame):
                 await self.handle_vote(frame)
+            elif isinstance(frame, StopFrame):
+                if self.battle is not None:
+                    await self.stop_replies(side=frame.side)
             elif isinstance(frame, SyncFrame):
                 await self.send_state()
         except ArenaError as error:
@@ -91,6 +103,14 @@ class BattleConsumer(AsyncWebsocketConsumer):
                 "frames": [{"type": "revealed", "vote": vote.choice, "models": vote.battle.reveal()}],
             },
         )
+
+    async def stop_replies(self, side: str | None) -> None:
+        assert self.battle is not None and self.group is not None
+        stopped = await database_sync_to_async(services.request_stop)(battle=self.battle, side=side)
+        # Replies no worker had started yet end here; running ones end from their worker.
+        frames = [end_frame(reply.side, reply.turn, seq=0, status="stopped", text="", stats={}) for reply in stopped]
+        if frames:
+            await self.channel_layer.group_send(self.group, {"type": "battle.frames", "frames": frames})
 
     async def join(self, battle: Battle) -> None:
         self.battle = battle

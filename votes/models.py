@@ -38,9 +38,7 @@ class Battle(models.Model):
 
     class Meta:
         ordering = ["-created"]
-        constraints = [
-            models.CheckConstraint(condition=~Q(model_a=models.F("model_b")), name="battle_distinct_models")
-        ]
+        constraints = [models.CheckConstraint(condition=~Q(model_a=models.F("model_b")), name="battle_distinct_models")]
 
     def __str__(self) -> str:
         return f"Battle {self.public_id}"
@@ -70,7 +68,10 @@ class Message(models.Model):
         PENDING = "pending", "Pending"
         STREAMING = "streaming", "Streaming"
         DONE = "done", "Done"
+        STOPPED = "stopped", "Stopped by the voter"
         FAILED = "failed", "Failed"
+
+    FINISHED_STATUSES = (Status.DONE, Status.STOPPED, Status.FAILED)
 
     battle = models.ForeignKey(Battle, on_delete=models.CASCADE, related_name="messages")
     side = models.CharField(max_length=1, choices=Side.choices)
@@ -81,6 +82,11 @@ class Message(models.Model):
     delta_count = models.PositiveIntegerField(
         default=0, help_text="Delta frames already covered by content: where a reconnecting client resumes."
     )
+    stop_requested = models.BooleanField(
+        default=False, help_text="The voter stopped this reply or left; the worker stops at its next flush."
+    )
+    stop_reason = models.CharField(max_length=10, blank=True, help_text="stop, length, cancelled or error.")
+    seed = models.PositiveIntegerField(null=True, blank=True, help_text="Sampling seed, for reproducibility.")
     token_count = models.PositiveIntegerField(null=True, blank=True)
     time_to_first_token_ms = models.PositiveIntegerField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
@@ -88,9 +94,7 @@ class Message(models.Model):
 
     class Meta:
         ordering = ["battle", "turn", "side", "role"]
-        constraints = [
-            models.UniqueConstraint(fields=["battle", "side", "turn", "role"], name="message_unique_slot")
-        ]
+        constraints = [models.UniqueConstraint(fields=["battle", "side", "turn", "role"], name="message_unique_slot")]
         indexes = [models.Index(fields=["battle", "turn"])]
 
     def __str__(self) -> str:
@@ -98,7 +102,7 @@ class Message(models.Model):
 
     @property
     def is_finished(self) -> bool:
-        return self.status in (self.Status.DONE, self.Status.FAILED)
+        return self.status in self.FINISHED_STATUSES
 
 
 class Vote(models.Model):

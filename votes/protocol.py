@@ -34,11 +34,18 @@ class VoteFrame:
 
 
 @dataclass(frozen=True)
+class StopFrame:
+    """Stop the replies being generated: one side's, or both when side is None."""
+
+    side: str | None
+
+
+@dataclass(frozen=True)
 class SyncFrame:
     """The client lost track (a gap in delta numbers): it asks for the full state again."""
 
 
-ClientFrame = PromptFrame | VoteFrame | SyncFrame
+ClientFrame = PromptFrame | VoteFrame | StopFrame | SyncFrame
 
 
 def parse_client_frame(raw: str | None, *, max_bytes: int, max_prompt_chars: int) -> ClientFrame:
@@ -52,7 +59,7 @@ def parse_client_frame(raw: str | None, *, max_bytes: int, max_prompt_chars: int
     except (json.JSONDecodeError, ValueError):
         raise ArenaError("bad_json", "The frame is not valid JSON.") from None
     if not isinstance(data, dict):
-        raise ArenaError("bad_frame", "A frame must be a JSON object with a \"type\" field.")
+        raise ArenaError("bad_frame", 'A frame must be a JSON object with a "type" field.')
     frame_type = data.get("type")
     if frame_type == "prompt":
         text = data.get("text")
@@ -71,6 +78,11 @@ def parse_client_frame(raw: str | None, *, max_bytes: int, max_prompt_chars: int
         if choice not in VOTE_CHOICES:
             raise ArenaError("bad_frame", f'A vote frame needs "choice", one of {", ".join(VOTE_CHOICES)}.')
         return VoteFrame(choice=choice)
+    if frame_type == "stop":
+        side = data.get("side")
+        if side not in ("a", "b", None):
+            raise ArenaError("bad_frame", 'A stop frame\'s "side" is "a", "b", or absent for both.')
+        return StopFrame(side=side)
     if frame_type == "sync":
         return SyncFrame()
     if not isinstance(frame_type, str):

@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 from typing import Any
 
+from inference.models import LLM
 from votes.models import Battle, Message
 
 
@@ -13,11 +14,7 @@ def battle_group(public_id: str) -> str:
 
 def battle_for_voter(*, public_id: str, voter_key: str) -> Battle | None:
     """The battle if it belongs to this voter; None otherwise, so ids of others reveal nothing."""
-    return (
-        Battle.objects.select_related("model_a", "model_b")
-        .filter(public_id=public_id, voter_key=voter_key)
-        .first()
-    )
+    return Battle.objects.select_related("model_a", "model_b").filter(public_id=public_id, voter_key=voter_key).first()
 
 
 def battle_state(battle: Battle) -> dict[str, Any]:
@@ -41,7 +38,7 @@ def battle_state(battle: Battle) -> dict[str, Any]:
                     ttft_ms=message.time_to_first_token_ms,
                     duration_ms=message.duration_ms or 0,
                 )
-                if message.status == Message.Status.DONE
+                if message.status in (Message.Status.DONE, Message.Status.STOPPED)
                 else {}
             ),
         }
@@ -74,10 +71,8 @@ class GenerationContext:
     battle_public_id: str
     side: str
     turn: int
-    family: str
-    preset: str
-    max_new_tokens: int
-    finished: bool
+    model: LLM
+    seed: int
     # (role, content) pairs of this side's conversation up to and including the prompt to answer.
     conversation: list[tuple[str, str]]
 
@@ -90,7 +85,6 @@ def generation_context(message_id: int) -> GenerationContext | None:
     )
     if reply is None:
         return None
-    model = reply.battle.model_on(reply.side)
     history = Message.objects.filter(battle=reply.battle, side=reply.side, turn__lte=reply.turn).order_by(
         "turn", "-role"
     )
@@ -102,9 +96,7 @@ def generation_context(message_id: int) -> GenerationContext | None:
         battle_public_id=reply.battle.public_id,
         side=reply.side,
         turn=reply.turn,
-        family=model.family,
-        preset=model.preset,
-        max_new_tokens=model.max_new_tokens,
-        finished=reply.is_finished,
+        model=reply.battle.model_on(reply.side),
+        seed=reply.seed or 0,
         conversation=conversation,
     )

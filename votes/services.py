@@ -3,6 +3,7 @@
 import hashlib
 import hmac
 import random
+import secrets
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -56,7 +57,7 @@ def _locked(battle: Battle) -> Battle:
 def _has_unfinished_replies(battle: Battle) -> bool:
     return (
         Message.objects.filter(battle=battle, role=Message.Role.ASSISTANT)
-        .exclude(status__in=[Message.Status.DONE, Message.Status.FAILED])
+        .exclude(status__in=Message.FINISHED_STATUSES)
         .exists()
     )
 
@@ -76,7 +77,12 @@ def submit_prompt(*, battle: Battle, text: str) -> SubmittedPrompt:
     for side in SIDES:
         Message.objects.create(battle=battle, side=side, turn=turn, role=Message.Role.USER, content=text)
         reply = Message.objects.create(
-            battle=battle, side=side, turn=turn, role=Message.Role.ASSISTANT, status=Message.Status.PENDING
+            battle=battle,
+            side=side,
+            turn=turn,
+            role=Message.Role.ASSISTANT,
+            status=Message.Status.PENDING,
+            seed=secrets.randbelow(2**31),
         )
         jobs.append(GenerationJob(message_id=reply.pk, queue=battle.model_on(side).queue))
     return SubmittedPrompt(turn=turn, text=text, jobs=jobs)
@@ -104,49 +110,89 @@ def cast_vote(*, battle: Battle, choice: str) -> Vote:
     return vote
 
 
+@dataclass(frozen=True)
+class StoppedReply:
+    """A reply the voter stopped before any worker had started it: nobody else will end it."""
+
+    side: str
+    turn: int
+
+
+@transaction.atomic
+def request_stop(*, battle: Battle, side: str | None = None) -> list[StoppedReply]:
+    """Stop the battle's unfinished replies (one side, or both when side is None).
+
+    Replies being generated are flagged; their worker stops at its next flush. Replies still
+    waiting for a worker are stopped here and returned, so the caller can announce their end.
+    """
+    unfinished = Message.objects.select_for_update().filter(
+        battle=battle, role=Message.Role.ASSISTANT, status__in=[Message.Status.PENDING, Message.Status.STREAMING]
+    )
+    if side is not None:
+        unfinished = unfinished.filter(side=side)
+    stopped_now = []
+    for reply in unfinished:
+        if reply.status == Message.Status.PENDING:
+            reply.status = Message.Status.STOPPED
+            reply.stop_reason = "cancelled"
+            reply.token_count = 0
+            stopped_now.append(StoppedReply(side=reply.side, turn=reply.turn))
+        reply.stop_requested = True
+        reply.save(update_fields=["status", "stop_reason", "token_count", "stop_requested"])
+    return stopped_now
+
+
 # --- Replies, written by the generation worker ----------------------------------------------------
 
 
-def mark_reply_streaming(message_id: int) -> bool:
-    """Claim a pending reply for generation; False if it is already finished (a redelivered job)."""
-    claimed = Message.objects.filter(
-        pk=message_id,
-        role=Message.Role.ASSISTANT,
-        status__in=[Message.Status.PENDING, Message.Status.STREAMING],
-    ).update(status=Message.Status.STREAMING, content="", delta_count=0)
-    return claimed == 1
+def claim_reply(message_id: int) -> str | None:
+    """Claim a reply for generation. Returns its previous status ("pending", or "streaming" for
+    a job redelivered after a worker was lost: it starts over), or None if there is nothing to
+    do (finished, stopped by the voter, or gone)."""
+    with transaction.atomic():
+        reply = (
+            Message.objects.select_for_update()
+            .filter(pk=message_id, role=Message.Role.ASSISTANT, stop_requested=False)
+            .filter(status__in=[Message.Status.PENDING, Message.Status.STREAMING])
+            .first()
+        )
+        if reply is None:
+            return None
+        previous = reply.status
+        Message.objects.filter(pk=message_id).update(status=Message.Status.STREAMING, content="", delta_count=0)
+    return previous
 
 
-def save_partial_reply(message_id: int, *, content: str, delta_count: int) -> None:
-    """Persist the text streamed so far before its deltas are published, so reconnects resume."""
-    Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(
-        content=content, delta_count=delta_count
+def save_partial_reply(message_id: int, *, content: str, delta_count: int) -> bool:
+    """Persist the text streamed so far before its deltas are published, so reconnects resume.
+
+    Returns False when the voter has asked to stop this reply: the worker should cancel it.
+    """
+    return (
+        Message.objects.filter(pk=message_id, status=Message.Status.STREAMING, stop_requested=False).update(
+            content=content, delta_count=delta_count
+        )
+        == 1
     )
 
 
-def complete_reply(
+def finish_reply(
     message_id: int,
     *,
+    status: str,
     content: str,
     delta_count: int,
+    stop_reason: str,
     token_count: int,
     time_to_first_token_ms: int | None,
     duration_ms: int,
 ) -> None:
     Message.objects.filter(pk=message_id).update(
+        status=status,
         content=content,
         delta_count=delta_count,
-        status=Message.Status.DONE,
+        stop_reason=stop_reason,
         token_count=token_count,
         time_to_first_token_ms=time_to_first_token_ms,
-        duration_ms=duration_ms,
-    )
-
-
-def fail_reply(message_id: int, *, content: str, delta_count: int, duration_ms: int) -> None:
-    Message.objects.filter(pk=message_id).update(
-        content=content,
-        delta_count=delta_count,
-        status=Message.Status.FAILED,
         duration_ms=duration_ms,
     )

@@ -7,6 +7,7 @@
   const form = document.getElementById("prompt-form");
   const input = document.getElementById("prompt");
   const sendButton = document.getElementById("send");
+  const stopButton = document.getElementById("stop");
   const statusLine = document.getElementById("status");
   const voteButtons = Array.from(document.querySelectorAll("#votes button"));
   const logs = { a: document.getElementById("log-a"), b: document.getElementById("log-b") };
@@ -65,8 +66,14 @@
     const view = addMessage(side, "assistant", reply.text || "");
     const entry = { element: view.element, textNode: view.textNode, seq: reply.seq || 0, status: reply.status };
     replies[turn + ":" + side] = entry;
-    if (reply.status === "done" || reply.status === "failed") { finishReply(entry, reply); }
+    if (isFinished(reply)) { finishReply(entry, reply); }
     return entry;
+  }
+
+  const FINISHED = ["done", "stopped", "failed"];
+
+  function isFinished(entry) {
+    return Boolean(entry) && FINISHED.indexOf(entry.status) >= 0;
   }
 
   function finishReply(entry, frame) {
@@ -78,25 +85,29 @@
     const stats = document.createElement("small");
     stats.className = "stats";
     const s = frame.stats || {};
-    stats.textContent = frame.status === "failed"
-      ? (frame.error || "This reply failed.")
-      : [s.tokens + " tokens", s.tokens_per_s ? s.tokens_per_s + " tok/s" : "", s.ttft_ms != null ? "first token " + s.ttft_ms + " ms" : ""]
-          .filter(Boolean).join(" · ");
+    if (frame.status === "failed") {
+      stats.textContent = frame.error || "This reply failed.";
+    } else {
+      stats.textContent = [
+        frame.status === "stopped" ? "stopped" : "",
+        s.tokens != null ? s.tokens + " tokens" : "",
+        s.tokens_per_s ? s.tokens_per_s + " tok/s" : "",
+        s.ttft_ms != null ? "first token " + s.ttft_ms + " ms" : "",
+      ].filter(Boolean).join(" · ");
+    }
     entry.element.appendChild(stats);
   }
 
   function allRepliesFinished() {
     if (latestTurn < 0) { return false; }
-    return ["a", "b"].every(function (side) {
-      const entry = replies[latestTurn + ":" + side];
-      return entry && (entry.status === "done" || entry.status === "failed");
-    });
+    return ["a", "b"].every(function (side) { return isFinished(replies[latestTurn + ":" + side]); });
   }
 
   function refreshControls() {
     const ready = allRepliesFinished();
     voteButtons.forEach(function (button) { button.disabled = voted || !ready; });
     sendButton.disabled = voted || (latestTurn >= 0 && !ready);
+    stopButton.hidden = voted || latestTurn < 0 || ready;
     input.disabled = voted;
   }
 
@@ -151,7 +162,13 @@
       }
       case "end": {
         const entry = replies[frame.turn + ":" + frame.side];
-        if (entry && entry.status !== "done" && entry.status !== "failed") { finishReply(entry, frame); }
+        if (entry && !isFinished(entry)) { finishReply(entry, frame); }
+        break;
+      }
+      case "restart": {
+        // A worker was lost and the reply is generated again from the start.
+        const entry = replies[frame.turn + ":" + frame.side];
+        if (entry && !isFinished(entry)) { entry.textNode.textContent = ""; entry.seq = 0; }
         break;
       }
       case "revealed":
@@ -173,6 +190,7 @@
   input.addEventListener("keydown", function (event) {
     if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); form.requestSubmit(); }
   });
+  stopButton.addEventListener("click", function () { send({ type: "stop" }); });
   voteButtons.forEach(function (button) {
     button.addEventListener("click", function () { send({ type: "vote", choice: button.dataset.choice }); });
   });

@@ -1,0 +1,336 @@
+"""Benchmark: serial keras-hub ``generate()`` against the continuous-batching Engine.
+
+Same model, same prompts (single- and multi-turn calendar-assistant requests rendered with the
+model family's chat template and the arena's system prompt), greedy decoding in both paths.
+
+What is measured, and why it is a like-for-like comparison:
+
+* Both paths generate exactly the same number of tokens for each prompt. ``generate()`` runs
+  with ``stop_token_ids=None`` and one fixed ``max_length`` (the longest prompt plus
+  ``max_new_tokens``, capped by the context), so it always generates ``max_length - prompt``
+  tokens and compiles once; the engine gets the same per-prompt count as ``max_new_tokens``
+  with ``ignore_stop_tokens=True``. Token counts are therefore exact, not estimated from text.
+* Serial ``generate()``: batch 1, one prompt after another, after one untimed warm-up call
+  (its compilation). It returns only at the end, so its "time to first token" is its whole
+  latency; per-stream tokens/s is tokens / latency.
+* Engine: after ``warm_up()``, for each concurrency level N, N client threads each keep one
+  request in flight (submit, iterate the deltas, submit the next) until all prompts are done.
+  TTFT is measured from ``submit()`` (queueing for a slot included) to the first generated
+  token reaching the host; per-stream tokens/s is the decode rate a reader sees once text flows,
+  (tokens - 1) / (duration - TTFT); aggregate tokens/s is all tokens / the level's wall time.
+* ``speedup_8`` = engine aggregate tokens/s at concurrency 8 / serial generate() tokens/s;
+  ``ttft_ratio_8`` = TTFT p50 at concurrency 8 / TTFT p50 at concurrency 1 (an idle engine);
+  ``recompiles_after_warmup`` = XLA compilations by the engine after ``warm_up()``;
+  ``outputs_consistent`` = every level produced, prompt by prompt, the same text as level 1
+  (greedy decoding must not depend on what else is in the batch).
+
+Timings depend on the machine and on whatever else runs on it; the result records the CPU count.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import itertools
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inference.chat_templates import ChatTurn, render_prompt
+from inference.registry import read_preset
+
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+DEFAULT_CONCURRENCY = (1, 4, 8, 16)
+
+_NAMES = ("Fred", "Paul", "Anna", "Maria", "John", "Li", "Sofia", "Omar", "Emma", "Noah", "Yuki", "Ravi")
+_MONTHS = ("Jan", "Feb", "March", "April", "May", "June", "July", "Aug", "Sept", "Oct", "Nov", "Dec")
+_EVENTS = ("rock concert", "dentist appointment", "yoga class", "team lunch", "piano lesson", "book club")
+
+
+_models: dict[str, Any] = {}
+_models_lock = threading.Lock()
+
+
+def _load(path: Path) -> Any:
+    """The bench's own instance of a preset, loaded once per process.
+
+    Not ``streaming.load_causal_lm``'s shared instance: the bench switches ``generate()`` to the
+    greedy sampler, which must not leak into a process that also serves. Reusing one instance
+    across runs also reuses the engine's compiled functions.
+    """
+    import keras_hub
+
+    key = str(path.resolve())
+    with _models_lock:
+        if key not in _models:
+            lm = keras_hub.models.CausalLM.from_preset(str(path))
+            lm.compile(sampler="greedy")
+            _models[key] = lm
+        return _models[key]
+
+
+def default_preset(presets_dir: Path = PRESETS_DIR) -> Path:
+    """The strongest bundled preset: a folder whose name contains "strong", else tiny-gemma."""
+    if presets_dir.is_dir():
+        strong = sorted(p for p in presets_dir.iterdir() if "strong" in p.name and (p / "config.json").is_file())
+        if strong:
+            return strong[0]
+    return presets_dir / "tiny-gemma"
+
+
+def calendar_conversations(count: int, seed: int = 0) -> list[list[ChatTurn]]:
+    """Deterministic calendar-assistant conversations ending with a user turn (see scenario.md).
+
+    Four shapes in turn (a new meeting; its year correction; an evening event; a cancellation),
+    so prompt lengths vary and several prefill buckets are used.
+    """
+    rng = random.Random(seed)
+    conversations = []
+    for index in range(count):
+        name = rng.choice(_NAMES)
+        month = rng.randrange(12)
+        day = rng.randrange(1, 29)
+        hour = rng.randrange(7, 12)
+        add = f"Add a meeting with {name} on {_MONTHS[month]} {day} at {hour}AM"
+        call = (
+            f'action.add_calendar_entry("Meeting with {name}", date="2023-{month + 1:02d}-{day:02d}", '
+            f'time="{hour:02d}:00", duration=30)'
+        )
+        shape = index % 4
+        if shape == 0:
+            turns = [ChatTurn("user", add)]
+        elif shape == 1:
+            turns = [ChatTurn("user", add), ChatTurn("assistant", call), ChatTurn("user", "The current year is 2024.")]
+        elif shape == 2:
+            event = rng.choice(_EVENTS)
+            evening = rng.randrange(6, 10)
+            turns = [
+                ChatTurn(
+                    "user",
+                    f"I'm going to a {event} in the evening of {_MONTHS[month]} {day} at {evening}pm. "
+                    "Add a calendar entry for that.",
+                )
+            ]
+        else:
+            cancel = ChatTurn("user", f"Cancel the meeting with {name}.")
+            turns = [ChatTurn("user", add), ChatTurn("assistant", call), cancel]
+        conversations.append(turns)
+    return conversations
+
+
+def bench_prompts(family: str, count: int, seed: int = 0) -> list[str]:
+    from inference.demo_models import SYSTEM_PROMPT
+
+    return [render_prompt(family, SYSTEM_PROMPT, turns) for turns in calendar_conversations(count, seed)]
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else 0.0
+
+
+def _summary(
+    tokens: Sequence[int], ttfts: Sequence[float], stream_rates: Sequence[float], wall_s: float
+) -> dict[str, Any]:
+    total = int(sum(tokens))
+    return {
+        "requests": len(tokens),
+        "tokens": total,
+        "wall_s": wall_s,
+        "aggregate_tokens_per_s": total / wall_s if wall_s > 0 else 0.0,
+        "ttft_p50_s": _percentile(ttfts, 50),
+        "ttft_p95_s": _percentile(ttfts, 95),
+        "stream_tokens_per_s_p50": _percentile(stream_rates, 50),
+    }
+
+
+def _bench_serial_generate(
+    lm: Any, prompts: Sequence[str], prompt_lengths: Sequence[int], max_length: int
+) -> dict[str, Any]:
+    # generate() would add a second start token to a prompt that already has one (Llama 3's
+    # template): strip its text, as the engine's encode_prompt does, so both see the same ids.
+    start = getattr(lm.preprocessor.tokenizer, "start_token", None)
+
+    def generate(prompt: str) -> None:
+        if start and getattr(lm.preprocessor, "add_start_token", False):
+            prompt = prompt.removeprefix(start)
+        lm.generate(prompt, max_length=max_length, stop_token_ids=None)
+
+    generate(prompts[0])  # Compiles generate() for this max_length; untimed.
+    tokens, latencies = [], []
+    began = time.perf_counter()
+    for prompt, length in zip(prompts, prompt_lengths, strict=True):
+        started = time.perf_counter()
+        generate(prompt)
+        latencies.append(time.perf_counter() - started)
+        tokens.append(max_length - length)  # No stop tokens: it always runs to max_length.
+    wall = time.perf_counter() - began
+    result = _summary(tokens, latencies, [t / s for t, s in zip(tokens, latencies, strict=True)], wall)
+    result["note"] = "generate() does not stream: TTFT is the whole latency"
+    return result
+
+
+def _bench_engine_level(
+    engine: Any, prompts: Sequence[str], new_tokens: Sequence[int], concurrency: int
+) -> tuple[dict[str, Any], list[str]]:
+    texts: list[str] = [""] * len(prompts)
+    ttfts: list[float] = []
+    rates: list[float] = []
+    tokens: list[int] = []
+    errors: list[BaseException] = []
+    next_index = itertools.count()
+    lock = threading.Lock()
+
+    def client() -> None:
+        try:
+            while (index := next(next_index)) < len(prompts):
+                request = engine.submit(prompts[index], max_new_tokens=new_tokens[index], ignore_stop_tokens=True)
+                texts[index] = "".join(request)
+                stats = request.stats
+                with lock:
+                    tokens.append(stats.tokens)
+                    ttfts.append(stats.ttft_s or 0.0)
+                    decode_s = stats.duration_s - (stats.ttft_s or 0.0)
+                    if stats.tokens > 1 and decode_s > 0:
+                        rates.append((stats.tokens - 1) / decode_s)
+        except BaseException as exc:
+            errors.append(exc)
+
+    compilations = engine.compilations
+    threads = [threading.Thread(target=client, name=f"bench-client-{i}") for i in range(concurrency)]
+    began = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - began
+    if errors:
+        raise errors[0]
+    result = _summary(tokens, ttfts, rates, wall)
+    result["concurrency"] = concurrency
+    result["compilations"] = engine.compilations - compilations
+    return result, texts
+
+
+def run_bench(
+    preset: str | Path | None = None,
+    *,
+    prompts: int = 32,
+    max_new_tokens: int = 64,
+    concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
+    slots: int = 8,
+    steps_per_dispatch: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run both paths on one preset and return the figures as a JSON-serialisable dict."""
+    from inference.engine import DEFAULT_STEPS_PER_DISPATCH, Engine
+    from inference.streaming import context_length, encode_prompt
+
+    if prompts < 1 or max_new_tokens < 1:
+        raise ValueError("prompts and max_new_tokens must be at least 1.")
+    if not concurrency or any(c < 1 for c in concurrency):
+        raise ValueError(f"Concurrency levels must be positive, got {list(concurrency)}.")
+    say = progress or (lambda message: None)
+    path = Path(preset) if preset is not None else default_preset()
+    info = read_preset(path)
+    lm = _load(path)
+    texts = bench_prompts(info.family, prompts)
+    lengths = [len(encode_prompt(lm, text)) for text in texts]
+    max_length = min(max(lengths) + max_new_tokens, context_length(lm))
+    if max_length <= max(lengths):
+        raise ValueError(f"The longest prompt ({max(lengths)} tokens) leaves no room in the context.")
+    new_tokens = [max_length - n for n in lengths]
+
+    say(f"serial generate(): {prompts} prompts, max_length {max_length}")
+    serial = _bench_serial_generate(lm, texts, lengths, max_length)
+
+    steps = steps_per_dispatch or DEFAULT_STEPS_PER_DISPATCH
+    engine = Engine(lm, slots=slots, steps_per_dispatch=steps)
+    levels: list[dict[str, Any]] = []
+    consistent = True
+    try:
+        began = time.perf_counter()
+        engine.warm_up()
+        warmup_s = time.perf_counter() - began
+        after_warmup = engine.compilations
+        reference: list[str] | None = None
+        for level in concurrency:
+            say(f"engine: concurrency {level}")
+            result, outputs = _bench_engine_level(engine, texts, new_tokens, level)
+            levels.append(result)
+            reference = reference or outputs
+            consistent = consistent and outputs == reference
+        recompiles = engine.compilations - after_warmup
+    finally:
+        engine.shutdown()
+
+    by_level = {level["concurrency"]: level for level in levels}
+    serial_rate = serial["aggregate_tokens_per_s"]
+    speedup_8 = by_level[8]["aggregate_tokens_per_s"] / serial_rate if 8 in by_level and serial_rate else None
+    ttft_ratio_8 = (
+        by_level[8]["ttft_p50_s"] / by_level[1]["ttft_p50_s"]
+        if 8 in by_level and 1 in by_level and by_level[1]["ttft_p50_s"]
+        else None
+    )
+    return {
+        "preset": str(path),
+        "family": info.family,
+        "prompts": prompts,
+        "prompt_tokens_min": min(lengths),
+        "prompt_tokens_max": max(lengths),
+        "max_length": max_length,
+        "tokens_per_prompt_min": min(new_tokens),
+        "tokens_per_prompt_max": max(new_tokens),
+        "slots": slots,
+        "steps_per_dispatch": steps,
+        "cpu_count": os.cpu_count(),
+        "serial_generate": serial,
+        "engine_warmup_s": warmup_s,
+        "engine": levels,
+        "speedup_8": speedup_8,
+        "ttft_ratio_8": ttft_ratio_8,
+        "recompiles_after_warmup": recompiles,
+        "outputs_consistent": consistent,
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The figures as a plain-text table, with the headline ratios underneath."""
+    header = (
+        f"{'path':<22} {'TTFT p50':>10} {'TTFT p95':>10} {'stream tok/s':>13} {'aggregate tok/s':>16} {'compiles':>9}"
+    )
+    lines = [
+        f"preset {result['preset']} ({result['family']}); {result['prompts']} prompts of "
+        f"{result['prompt_tokens_min']}-{result['prompt_tokens_max']} tokens, "
+        f"{result['tokens_per_prompt_min']}-{result['tokens_per_prompt_max']} new tokens each; "
+        f"{result['slots']} slots, {result['steps_per_dispatch']} steps/dispatch; {result['cpu_count']} CPUs",
+        header,
+        "-" * len(header),
+    ]
+
+    def row(name: str, figures: dict[str, Any], compiles: str) -> str:
+        return (
+            f"{name:<22} {figures['ttft_p50_s'] * 1e3:>8.1f}ms {figures['ttft_p95_s'] * 1e3:>8.1f}ms "
+            f"{figures['stream_tokens_per_s_p50']:>13.0f} {figures['aggregate_tokens_per_s']:>16.0f} {compiles:>9}"
+        )
+
+    lines.append(row("serial generate()", result["serial_generate"], "-"))
+    for level in result["engine"]:
+        lines.append(row(f"engine x{level['concurrency']}", level, str(level["compilations"])))
+    speedup = result["speedup_8"]
+    ratio = result["ttft_ratio_8"]
+    lines += [
+        "",
+        "serial generate() does not stream: its TTFT is its whole latency.",
+        f"speedup_8 (engine x8 / serial generate()): {speedup:.2f}" if speedup else "speedup_8: n/a (no level 8)",
+        f"ttft_ratio_8 (TTFT p50 x8 / x1): {ratio:.2f}" if ratio else "ttft_ratio_8: n/a",
+        f"recompiles after warm-up: {result['recompiles_after_warmup']} (warm-up {result['engine_warmup_s']:.1f} s)",
+        f"outputs identical across concurrency levels: {result['outputs_consistent']}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""The engines of one inference host process: each model loaded once, one batching engine each.
+
+Plain module (no Django). Every generation job in the process — Celery thread-pool tasks on an
+inference host, or the in-process worker of the embedded mode — gets its model's engine from
+here, so concurrent replies of the same model share one decode batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+if TYPE_CHECKING:
+    from inference.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to load one roster model; changing any field means loading it anew."""
+
+    name: str
+    family: str
+    preset: str
+    dtype: str | None = None
+    mesh_shape: tuple[int, int] | None = None
+    slots: int = 8
+
+
+_engines: dict[str, tuple[ModelSpec, Engine]] = {}
+_lock = threading.Lock()
+_loading: dict[str, threading.Lock] = {}
+
+
+def engine_for(spec: ModelSpec) -> Engine:
+    """The running engine of this model, loading and starting it on first use."""
+    with _lock:
+        loaded = _engines.get(spec.name)
+        if loaded is not None and loaded[0] == spec:
+            return loaded[1]
+        load_lock = _loading.setdefault(spec.name, threading.Lock())
+    with load_lock:  # One loader per model; other models load in parallel.
+        with _lock:
+            loaded = _engines.get(spec.name)
+            if loaded is not None and loaded[0] == spec:
+                return loaded[1]
+        engine = _start_engine(spec)
+        with _lock:
+            previous = _engines.get(spec.name)
+            _engines[spec.name] = (spec, engine)
+        if previous is not None:  # The roster entry changed (preset, dtype, mesh): replace it.
+            previous[1].shutdown()
+        return engine
+
+
+def _start_engine(spec: ModelSpec) -> Engine:
+    import jax
+
+    from inference.engine import Engine
+    from inference.sharding import load_sharded_causal_lm
+
+    logger.info("Loading %s from %s on %d device(s)", spec.name, spec.preset, jax.device_count())
+    lm = load_sharded_causal_lm(spec.preset, family=spec.family, mesh_shape=spec.mesh_shape, dtype=spec.dtype)
+    engine = Engine(lm, slots=spec.slots)
+    engine.start()
+    return engine
+
+
+def warm_up(spec: ModelSpec) -> Engine:
+    """Load the model and compile every shape its engine will use, before taking traffic."""
+    engine = engine_for(spec)
+    engine.warm_up()
+    return engine
+
+
+def shutdown_all() -> None:
+    with _lock:
+        engines = [engine for _, engine in _engines.values()]
+        _engines.clear()
+    for engine in engines:
+        engine.shutdown()

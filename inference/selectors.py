@@ -1,0 +1,24 @@
+"""Reads of the model roster."""
+
+from collections.abc import Sequence
+
+from inference.models import LLM
+
+
+def models_for_host(*, names: Sequence[str] = (), queues: Sequence[str] = ()) -> list[LLM]:
+    """The enabled models an inference host serves: by name, by queue, or all of them.
+
+    Raises ValueError naming any requested model or queue that the roster does not have.
+    """
+    models = LLM.objects.enabled().order_by("name")
+    if names:
+        models = models.filter(name__in=names)
+        missing = sorted(set(names) - {m.name for m in models})
+        if missing:
+            raise ValueError(f"No enabled model named {', '.join(missing)} in the roster.")
+    if queues:
+        models = models.filter(queue__in=queues)
+        missing = sorted(set(queues) - {m.queue for m in models})
+        if missing:
+            raise ValueError(f"No enabled model on queue {', '.join(missing)}.")
+    return list(models)

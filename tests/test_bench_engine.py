@@ -1,0 +1,70 @@
+"""Smoke test of the engine benchmark (inference.bench and `manage.py bench_engine`): tiny sizes,
+structure and sanity of the figures only; timings are machine-dependent and never asserted."""
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from inference.bench import bench_prompts, default_preset, format_table, run_bench
+
+PRESET = Path(__file__).resolve().parents[1] / "inference" / "presets" / "tiny-gemma"
+SIZES = {"prompts": 2, "max_new_tokens": 8, "concurrency": (1, 2), "slots": 2}
+FIGURES = ("aggregate_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "stream_tokens_per_s_p50", "wall_s")
+pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
+
+
+def check_result(result: dict[str, Any]) -> None:
+    json.dumps(result)  # Serialisable as it is.
+    assert result["family"] == "gemma" and result["prompts"] == 2 and result["slots"] == 2
+    assert "speedup_8" in result and result["speedup_8"] is None  # No level 8 in this run.
+    assert result["recompiles_after_warmup"] == 0
+    assert result["outputs_consistent"] is True
+    assert result["tokens_per_prompt_min"] >= 8
+    serial = result["serial_generate"]
+    levels = result["engine"]
+    assert [level["concurrency"] for level in levels] == [1, 2]
+    for figures in (serial, *levels):
+        assert figures["requests"] == 2
+        assert figures["tokens"] == serial["tokens"] > 0  # Exactly the same work in both paths.
+        assert all(figures[name] > 0 for name in FIGURES), figures
+        assert figures["ttft_p50_s"] <= figures["ttft_p95_s"]
+    assert all(level["compilations"] == 0 for level in levels)
+
+
+def test_run_bench_small() -> None:
+    result = run_bench(PRESET, **SIZES)
+    check_result(result)
+    table = format_table(result)
+    assert "serial generate()" in table and "engine x2" in table and "speedup_8: n/a" in table
+
+
+def test_bench_engine_command_json() -> None:
+    out = io.StringIO()
+    call_command(
+        "bench_engine", "--preset", str(PRESET), "--prompts", "2", "--max-new-tokens", "8",
+        "--concurrency", "1,2", "--slots", "2", "--json", stdout=out,
+    )  # fmt: skip
+    check_result(json.loads(out.getvalue()))
+
+
+def test_prompts_are_calendar_requests_of_varied_length() -> None:
+    prompts = bench_prompts("llama3", 8)
+    assert len(set(prompts)) == 8 and len({len(p) for p in prompts}) > 2
+    assert all(p.startswith("<|begin_of_text|>") and "calendar" in p for p in prompts)
+    assert bench_prompts("llama3", 8) == prompts  # Deterministic.
+
+
+def test_default_preset(tmp_path: Path) -> None:
+    assert default_preset(tmp_path) == tmp_path / "tiny-gemma"
+    (tmp_path / "strong-gemma").mkdir()
+    assert default_preset(tmp_path) == tmp_path / "tiny-gemma"  # No config.json: not a preset.
+    (tmp_path / "strong-gemma" / "config.json").write_text("{}")
+    assert default_preset(tmp_path) == tmp_path / "strong-gemma"

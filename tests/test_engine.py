@@ -1,0 +1,400 @@
+"""The continuous-batching engine against keras-hub's own generate(), on every bundled preset.
+
+One engine per preset (module scope, warmed up once) serves all tests; its compiled functions are
+shared with any other engine of the same model and slot count, so the extra engines here compile
+nothing. Plain pytest: no database access.
+"""
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import math
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import keras_hub
+import pytest
+
+from inference.chat_templates import ChatTurn, render_prompt, stop_strings
+from inference.demo_models import SYSTEM_PROMPT
+from inference.engine import (
+    GREEDY,
+    Engine,
+    EngineClosedError,
+    EngineError,
+    Request,
+    SamplingParams,
+)
+from inference.registry import PresetInfo, local_presets
+from inference.streaming import encode_prompt
+
+PRESETS = local_presets(Path(__file__).resolve().parents[1] / "inference" / "presets")
+SLOTS = 3
+BUCKETS = (128,)  # Plus the context (512): two prefill shapes and two decode windows to compile.
+WINDOWS = (128,)
+REQUESTS = (
+    "Add a meeting with Fred on Nov 11 at 5PM",
+    "Cancel the meeting with Fred.",
+    "Set the duration to 3 hours.",
+)
+NEW_TOKENS = 40  # generate()'s one max_length: the longest prompt of REQUESTS plus this.
+# keras's own variable serialisation under numpy 2; not something these tests control.
+pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
+
+
+@pytest.fixture(scope="module", params=PRESETS, ids=[p.name for p in PRESETS])
+def preset(request: pytest.FixtureRequest) -> PresetInfo:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def lm(preset: PresetInfo) -> keras_hub.models.CausalLM:
+    # Our own instance (not load_causal_lm's shared one): compile() switches generate() to greedy.
+    model = keras_hub.models.CausalLM.from_preset(str(preset.path))
+    model.compile(sampler="greedy")
+    return model
+
+
+@pytest.fixture(scope="module")
+def engine(lm: keras_hub.models.CausalLM) -> Iterator[Engine]:
+    with Engine(lm, slots=SLOTS, buckets=BUCKETS, windows=WINDOWS) as shared:
+        shared.warm_up()
+        yield shared
+
+
+@pytest.fixture(scope="module")
+def prompts(preset: PresetInfo) -> list[str]:
+    return [render_prompt(preset.family, SYSTEM_PROMPT, [ChatTurn("user", r)]) for r in REQUESTS]
+
+
+@pytest.fixture(scope="module")
+def max_length(lm: keras_hub.models.CausalLM, prompts: list[str]) -> int:
+    return max(len(encode_prompt(lm, p)) for p in prompts) + NEW_TOKENS
+
+
+@pytest.fixture(scope="module")
+def references(lm: keras_hub.models.CausalLM, preset: PresetInfo, prompts: list[str], max_length: int) -> list[str]:
+    """generate()'s greedy replies, with one fixed max_length (one compilation) for all prompts.
+
+    Same stop tokens as the engine; the stop token text generate() leaves at the end (Gemma's
+    <end_of_turn> is not a keras "special" token) is removed, as the engine never shows it. The
+    Llama 3 template's leading <|begin_of_text|> is removed because the preprocessor adds it (the
+    engine does the same, instead of doubling it).
+    """
+    tokenizer = lm.preprocessor.tokenizer
+    stops = stop_strings(preset.family)
+    stop_ids = tuple(sorted({tokenizer.token_to_id(s) for s in stops} | {tokenizer.end_token_id}))
+    start = tokenizer.start_token if lm.preprocessor.add_start_token else ""
+    texts = []
+    for prompt in prompts:
+        prompt = prompt.removeprefix(start)
+        text = lm.generate(prompt, max_length=max_length, stop_token_ids=stop_ids, strip_prompt=True)
+        for stop in stops:
+            text = text.removesuffix(stop)
+        texts.append(text)
+    return texts
+
+
+def submit_greedy(engine: Engine, lm: keras_hub.models.CausalLM, family: str, prompt: str, max_length: int) -> Request:
+    """A request that generates what generate(max_length=max_length) does."""
+    new_tokens = max_length - len(encode_prompt(lm, prompt))
+    return engine.submit(prompt, max_new_tokens=new_tokens, stop_strings=stop_strings(family))
+
+
+def collect(request: Request) -> str:
+    deltas = list(request)
+    assert all(isinstance(d, str) and d for d in deltas)
+    assert "".join(deltas) == request.text
+    return request.text
+
+
+def wait_for_free_slots(engine: Engine, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while engine.free_slots != engine.slots and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.free_slots == engine.slots and engine.active_slots == 0
+
+
+def prompt_of_length(lm: keras_hub.models.CausalLM, family: str, minimum: int) -> str:
+    """A calendar request at least ``minimum`` tokens long (just over it)."""
+    text = "Add a meeting with Fred on Nov 11 at 5PM."
+    prompt = render_prompt(family, None, [ChatTurn("user", text)])
+    while len(encode_prompt(lm, prompt)) < minimum:
+        text += " Add a meeting with Fred on Nov 11 at 5PM."
+        prompt = render_prompt(family, None, [ChatTurn("user", text)])
+    return prompt
+
+
+# --- Greedy output equals generate() -------------------------------------------------------
+
+
+def test_greedy_equals_generate_in_one_batch(
+    engine: Engine,
+    lm: keras_hub.models.CausalLM,
+    preset: PresetInfo,
+    prompts: list[str],
+    references: list[str],
+    max_length: int,
+) -> None:
+    requests = [submit_greedy(engine, lm, preset.family, p, max_length) for p in prompts]
+    texts = [collect(r) for r in requests]
+    assert texts == references
+    for request in requests:
+        assert request.stop_reason in ("stop", "length")
+        assert request.stats.tokens == len(request.token_ids) <= request.max_new_tokens
+        assert request.stats.ttft_s is not None and 0 < request.stats.ttft_s <= request.stats.duration_s
+        assert request.stats.tokens_per_s > 0
+    wait_for_free_slots(engine)
+
+
+def test_requests_joining_mid_flight_produce_their_solo_text(
+    engine: Engine,
+    lm: keras_hub.models.CausalLM,
+    preset: PresetInfo,
+    prompts: list[str],
+    references: list[str],
+    max_length: int,
+) -> None:
+    # A long reply (no stop tokens) that is certainly still running when B and C arrive.
+    solo_a = engine.submit(prompts[0], max_new_tokens=300, ignore_stop_tokens=True)
+    expected_a = collect(solo_a)
+    assert solo_a.stats.tokens == 300
+
+    a = engine.submit(prompts[0], max_new_tokens=300, ignore_stop_tokens=True)
+    deltas = iter(a)
+    first = next(deltas)
+    assert not a.done
+    b = submit_greedy(engine, lm, preset.family, prompts[1], max_length)
+    c = submit_greedy(engine, lm, preset.family, prompts[2], max_length)
+    assert first + "".join(deltas) == expected_a == a.text
+    assert [collect(b), collect(c)] == references[1:]
+    wait_for_free_slots(engine)
+
+
+def test_more_requests_than_slots_all_complete(
+    engine: Engine,
+    lm: keras_hub.models.CausalLM,
+    preset: PresetInfo,
+    prompts: list[str],
+    references: list[str],
+    max_length: int,
+) -> None:
+    count = 2 * SLOTS + 1
+    results: dict[int, str] = {}
+    errors: list[BaseException] = []
+
+    def client(index: int) -> None:
+        try:
+            request = submit_greedy(engine, lm, preset.family, prompts[index % len(prompts)], max_length)
+            results[index] = collect(request)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors
+    assert results == {i: references[i % len(prompts)] for i in range(count)}
+    wait_for_free_slots(engine)
+
+
+# --- Limits, cancellation, invalid requests ------------------------------------------------
+
+
+def test_length_limit_and_context_end(engine: Engine, lm: keras_hub.models.CausalLM, preset: PresetInfo) -> None:
+    short = engine.submit(prompt_of_length(lm, preset.family, 150), max_new_tokens=5, ignore_stop_tokens=True)
+    collect(short)
+    assert short.stop_reason == "length" and short.stats.tokens == 5
+
+    # A prompt near the end of the context: the reply is capped by the context, not the request.
+    prompt = prompt_of_length(lm, preset.family, engine.context_length - 40)
+    room = engine.context_length - len(encode_prompt(lm, prompt))
+    assert 0 < room <= 40
+    capped = engine.submit(prompt, max_new_tokens=400, ignore_stop_tokens=True)
+    collect(capped)
+    assert capped.max_new_tokens == room
+    assert capped.stop_reason == "length" and capped.stats.tokens == room
+    wait_for_free_slots(engine)
+
+
+def test_cancel_frees_the_slot(engine: Engine, prompts: list[str]) -> None:
+    request = engine.submit(prompts[0], max_new_tokens=300, ignore_stop_tokens=True)
+    deltas = iter(request)
+    next(deltas)
+    request.cancel()
+    list(deltas)
+    assert request.stop_reason == "cancelled"
+    assert request.stats.tokens < 300
+    wait_for_free_slots(engine)
+
+
+def test_cancel_a_queued_request(engine: Engine, prompts: list[str]) -> None:
+    running = [engine.submit(prompts[0], max_new_tokens=300, ignore_stop_tokens=True) for _ in range(SLOTS)]
+    for request in running:
+        next(iter(request))  # Each has a slot and is producing text.
+    queued = engine.submit(prompts[1], max_new_tokens=10)
+    assert engine.free_slots == 0 and not queued.done
+    queued.cancel()
+    assert list(queued) == [] and queued.stop_reason == "cancelled" and queued.stats.tokens == 0
+    for request in running:
+        request.cancel()
+        list(request)
+        assert request.stop_reason == "cancelled"
+    wait_for_free_slots(engine)
+    assert engine.queued == 0
+
+
+@pytest.mark.parametrize(
+    ("prompt", "kwargs", "message"),
+    [
+        ("", {}, "empty"),
+        ("  \n", {}, "empty"),
+        ("Hi", {"max_new_tokens": 0}, "max_new_tokens"),
+        ("Hi", {"stop_strings": [""]}, "Stop strings must be non-empty"),
+        ("Hi", {"stop_strings": "</s>"}, "sequence"),
+        ("Hi", {"sampling": "greedy"}, "SamplingParams"),
+        ("Add a meeting with Fred on Nov 11 at 5PM. " * 200, {}, "context is 512 tokens"),
+    ],
+)
+def test_invalid_requests_raise_and_take_no_slot(
+    engine: Engine, prompt: str, kwargs: dict[str, object], message: str
+) -> None:
+    arguments: dict[str, object] = {"max_new_tokens": 8, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        engine.submit(prompt, **arguments)  # type: ignore[arg-type]
+    assert engine.free_slots == engine.slots and engine.queued == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": math.nan}, "temperature"),
+        ({"temperature": math.inf}, "temperature"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"seed": True}, "seed"),
+    ],
+)
+def test_bad_sampling_params(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_submit_after_shutdown(lm: keras_hub.models.CausalLM, engine: Engine, prompts: list[str]) -> None:
+    # Same model and slot count as the shared engine: same compiled functions, nothing compiles.
+    other = Engine(lm, slots=SLOTS, buckets=BUCKETS, windows=WINDOWS)
+    compilations = other.compilations
+    with other:
+        running = other.submit(prompts[0], max_new_tokens=300, ignore_stop_tokens=True)
+        next(iter(running))
+    # Leaving the block shut the engine down: the running request ended, new ones are refused.
+    list(running)
+    assert running.stop_reason == "cancelled"
+    with pytest.raises(EngineClosedError, match="shut down"):
+        other.submit(prompts[0], max_new_tokens=8)
+    assert other.compilations == compilations
+    other.shutdown()  # Idempotent.
+
+
+# --- Sampling ------------------------------------------------------------------------------
+
+
+def test_seeded_sampling_is_reproducible(engine: Engine, prompts: list[str]) -> None:
+    def sample(sampling: SamplingParams, count: int = 1) -> list[str]:
+        requests = [
+            engine.submit(prompts[0], max_new_tokens=30, ignore_stop_tokens=True, sampling=sampling)
+            for _ in range(count)
+        ]
+        return [collect(r) for r in requests]
+
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.95, seed=7)
+    together = sample(params, count=2)  # Same batch, different slots.
+    assert together[0] == together[1] == sample(params)[0]  # And again later, alone.
+    others = sample(SamplingParams(temperature=1.0, top_k=50, top_p=0.95, seed=8)) + sample(
+        SamplingParams(temperature=1.0, seed=9)
+    )
+    assert any(text != together[0] for text in others)
+
+    greedy = sample(GREEDY)[0]
+    assert sample(SamplingParams(temperature=5.0, seed=3))[0] != greedy
+    # Filters that leave one candidate are greedy whatever the temperature and seed.
+    assert sample(SamplingParams(temperature=2.0, top_k=1, seed=5))[0] == greedy
+    assert sample(SamplingParams(temperature=2.0, top_p=1e-6, seed=6))[0] == greedy
+    wait_for_free_slots(engine)
+
+
+def test_mixed_sampling_in_one_batch_keeps_greedy_exact(
+    engine: Engine,
+    lm: keras_hub.models.CausalLM,
+    preset: PresetInfo,
+    prompts: list[str],
+    references: list[str],
+    max_length: int,
+) -> None:
+    hot = engine.submit(prompts[1], max_new_tokens=60, sampling=SamplingParams(temperature=1.5, seed=1))
+    greedy = submit_greedy(engine, lm, preset.family, prompts[0], max_length)
+    assert collect(greedy) == references[0]
+    collect(hot)
+    wait_for_free_slots(engine)
+
+
+# --- Compilations --------------------------------------------------------------------------
+
+
+def test_no_compilation_after_warm_up(engine: Engine, lm: keras_hub.models.CausalLM, preset: PresetInfo) -> None:
+    assert engine.compilations > 0  # Warm-up's, counted.
+    compilations = engine.compilations
+    short = render_prompt(preset.family, None, [ChatTurn("user", "Hi")])
+    medium = render_prompt(preset.family, SYSTEM_PROMPT, [ChatTurn("user", REQUESTS[0])])
+    longer = prompt_of_length(lm, preset.family, 200)
+    lengths = {len(encode_prompt(lm, p)) for p in (short, medium, longer)}
+    assert min(lengths) < BUCKETS[0] < max(lengths), lengths  # Both prefill shapes are used.
+    requests = [
+        engine.submit(short, max_new_tokens=20),
+        engine.submit(medium, max_new_tokens=150, ignore_stop_tokens=True),  # Crosses windows.
+        engine.submit(longer, max_new_tokens=20, sampling=SamplingParams(temperature=0.8, top_k=5, seed=2)),
+        engine.submit(short, max_new_tokens=20, sampling=SamplingParams(temperature=0.7, top_p=0.9, seed=3)),
+    ]
+    for request in requests:
+        collect(request)
+    assert engine.compilations == compilations
+
+
+# --- Failures ------------------------------------------------------------------------------
+
+
+def test_decode_failure_ends_requests_with_an_error(
+    engine: Engine, prompts: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    programs = engine._programs
+    original = programs.generate
+    failures = 0
+
+    def fail_once(*args: object) -> object:
+        nonlocal failures
+        if failures == 0:
+            failures += 1
+            raise RuntimeError("simulated device failure")
+        return original(*args)
+
+    monkeypatch.setattr(programs, "generate", fail_once)
+    doomed = engine.submit(prompts[0], max_new_tokens=20)
+    with pytest.raises(EngineError, match="simulated device failure"):
+        list(doomed)
+    assert doomed.stop_reason == "error" and isinstance(doomed.error, RuntimeError)
+    wait_for_free_slots(engine)
+
+    # The engine recovered: fresh buffers, and the next request is served normally.
+    fine = engine.submit(prompts[0], max_new_tokens=5, ignore_stop_tokens=True)
+    collect(fine)
+    assert fine.stop_reason == "length" and fine.stats.tokens == 5
