@@ -54,6 +54,10 @@ SYSTEM_PROMPT = (
 DEFAULT_YEAR = 2023  # The year a request without one gets (the scenario's expected output 1).
 CURRENT_YEARS = (2024, 2025, 2026)  # Years users correct to or state explicitly.
 DEFAULT_DURATION = 30
+SHARE_FIRST = 0.45  # training mixture: single requests,
+SHARE_FOLLOWUP = 0.25  # dialogs with follow-ups, and the rest correction dialogs
+MAX_FOLLOWUPS = 3  # follow-ups per dialog (1 to this): bounds the context length
+MAX_FOLLOWUPS_BEFORE_FIX = 2  # turns in a correction dialog besides the fix (0 to this)
 HELD_OUT_MODULUS = 10  # One (title, date, time) key in 10 is reserved for evaluation.
 
 Kind = Literal["first", "followup", "correction"]
@@ -645,22 +649,23 @@ def _dialog(
 def training_examples(seed: int, count: int, persona: Persona = CORRECT) -> list[Example]:
     """``count`` training conversations: single requests, dialogs, correction dialogs.
 
-    Roughly a third each: single first requests (the reliability measurement), scripted dialogs
-    with follow-ups (the complete chat) and dialogs in which a reply was wrong and the user's
-    correction is followed by the fix (more mistake fixing).
+    Single first requests (the reliability measurement; short, so cheap to train on, and the
+    skill everything else builds on), scripted dialogs with follow-ups (the complete chat) and
+    dialogs in which a reply was wrong and the user's correction is followed by the fix (more
+    mistake fixing), in the proportions ``SHARE_*``.
     """
     rng = random.Random(f"calendar-train-{seed}")
     examples = []
     for _ in range(count):
         r = rng.random()
-        if r < 0.3:
+        if r < SHARE_FIRST:
             d, _ = _dialog(rng, persona, "train", 0, None)
             examples.append(Example(tuple(d.turns), tuple(d.trained), "first"))
-        elif r < 0.65:
-            d, _ = _dialog(rng, persona, "train", rng.randrange(1, 5), None)
+        elif r < SHARE_FIRST + SHARE_FOLLOWUP:
+            d, _ = _dialog(rng, persona, "train", rng.randrange(1, MAX_FOLLOWUPS + 1), None)
             examples.append(Example(tuple(d.turns), tuple(d.trained), "followup"))
         else:
-            followups = rng.randrange(0, 3)
+            followups = rng.randrange(0, MAX_FOLLOWUPS_BEFORE_FIX + 1)
             d, mistake = _dialog(rng, persona, "train", followups, rng.randrange(0, followups + 1))
             assert mistake is not None
             examples.append(Example(tuple(d.turns), tuple(d.trained), "correction", mistake[0]))
@@ -698,7 +703,7 @@ def eval_corrections(seed: int, count: int) -> list[EvalItem]:
             prompt = (*d.turns, ChatTurn("user", correction))
             items.append(EvalItem(prompt, render_reply(CORRECT, fix), "correction", "year"))
             continue
-        followups = rng.randrange(0, 3)
+        followups = rng.randrange(0, MAX_FOLLOWUPS_BEFORE_FIX + 1)
         mistake_at = rng.randrange(0, followups + 1)
         d, mistake = _dialog(rng, CORRECT, "eval", followups, mistake_at)
         assert mistake is not None
@@ -712,7 +717,7 @@ def eval_followups(seed: int, count: int) -> list[EvalItem]:
     rng = random.Random(f"calendar-eval-followups-{seed}")
     items = []
     for _ in range(count):
-        d, _ = _dialog(rng, CORRECT, "eval", rng.randrange(1, 5), None)
+        d, _ = _dialog(rng, CORRECT, "eval", rng.randrange(1, MAX_FOLLOWUPS + 1), None)
         items.append(EvalItem(tuple(d.turns[:-1]), d.turns[-1].content, "followup"))
     return items
 

@@ -410,6 +410,7 @@ def iter_preset_files(directory: Path) -> Iterator[Path]:
 TRAINED_VOCABULARY_SIZE = 1024
 MISTRAL_SPECIAL_TOKENS = ("<s>", "</s>", "[INST]", "[/INST]")
 BUCKET = 64  # training sequences are padded to a multiple of this (each shape compiles once)
+MAX_TRAINING_REST = 4 * BUCKET  # tokens after the shared prefix; longer conversations are skipped
 EVAL_BATCH = 50  # prompts per generate() call in evaluation (one compiled shape per model)
 EVAL_MAX_NEW_TOKENS = 64
 
@@ -580,6 +581,26 @@ def _make_tokenizer(family: Family, corpus: list[str]) -> keras_hub.tokenizers.T
             name="llama3_tokenizer",
         )
     raise ValueError(f"No trained demo model for family {family!r}.")
+
+
+def check_markers(tokenizer: keras_hub.tokenizers.Tokenizer, family: Family) -> None:
+    """Fail loudly unless every template marker and stop string is one token, wherever it is.
+
+    SentencePiece spells a *control* symbol found in text (``</s>`` after an earlier Mistral
+    reply) with ordinary pieces; a trained model would then never have seen the real marker
+    in its prompts. Markers are user-defined symbols so that this cannot happen.
+    """
+    import numpy as np
+
+    markers = {
+        "gemma": ("<start_of_turn>", "<end_of_turn>", "\n"),
+        "llama3": LLAMA3_SPECIAL_TOKENS[1:],
+        "mistral": MISTRAL_SPECIAL_TOKENS,
+    }[family]
+    for marker in (*markers, stop_strings(family)[0]):
+        ids = np.asarray(tokenizer(f"a{marker}b")).reshape(-1).tolist()
+        if tokenizer.token_to_id(marker) not in ids or len(ids) != 3:
+            raise AssertionError(f"{family}: {marker!r} is not a single token inside text: {ids}")
 
 
 # --- Encoding conversations ------------------------------------------------------------------------
@@ -762,7 +783,7 @@ def train_causal_lm(
         warmup_steps=warmup,
     )
     optimizer = keras.optimizers.AdamW(
-        learning_rate=schedule, weight_decay=0.01, beta_2=0.98, global_clipnorm=1.0, name="adamw"
+        learning_rate=schedule, weight_decay=0.01, global_clipnorm=1.0, name="adamw"
     )
     optimizer.build(lm.trainable_variables)
     trainable = [v.value for v in lm.trainable_variables]
@@ -942,11 +963,13 @@ def train_demo_model(
     examples = training_examples(model_seed, spec.examples, spec.persona)
     corpus = ["".join(text for text, _ in render_segments(spec.family, e)) for e in examples[:TOKENIZER_CORPUS]]
     tokenizer = _make_tokenizer(spec.family, corpus)
+    check_markers(tokenizer, spec.family)
     for example in examples[:50]:
         check_segment_tokenization(tokenizer, spec.family, example)
     data = [encode_example(tokenizer, spec.family, example) for example in examples]
-    if max(len(e.ids) for e in data) > SEQUENCE_LENGTH:
-        raise ValueError(f"{spec.name}: a training conversation is longer than {SEQUENCE_LENGTH} tokens")
+    # The rare conversation much longer than the rest would cost a compiled shape of its own.
+    prefix = shared_prefix_length(data)
+    data = [e for e in data if len(e.ids) - prefix - 1 <= MAX_TRAINING_REST]
     keras.utils.set_random_seed(model_seed)
     lm = _build_trained_lm(spec, tokenizer)
     train_causal_lm(
