@@ -55,3 +55,18 @@ async def test_conversation_longer_than_the_context_fails_clearly(connect_battle
     assert (await client.receive())["type"] == "prompt"
     frames = await client.receive_both_ends()
     assert {f["status"] for f in frames if f["type"] == "end"} == {"failed"}
+
+
+async def test_reply_past_the_time_limit_is_cancelled_and_failed(
+    connect_battle, demo_llms, celery_worker, settings
+) -> None:
+    settings.ARENA_GENERATION_TIMEOUT_SECONDS = 0.001
+    client = await connect_battle()
+    await client.send({"type": "prompt", "text": "Add a meeting with Fred on Nov 11 at 5PM"})
+    await client.receive_until(lambda f: f["type"] == "prompt")
+    frames = await client.receive_both_ends()
+    ends = [f for f in frames if f["type"] == "end"]
+    assert {f["status"] for f in ends} == {"failed"}
+    assert {f["error"] for f in ends} == {"This reply took too long and was stopped."}
+    replies = await database_sync_to_async(saved_replies)()
+    assert {m.stop_reason for m in replies.values()} == {"error"}
