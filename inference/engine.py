@@ -59,7 +59,6 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import collections
-import itertools
 import logging
 import math
 import numbers
@@ -80,6 +79,7 @@ from inference.streaming import (
     _model_state,
     context_length,
     encode_prompt,
+    stateless_model,
     stop_token_ids,
 )
 
@@ -341,7 +341,6 @@ class _Programs:
     def __init__(self, lm: keras_hub.models.CausalLM, slots: int, steps: int, context: int) -> None:
         import jax
         import jax.numpy as jnp
-        import keras
         import keras_hub
 
         if not (hasattr(lm, "_build_cache") and hasattr(lm, "call_with_cache")):
@@ -352,13 +351,7 @@ class _Programs:
         self.traces: collections.Counter[str] = collections.Counter()
 
         def stateless(state: tuple[list[Any], list[Any]]) -> tuple[Any, Any]:
-            model = model_ref()
-            trainable, non_trainable = state
-            mapping = itertools.chain(
-                zip(model.trainable_variables, trainable, strict=True),
-                zip(model.non_trainable_variables, non_trainable, strict=True),
-            )
-            return model, keras.StatelessScope(state_mapping=mapping)
+            return stateless_model(model_ref, state)
 
         def cache_spec(length: int) -> Any:
             def build(state: Any) -> Any:

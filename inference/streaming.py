@@ -270,6 +270,24 @@ class IncrementalText:
         return end - holdback
 
 
+
+def stateless_model(model_ref: Callable[[], Any], state: tuple[list[Any], list[Any]]) -> tuple[Any, Any]:
+    """The model and a StatelessScope binding its variables to ``state`` (trainable, non-trainable).
+
+    Compiled functions take the variables as arguments rather than closing over them, as
+    ``generate()`` does under JAX: one compiled program then serves every call, and sharded
+    variables keep their shardings.
+    """
+    import keras
+
+    model = model_ref()
+    trainable, non_trainable = state
+    mapping = itertools.chain(
+        zip(model.trainable_variables, trainable, strict=True),
+        zip(model.non_trainable_variables, non_trainable, strict=True),
+    )
+    return model, keras.StatelessScope(state_mapping=mapping)
+
 class _CompiledDecoder:
     """The jit-compiled prefill and step functions of one model.
 
@@ -291,13 +309,7 @@ class _CompiledDecoder:
         self.step_traces = 0
 
         def stateless(state: tuple[list[Any], list[Any]]) -> tuple[Any, Any]:
-            model = model_ref()
-            trainable, non_trainable = state
-            mapping = itertools.chain(
-                zip(model.trainable_variables, trainable, strict=True),
-                zip(model.non_trainable_variables, non_trainable, strict=True),
-            )
-            return model, keras.StatelessScope(state_mapping=mapping)
+            return stateless_model(model_ref, state)
 
         def next_token(model: Any, token: Any, cache: Any, index: Any) -> tuple[Any, Any]:
             logits, _, cache = model.call_with_cache(token, cache, index)
