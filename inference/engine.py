@@ -562,6 +562,8 @@ class Engine:
         self._programs = _programs_for(lm, slots, steps_per_dispatch, self.context_length)
         _install_compile_listener()
         self._compilations = 0
+        # Most requests decoded together so far: shows that concurrent callers shared a batch.
+        self.peak_active_slots = 0
 
         self._cond = threading.Condition()
         self._pending: collections.deque[Request] = collections.deque()
@@ -818,6 +820,7 @@ class Engine:
 
         for request, slot in zip(admitted, free, strict=False):
             self._slots[slot] = request
+            self.peak_active_slots = max(self.peak_active_slots, self.active_slots)
             request._slot = slot
             request._position = len(request.prompt_ids) - 1  # Index of the next step.
             token_ids = np.full((1, request._bucket), self._pad_id, dtype=np.int32)
