@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from inference.chat_templates import ChatTurn, render_prompt
-from inference.registry import read_preset
+from inference.registry import local_presets, read_preset
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 DEFAULT_CONCURRENCY = (1, 4, 8, 16)
@@ -77,12 +77,13 @@ def _load(path: Path) -> Any:
 
 
 def default_preset(presets_dir: Path = PRESETS_DIR) -> Path:
-    """The strongest bundled preset: a folder whose name contains "strong", else tiny-gemma."""
-    if presets_dir.is_dir():
-        strong = sorted(p for p in presets_dir.iterdir() if "strong" in p.name and (p / "config.json").is_file())
-        if strong:
-            return strong[0]
-    return presets_dir / "tiny-gemma"
+    """The strong bundled preset (its metadata.json says ``"quality": "strong"``)."""
+    strong = [preset.path for preset in local_presets(presets_dir) if preset.quality == "strong"]
+    if not strong:
+        raise ValueError(
+            f"No strong demo preset in {presets_dir}; pass --preset, or run `python manage.py build_demo_models`."
+        )
+    return strong[0]
 
 
 def calendar_conversations(count: int, seed: int = 0) -> list[list[ChatTurn]]:

@@ -380,7 +380,7 @@ def _new_request(d: _Dialog, *, cancel: bool = False, allow_year: bool = True) -
 
 
 def _year_correction(d: _Dialog) -> tuple[str, _Turn]:
-    """"The current year is 2024.": the last call again, every entry moved to that year."""
+    """ "The current year is 2024.": the last call again, every entry moved to that year."""
     assert d.last is not None
     year = d.rng.choice(CURRENT_YEARS)
     text = d.rng.choice(
@@ -470,7 +470,7 @@ def _change_time(d: _Dialog) -> tuple[str, _Turn]:
 
 
 def _cancel_earlier(d: _Dialog) -> tuple[str, _Turn]:
-    """"Cancel the meeting with Fred.": a remove call for an entry added earlier in the dialog."""
+    """ "Cancel the meeting with Fred.": a remove call for an entry added earlier in the dialog."""
     rng = d.rng
     title = rng.choice(sorted(d.entries))
     entry = d.entries[title]
@@ -538,9 +538,7 @@ def make_mistake(rng: random.Random, turn: _Turn, others: list[Entry]) -> tuple[
         reply = add_call(entry, time=wrong) if turn.api == "add" else remove_call(entry, time=wrong)
         correction = rng.choice(("Time in 24h format.", "Use the 24h time format."))
     elif kind == "date_format":
-        wrong = rng.choice(
-            (f"{entry.date.month}/{entry.date.day}/{entry.date.year}", entry.date.strftime("%d.%m.%Y"))
-        )
+        wrong = rng.choice((f"{entry.date.month}/{entry.date.day}/{entry.date.year}", entry.date.strftime("%d.%m.%Y")))
         reply = add_call(entry, date=wrong) if turn.api == "add" else remove_call(entry, date=wrong)
         correction = rng.choice(("Respect the date format.", "The date format is wrong."))
     elif kind == "date":
@@ -646,26 +644,41 @@ def _dialog(
     return d, mistake
 
 
-def training_examples(seed: int, count: int, persona: Persona = CORRECT) -> list[Example]:
+@dataclass(frozen=True)
+class Mixture:
+    """Proportions and lengths of the training conversations (the rest are correction dialogs)."""
+
+    share_first: float = SHARE_FIRST
+    share_followup: float = SHARE_FOLLOWUP
+    max_followups: int = MAX_FOLLOWUPS
+    max_followups_before_fix: int = MAX_FOLLOWUPS_BEFORE_FIX
+
+
+DEFAULT_MIXTURE = Mixture()
+
+
+def training_examples(
+    seed: int, count: int, persona: Persona = CORRECT, mixture: Mixture = DEFAULT_MIXTURE
+) -> list[Example]:
     """``count`` training conversations: single requests, dialogs, correction dialogs.
 
     Single first requests (the reliability measurement; short, so cheap to train on, and the
     skill everything else builds on), scripted dialogs with follow-ups (the complete chat) and
     dialogs in which a reply was wrong and the user's correction is followed by the fix (more
-    mistake fixing), in the proportions ``SHARE_*``.
+    mistake fixing), in the proportions of ``mixture``.
     """
     rng = random.Random(f"calendar-train-{seed}")
     examples = []
     for _ in range(count):
         r = rng.random()
-        if r < SHARE_FIRST:
+        if r < mixture.share_first:
             d, _ = _dialog(rng, persona, "train", 0, None)
             examples.append(Example(tuple(d.turns), tuple(d.trained), "first"))
-        elif r < SHARE_FIRST + SHARE_FOLLOWUP:
-            d, _ = _dialog(rng, persona, "train", rng.randrange(1, MAX_FOLLOWUPS + 1), None)
+        elif r < mixture.share_first + mixture.share_followup:
+            d, _ = _dialog(rng, persona, "train", rng.randrange(1, mixture.max_followups + 1), None)
             examples.append(Example(tuple(d.turns), tuple(d.trained), "followup"))
         else:
-            followups = rng.randrange(0, MAX_FOLLOWUPS_BEFORE_FIX + 1)
+            followups = rng.randrange(0, mixture.max_followups_before_fix + 1)
             d, mistake = _dialog(rng, persona, "train", followups, rng.randrange(0, followups + 1))
             assert mistake is not None
             examples.append(Example(tuple(d.turns), tuple(d.trained), "correction", mistake[0]))

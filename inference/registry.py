@@ -19,6 +19,9 @@ class PresetInfo:
     name: str
     family: str
     path: Path
+    # "strong", "medium" or "weak" for the trained demo presets (their metadata.json says so,
+    # with the measured quality); None for any other preset.
+    quality: str | None = None
 
 
 def read_preset(path: Path) -> PresetInfo:
@@ -32,7 +35,16 @@ def read_preset(path: Path) -> PresetInfo:
     family = BACKBONE_FAMILIES.get(class_name)
     if family is None:
         raise ValueError(f"{path}: unsupported backbone {class_name!r}.")
-    return PresetInfo(name=path.name, family=family, path=path)
+    return PresetInfo(name=path.name, family=family, path=path, quality=_demo_quality(path))
+
+
+def _demo_quality(path: Path) -> str | None:
+    try:
+        metadata = json.loads((path / "metadata.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    quality = metadata.get("fix_arena", {}).get("quality") if isinstance(metadata, dict) else None
+    return quality if isinstance(quality, str) else None
 
 
 def local_presets(directory: Path) -> list[PresetInfo]:

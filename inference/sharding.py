@@ -32,8 +32,9 @@ whose message names no variable). ``load_sharded_causal_lm`` checks every variab
 layout as it is created and raises :class:`ShardingError` naming the variable, the dimension
 (e.g. ``num_key_value_heads``) and the mesh axis instead. Real checkpoints have padded
 vocabularies (Gemma 256000, Llama 3 128256, Mistral 32768) and head counts that are powers of
-two, so a model axis of 2, 4 or 8 fits them; the bundled tiny demo presets (4 query heads) do
-not divide by 8.
+two, so a model axis of 2, 4 or 8 fits them, as it fits the trained demo presets (8 query and
+key/value heads, hidden 128, vocabulary 1024); the tiny test presets (4 query heads) do not
+divide by 8.
 
 Simulating devices on a CPU: ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` must be in
 the environment *before jax is imported* (jax reads it once, at backend initialisation).

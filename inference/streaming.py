@@ -270,7 +270,6 @@ class IncrementalText:
         return end - holdback
 
 
-
 def stateless_model(model_ref: Callable[[], Any], state: tuple[list[Any], list[Any]]) -> tuple[Any, Any]:
     """The model and a StatelessScope binding its variables to ``state`` (trainable, non-trainable).
 
@@ -287,6 +286,7 @@ def stateless_model(model_ref: Callable[[], Any], state: tuple[list[Any], list[A
         zip(model.non_trainable_variables, non_trainable, strict=True),
     )
     return model, keras.StatelessScope(state_mapping=mapping)
+
 
 class _CompiledDecoder:
     """The jit-compiled prefill and step functions of one model.

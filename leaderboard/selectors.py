@@ -23,11 +23,7 @@ def leaderboard_rows() -> list[LeaderboardRow]:
     """Models ranked by Bradley-Terry; the database aggregates votes into pairwise counts."""
     models = list(LLM.objects.order_by("name"))
     index = {model.pk: i for i, model in enumerate(models)}
-    counts = (
-        Vote.objects.values("battle__model_a", "battle__model_b", "choice")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
+    counts = Vote.objects.values("battle__model_a", "battle__model_b", "choice").annotate(n=Count("id")).order_by()
     wins = ratings.win_matrix(len(models), [])
     for row in counts:
         a, b = index[row["battle__model_a"]], index[row["battle__model_b"]]

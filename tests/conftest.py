@@ -19,8 +19,9 @@ from arena_site.asgi import application
 from arena_site.celery import app as celery_app
 from inference.models import LLM
 
-PRESETS_DIR = Path(settings.BASE_DIR) / "inference" / "presets"
-# Demo presets the websocket tests battle with: two families, so both chat templates run.
+PRESETS_DIR = Path(settings.BASE_DIR) / "tests" / "fixtures" / "presets"
+# Tiny random-weight presets the websocket tests battle with (fast, and their replies run to
+# the token limit, so there is always something to stop): two families, two chat templates.
 BATTLE_PRESETS = ("tiny-gemma", "tiny-llama3")
 FRAME_TIMEOUT = 120  # seconds; the first reply includes loading and compiling the model
 

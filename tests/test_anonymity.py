@@ -35,9 +35,7 @@ async def test_names_hidden_until_vote_then_revealed(connect_battle, demo_llms, 
 
     await client.send({"type": "vote", "choice": "a"})
     revealed = await client.receive()
-    battle = await database_sync_to_async(Battle.objects.select_related("model_a", "model_b").get)(
-        public_id=battle_id
-    )
+    battle = await database_sync_to_async(Battle.objects.select_related("model_a", "model_b").get)(public_id=battle_id)
     assert revealed == {
         "type": "revealed",
         "vote": "a",

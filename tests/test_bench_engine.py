@@ -7,6 +7,7 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import io
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,11 @@ import pytest
 from django.core.management import call_command
 
 from inference.bench import bench_prompts, default_preset, format_table, run_bench
+from inference.registry import read_preset
 
-PRESET = Path(__file__).resolve().parents[1] / "inference" / "presets" / "tiny-gemma"
+REPO = Path(__file__).resolve().parents[1]
+PRESET = REPO / "tests" / "fixtures" / "presets" / "tiny-gemma"
+PRESETS_DIR = REPO / "inference" / "presets"
 SIZES = {"prompts": 2, "max_new_tokens": 8, "concurrency": (1, 2), "slots": 2}
 FIGURES = ("aggregate_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "stream_tokens_per_s_p50", "wall_s")
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
@@ -62,9 +66,14 @@ def test_prompts_are_calendar_requests_of_varied_length() -> None:
     assert bench_prompts("llama3", 8) == prompts  # Deterministic.
 
 
-def test_default_preset(tmp_path: Path) -> None:
-    assert default_preset(tmp_path) == tmp_path / "tiny-gemma"
-    (tmp_path / "strong-gemma").mkdir()
-    assert default_preset(tmp_path) == tmp_path / "tiny-gemma"  # No config.json: not a preset.
-    (tmp_path / "strong-gemma" / "config.json").write_text("{}")
-    assert default_preset(tmp_path) == tmp_path / "strong-gemma"
+def test_default_preset_is_the_strong_demo_model(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="No strong demo preset"):
+        default_preset(tmp_path)
+    for name, quality in (("a-weak", "weak"), ("b-strong", "strong")):
+        shutil.copytree(PRESET, tmp_path / name)
+        metadata = json.loads((tmp_path / name / "metadata.json").read_text())
+        metadata["fix_arena"] = {"quality": quality}
+        (tmp_path / name / "metadata.json").write_text(json.dumps(metadata))
+    assert default_preset(tmp_path) == tmp_path / "b-strong"
+    assert read_preset(PRESETS_DIR / "gemma-calendar").quality == "strong"
+    assert default_preset() == PRESETS_DIR / "gemma-calendar"  # The bundled one.

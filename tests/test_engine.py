@@ -317,11 +317,13 @@ def test_seeded_sampling_is_reproducible(engine: Engine, prompts: list[str]) -> 
         ]
         return [collect(r) for r in requests]
 
-    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.95, seed=7)
+    # A hot temperature: the trained models are so sure of a calendar call that at 1.0 two
+    # seeds can draw the same 30 tokens.
+    params = SamplingParams(temperature=3.0, top_k=50, top_p=0.95, seed=7)
     together = sample(params, count=2)  # Same batch, different slots.
     assert together[0] == together[1] == sample(params)[0]  # And again later, alone.
-    others = sample(SamplingParams(temperature=1.0, top_k=50, top_p=0.95, seed=8)) + sample(
-        SamplingParams(temperature=1.0, seed=9)
+    others = sample(SamplingParams(temperature=3.0, top_k=50, top_p=0.95, seed=8)) + sample(
+        SamplingParams(temperature=3.0, seed=9)
     )
     assert any(text != together[0] for text in others)
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PRESETS = REPO / "inference" / "presets"
+PRESETS = REPO / "tests" / "fixtures" / "presets"
 FAMILIES = ("gemma", "llama3", "mistral", "vicuna")
 DEVICES = 8
 PROMPT = "Add a meeting with Omar"

@@ -21,7 +21,7 @@ import pytest
 
 from inference import streaming
 from inference.chat_templates import ChatTurn, render_prompt, stop_strings
-from inference.demo_models import SYSTEM_PROMPT, build_demo_models, demo_models, iter_preset_files
+from inference.demo_models import SYSTEM_PROMPT, build_tiny_models, iter_preset_files, tiny_models
 from inference.streaming import (
     StreamingGeneration,
     bucket_length,
@@ -51,7 +51,7 @@ TEMPLATE_MARKERS = {
 @pytest.fixture(scope="module")
 def presets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("presets")
-    written = build_demo_models(out, seed=0)
+    written = build_tiny_models(out, seed=0)
     assert written == [out / PRESET_NAMES[f] for f in FAMILIES]
     return out
 
@@ -95,7 +95,7 @@ def generate_reference(model: keras_hub.models.CausalLM, family: str, prompt: st
 
 
 def test_presets_are_small_and_complete(presets_dir: Path) -> None:
-    for model in demo_models(presets_dir):
+    for model in tiny_models(presets_dir):
         files = {p.relative_to(model.directory).as_posix() for p in iter_preset_files(model.directory)}
         assert {"config.json", "metadata.json", "model.weights.h5", "preprocessor.json", "task.json"} <= files
         assert any(f.startswith("assets/tokenizer/") for f in files)
@@ -104,7 +104,7 @@ def test_presets_are_small_and_complete(presets_dir: Path) -> None:
 
 
 def test_demo_model_descriptions(presets_dir: Path) -> None:
-    described = demo_models(presets_dir)
+    described = tiny_models(presets_dir)
     assert [(m.name, m.family) for m in described] == [("tiny-gemma", "gemma"), ("tiny-llama3", "llama3")]
     assert all(m.directory.is_dir() and m.description for m in described)
 
@@ -126,7 +126,7 @@ def test_tokenizer_round_trips_newlines_spaces_and_markers(lm: keras_hub.models.
 
 
 def test_builder_is_deterministic(presets_dir: Path, tmp_path: Path) -> None:
-    build_demo_models(tmp_path, seed=0)
+    build_tiny_models(tmp_path, seed=0)
     for name in PRESET_NAMES.values():
         for path in iter_preset_files(presets_dir / name):
             other = tmp_path / name / path.relative_to(presets_dir / name)

@@ -1,10 +1,11 @@
 """Build the bundled demo models (see inference.demo_models) as keras-hub preset folders.
 
-Without ``--train``: the tiny random-weight presets (tiny-gemma, tiny-llama3), in seconds.
-With ``--train``: the trained calendar-assistant presets (gemma-calendar, llama3-calendar,
-mistral-calendar), trained from scratch in under 15 minutes on two CPU cores, evaluated on
-held-out data, with the measured quality written to each preset's metadata.json and to
-QUALITY.md. The same seed gives the same data, tokenizers, initial weights and batch order.
+By default: the trained calendar-assistant presets (gemma-calendar, mistral-calendar,
+llama3-calendar) in inference/presets, trained from scratch in under 15 minutes on two CPU
+cores, evaluated on held-out data, with the measured quality written to each preset's
+metadata.json and to QUALITY.md. The same seed gives the same data, tokenizers, initial weights
+and batch order. With ``--tiny``: the random-weight test fixtures (tiny-gemma, tiny-llama3) in
+tests/fixtures/presets, in seconds.
 """
 
 import time
@@ -13,46 +14,52 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-DEFAULT_OUT = Path(__file__).resolve().parents[2] / "presets"
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_OUT = REPO_ROOT / "inference" / "presets"
+TINY_OUT = REPO_ROOT / "tests" / "fixtures" / "presets"
 
 
 class Command(BaseCommand):
     help = (
-        "Without --train: build the tiny random-weight Gemma and Llama 3 presets (seconds). "
-        "With --train: train the calendar-assistant demo models from scratch (gemma-calendar: "
-        "strong; llama3-calendar: medium, chatty; mistral-calendar: weak, sloppy), about 10-15 "
-        "minutes on 2 CPU cores, evaluate them on held-out data and record the measured quality "
-        "in each preset's metadata.json and in QUALITY.md. Reproducible for a given --seed."
+        "Train the calendar-assistant demo models from scratch (gemma-calendar: strong; "
+        "mistral-calendar: medium, chatty; llama3-calendar: weak, sloppy), under 15 minutes on 2 "
+        "CPU cores, evaluate them on held-out data and record the measured quality in each "
+        "preset's metadata.json and in QUALITY.md. Reproducible for a given --seed. With --tiny: "
+        "build the tiny random-weight test presets instead (seconds)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="Folder to write presets into.")
+        parser.add_argument(
+            "--out",
+            type=Path,
+            default=None,
+            help=f"Folder to write presets into (default {DEFAULT_OUT}; with --tiny {TINY_OUT}).",
+        )
         parser.add_argument("--seed", type=int, default=0, help="Seed for data, tokenizers, weights and batch order.")
         parser.add_argument(
-            "--train", action="store_true", help="Train the calendar-assistant presets instead of the tiny random ones."
+            "--tiny", action="store_true", help="Build the tiny random-weight test presets instead of training."
         )
         parser.add_argument(
             "--only",
             action="append",
             metavar="NAME",
-            help="With --train: train only this preset (repeatable); QUALITY.md is then left as it is.",
+            help="Train only this preset (repeatable); QUALITY.md is then left as it is.",
         )
-        parser.add_argument(
-            "--eval-n", type=int, default=100, help="With --train: held-out items per evaluation set (default 100)."
-        )
+        parser.add_argument("--eval-n", type=int, default=100, help="Held-out items per evaluation set (default 100).")
 
     def handle(self, *args: Any, **options: Any) -> None:
         # Imported here: keras and jax take seconds to import, and other commands must not pay it.
-        from inference.demo_models import build_demo_models, iter_preset_files
+        from inference.demo_models import build_tiny_models, iter_preset_files
 
-        out = Path(options["out"])
-        if not options["train"]:
+        if options["tiny"]:
             if options["only"]:
-                raise CommandError("--only needs --train.")
-            for path in build_demo_models(out, seed=options["seed"]):
+                raise CommandError("--only applies to the trained presets, not to --tiny.")
+            for path in build_tiny_models(Path(options["out"] or TINY_OUT), seed=options["seed"]):
                 self._report_size(path, iter_preset_files)
             return
-        self._train(out, options)
+        if options["eval_n"] < 1:
+            raise CommandError("--eval-n must be at least 1.")
+        self._train(Path(options["out"] or DEFAULT_OUT), options)
 
     def _report_size(self, path: Path, iter_preset_files: Any) -> None:
         size = sum(f.stat().st_size for f in iter_preset_files(path))
@@ -87,6 +94,10 @@ class Command(BaseCommand):
 
             def on_step(name: str, step: int, total: int, loss: float) -> None:
                 progress.update(tasks[name], completed=step, loss=loss)
+                # Piped to a file or a CI log, the bar is drawn only at the end: log each tenth.
+                if not console.is_terminal and (step % max(1, total // 10) == 0 or step == total):
+                    elapsed = time.monotonic() - started
+                    progress.console.print(f"{name}: step {step}/{total}, loss {loss:.4f}, {elapsed:.0f} s elapsed")
 
             def on_evaluated(name: str, report: Any) -> None:
                 progress.console.print(

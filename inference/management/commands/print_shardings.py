@@ -1,7 +1,7 @@
 """Load a preset sharded over all local devices and print how one decoder block was split.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 \\
-        python manage.py print_shardings --preset inference/presets/tiny-gemma --family gemma --mesh 2,4
+        python manage.py print_shardings --preset inference/presets/gemma-calendar --family gemma --mesh 2,4
 
 XLA_FLAGS (simulated CPU devices) is read once, when jax initialises: it must be in the
 environment when the process starts. That works for this command because neither the settings
