@@ -9,11 +9,12 @@ wastes the machine. This engine follows JetStream's design (see shared/facts.md)
   ``[slots, 1, layers, 2, context, kv_heads, head_dim]`` (for Gemma, per layer, keys and
   values ``[slots, kv_heads, context, head_dim]``: see below);
 * **prefill** runs each new request alone (batch 1, prompt padded to a length bucket) with the
-  model's own ``_build_cache`` and **inserts** the prompt's cache, its last token and position,
-  the sampling parameters and the PRNG key into a free slot, all in one jitted function (one
-  compilation per bucket). As in keras-hub's ``generate_step``, the last prompt token is then
-  run again at its own index, here by the next generate step, which yields the first new
-  token: prefill samples nothing, so it compiles quickly;
+  model's own ``_build_cache``, then, as keras-hub's ``generate_step`` does, runs the last
+  prompt token again at its own index with ``call_with_cache`` and samples the first new token
+  from it (so greedy output stays exactly ``generate()``'s), and **inserts** the prompt's cache,
+  the first token, its position, the sampling parameters and the advanced PRNG key into a free
+  slot, all in one jitted function (one compilation per bucket). The first token reaches the
+  reader right after prefill, without waiting for a decode step;
 * one jitted **generate** step advances *every* slot by ``steps_per_dispatch`` tokens
   (``lax.fori_loop``). Slots sit at different positions, while keras-hub's
   ``call_with_cache`` takes one ``cache_update_index`` for the whole batch, so the step
@@ -98,8 +99,8 @@ logger = logging.getLogger(__name__)
 EngineStopReason = Literal["stop", "length", "cancelled", "error"]
 
 # Measured with the strong demo model (bench_engine, 2 CPU cores, 8 concurrent requests): 8 tokens
-# per dispatch gave 5276 tokens/s against 4245 with 4 and 5063 with 16, and a newly submitted
-# request waits at most one dispatch for its prefill (time to first token 1.6x the idle one).
+# per dispatch gave 5276 tokens/s against 4245 with 4 and 5063 with 16; a newly submitted
+# request waits at most one dispatch for its prefill, which also yields its first token.
 DEFAULT_STEPS_PER_DISPATCH = 8
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _KEY_IMPL = "threefry2x32"  # Explicit, so the per-slot key layout (uint32[2]) never changes.
@@ -506,11 +507,19 @@ class _Programs:
             top_k: Any,
             top_p: Any,
             key: Any,
-        ) -> tuple[Any, dict[str, Any]]:
+        ) -> tuple[Any, dict[str, Any], Any]:
             self.traces[f"prefill[{token_ids.shape[1]}]"] += 1
             model, scope = stateless(state)
             with scope:
                 _, prompt_cache = model._build_cache(token_ids)
+                # The first new token, as generate_step computes it: the last prompt token run
+                # again at its own index through call_with_cache (batch 1, so exactly
+                # generate()'s arithmetic), then sampled with the request's parameters.
+                last = jax.lax.dynamic_slice(token_ids, (0, length - 1), (1, 1))
+                logits, _, prompt_cache = model.call_with_cache(last, prompt_cache, length - 1)
+            first, next_key = _sample(
+                logits[:, 0], temperature[None], top_k[None], top_p[None], key[None], greedy_sampler
+            )
             # Insert: the prompt's cache at the start of the slot's. Whatever an earlier request
             # left beyond the prompt is masked by the causal mask until overwritten.
             if in_place:
@@ -522,19 +531,17 @@ class _Programs:
             else:
                 start = (slot,) + (0,) * prompt_cache.ndim
                 cache = jax.lax.dynamic_update_slice(cache, prompt_cache[None].astype(cache.dtype), start)
-            # The slot resumes at the last prompt token, at its own index, as generate_step does:
-            # the next generate step computes the first new token. Prefill itself samples nothing,
-            # which keeps it cheap to compile (one per bucket).
+            # The slot resumes with the first new token, at the index after the prompt.
             updates = {
-                "tokens": jax.lax.dynamic_index_in_dim(token_ids[0], length - 1, keepdims=False),
-                "positions": length - 1,
-                "keys": key,
+                "tokens": first[0],
+                "positions": length,
+                "keys": next_key[0],
                 "temperature": temperature,
                 "top_k": top_k,
                 "top_p": top_p,
             }
             slot_state = {name: value.at[slot].set(updates[name]) for name, value in slot_state.items()}
-            return cache, slot_state
+            return cache, slot_state, first
 
         def generate(
             state: Any, cache: Any, slot_state: dict[str, Any], active: Any, count: Any, window: int
@@ -936,10 +943,11 @@ class Engine:
             inactive = self._input((False,) * self.slots, np.bool_)
             for bucket in job.buckets:
                 token_ids = np.full((1, bucket), self._pad_id, dtype=np.int32)
-                cache, slot_state = programs.prefill(
+                cache, slot_state, first = programs.prefill(
                     state, cache, slot_state, token_ids, np.int32(1), np.int32(0), *_slot_params(GREEDY)
                 )
                 self._device = (state, cache, slot_state)
+                np.asarray(first)
             for window in job.windows:
                 cache, slot_state, out = programs.generate(
                     state, cache, slot_state, inactive, self._input(self.steps_per_dispatch, np.int32), window
@@ -948,14 +956,15 @@ class Engine:
                 np.asarray(out)
             job.done.set()
 
+        first_tokens: list[tuple[Request, Any]] = []
         for request, slot in zip(admitted, free, strict=False):
             self._slots[slot] = request
             self.peak_active_slots = max(self.peak_active_slots, self.active_slots)
             request._slot = slot
-            request._position = len(request.prompt_ids) - 1  # Index of the next step.
+            request._position = len(request.prompt_ids)  # Index of the next step.
             token_ids = np.full((1, request._bucket), self._pad_id, dtype=np.int32)
             token_ids[0, : len(request.prompt_ids)] = request.prompt_ids
-            cache, slot_state = programs.prefill(
+            cache, slot_state, first = programs.prefill(
                 state,
                 cache,
                 slot_state,
@@ -965,14 +974,13 @@ class Engine:
                 *_slot_params(request.sampling),
             )
             self._device = (state, cache, slot_state)
+            first_tokens.append((request, first))
 
         dispatched = None
         owners = tuple(self._slots)
         running = [r for r in owners if r is not None]
         if running:
-            # Right after a prefill, one step only: the new request's first token reaches its
-            # reader one step later instead of a whole dispatch later (time to first token).
-            count = 1 if admitted else self.steps_per_dispatch
+            count = self.steps_per_dispatch
             # The smallest window that holds every position this dispatch writes.
             needed = max(r._position for r in running) + count
             window = next((w for w in self.windows if w >= needed), self.context_length)
@@ -988,6 +996,14 @@ class Engine:
         # Host work below overlaps the dispatched step (JAX dispatches asynchronously).
         if in_flight is not None:
             self._process(*in_flight)
+        # Prefill sampled each new request's first token: it reaches the reader now, before the
+        # dispatch above (which already continues from it) is done.
+        for request, first in first_tokens:
+            if request._cancel_requested:
+                self._release(request)
+                request._end("cancelled")
+            else:
+                self._accept(request, [int(np.asarray(first)[0])])
         return dispatched
 
     def _input(self, value: Any, dtype: type) -> Any:
