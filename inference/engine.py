@@ -27,11 +27,11 @@ wastes the machine. This engine follows JetStream's design (see shared/facts.md)
   arrays ``[slots, kv_heads, positions, head_dim]`` updated in place. keras-hub's cached
   attention slices the layer out of one stacked cache, updates and restacks it at every token,
   which on a CPU costs more than the arithmetic (measured with the strong demo model, 8 slots,
-  a 256-position window: 2.1 ms a step through ``call_with_cache``, about 0.6 ms in place);
+  a 256-position window: 2.1 ms a step through ``call_with_cache``, 0.55 ms in place);
 * the step attends over a **window** of the cache, the smallest of a few lengths (powers of
   two) that holds every running request's positions during the dispatch, copied out of the
-  cache at the start of a dispatch and written back at its end, so a step costs in proportion
-  to slots x window, not slots x context;
+  cache at the start of a dispatch and written back at its end (for Gemma, only the positions
+  the dispatch wrote), so a step costs in proportion to slots x window, not slots x context;
 * a slot is freed on a stop token, its token limit, the end of the context, or cancellation,
   and the next queued request is prefilled into it at the next iteration.
 
@@ -593,8 +593,20 @@ class _Programs:
                 # `count` (1..steps) is traced: a short dispatch needs no compilation of its own.
                 view, tokens, positions, keys, out = jax.lax.fori_loop(0, count, body, carry)
             if in_place:
+                # Only the positions this dispatch wrote go back: per slot, `steps` positions
+                # from where it started (dynamic_slice clamps the start so that they fit in
+                # the window; the host picked a window that holds start + count).
+                chunk = min(steps, limit)
+                starts = slot_state["positions"]
+
+                def written(window: Any, start: Any) -> Any:  # [kv_heads, window, head_dim]
+                    return jax.lax.dynamic_slice_in_dim(window, start, chunk, axis=1)
+
+                def put(part: Any, update: Any, start: Any) -> Any:
+                    return jax.lax.dynamic_update_slice_in_dim(part, update, jnp.minimum(start, limit - chunk), axis=1)
+
                 cache = tuple(
-                    jax.lax.dynamic_update_slice_in_dim(part, window, 0, axis=2)
+                    jax.vmap(put)(part, jax.vmap(written)(window, starts), starts)
                     for part, window in zip(cache, view, strict=True)
                 )
             else:
