@@ -6,8 +6,8 @@ wastes the machine. This engine follows JetStream's design (see shared/facts.md)
 
 * a fixed number of decode **slots**, each with its own key/value cache of the model's full
   context length: one array shaped like keras-hub's cache with a leading slot axis,
-  ``[slots, 1, layers, 2, context, kv_heads, head_dim]`` (for Gemma, per layer, keys and
-  values ``[slots, kv_heads, context, head_dim]``: see below);
+  ``[slots, 1, layers, 2, context, kv_heads, head_dim]``, or, for the families with an
+  in-place step (below), per layer, separate key and value arrays;
 * **prefill** runs each new request alone (batch 1, prompt padded to a length bucket) with the
   model's own ``_build_cache``, then, as keras-hub's ``generate_step`` does, runs the last
   prompt token again at its own index with ``call_with_cache`` and samples the first new token
@@ -22,16 +22,18 @@ wastes the machine. This engine follows JetStream's design (see shared/facts.md)
   cache write (``dynamic_update_slice``, a scatter under vmap), the rotary position and the
   causal mask all accept a traced per-slot index. Free slots compute too (the shape is fixed);
   their output is ignored and their index is clamped into the cache;
-* **Gemma** models get a step of the engine's own instead (``_gemma_decode_step``): the same
-  computation with the model's own layers, but each layer's keys and values are separate
-  arrays ``[slots, kv_heads, positions, head_dim]`` updated in place. keras-hub's cached
-  attention slices the layer out of one stacked cache, updates and restacks it at every token,
-  which on a CPU costs more than the arithmetic (measured with the strong demo model, 8 slots,
-  a 256-position window: 2.1 ms a step through ``call_with_cache``, 0.55 ms in place);
+* **Gemma, Llama 3 and Mistral** models get a step of the engine's own instead
+  (``_gemma_decode_step``, ``_llama_decode_step``; ``_in_place_decoder`` says when it applies):
+  the same computation with the model's own layers, but each layer's keys and values are
+  separate arrays updated in place. keras-hub's cached attention slices the layer out of one
+  stacked cache, updates and restacks it at every token, which on a CPU costs more than the
+  arithmetic (measured, 8 slots, a 256-position window: the strong Gemma model 2.1 ms a step
+  through ``call_with_cache``, 0.55 ms in place; the 2-layer Mistral model 0.67 ms, 0.45 ms);
 * the step attends over a **window** of the cache, the smallest of a few lengths (powers of
   two) that holds every running request's positions during the dispatch, copied out of the
-  cache at the start of a dispatch and written back at its end (for Gemma, only the positions
-  the dispatch wrote), so a step costs in proportion to slots x window, not slots x context;
+  cache at the start of a dispatch and written back at its end (with the in-place step, only
+  the positions the dispatch wrote), so a step costs in proportion to slots x window, not
+  slots x context;
 * a slot is freed on a stop token, its token limit, the end of the context, or cancellation,
   and the next queued request is prefilled into it at the next iteration.
 
@@ -340,28 +342,45 @@ def _sample(logits: Any, temperature: Any, top_k: Any, top_p: Any, keys: Any, gr
     return jnp.where(sampling, drawn, greedy), keys
 
 
-def _supports_in_place_decoding(lm: Any) -> bool:
-    """Whether ``_gemma_decode_step`` computes exactly what ``lm.call_with_cache`` does."""
+def _in_place_decoder(lm: Any, context: int) -> tuple[Callable[..., Any], bool] | None:
+    """The engine's own decode step for ``lm`` and whether its caches are heads-first, or None.
+
+    Only where the step computes exactly what ``lm.call_with_cache`` does: Gemma without
+    sliding windows or soft caps (``_gemma_decode_step``, caches ``[slots, kv_heads, positions,
+    head_dim]``), and Llama 3 / Mistral decoders whose sliding window, if any, covers
+    the context (``_llama_decode_step``, caches ``[slots, positions, kv_heads, head_dim]``, the
+    layout their attention's own ``_compute_attention`` takes).
+    """
     import keras_hub
 
-    if type(lm) is not keras_hub.models.GemmaCausalLM:
-        return False
     backbone = lm.backbone
     blocks = backbone.transformer_layers
-    return (
-        type(backbone) is keras_hub.models.GemmaBackbone
-        and all(not block.attention.use_sliding_window_attention for block in blocks)
-        and all(block.attention.logit_soft_cap is None for block in blocks)
-        and all(not block.dropout for block in blocks)
-    )
+    if type(lm) is keras_hub.models.GemmaCausalLM and type(backbone) is keras_hub.models.GemmaBackbone:
+        if all(
+            not block.attention.use_sliding_window_attention
+            and block.attention.logit_soft_cap is None
+            and not block.dropout
+            for block in blocks
+        ):
+            return _gemma_decode_step, True
+        return None
+    # Vicuna (LlamaCausalLM) has the same blocks but no engine test yet: it keeps the generic step.
+    llama_like = (keras_hub.models.Llama3CausalLM, keras_hub.models.MistralCausalLM)
+    if type(lm) in llama_like and type(backbone) in (keras_hub.models.Llama3Backbone, keras_hub.models.MistralBackbone):
+        window = getattr(backbone, "sliding_window", None)
+        if (window is None or window >= context) and not getattr(backbone, "dropout", 0):
+            return _llama_decode_step, False
+    return None
 
 
-def _layer_caches(cache: Any) -> tuple[Any, ...]:
+def _layer_caches(cache: Any, heads_first: bool) -> tuple[Any, ...]:
     """keras-hub caches ``[slots, 1, layers, 2, length, kv_heads, head_dim]`` as a flat tuple
-    (keys, values, per layer) of ``[slots, kv_heads, length, head_dim]`` arrays."""
+    (keys, values, per layer) of ``[slots, length, kv_heads, head_dim]`` arrays, or of
+    ``[slots, kv_heads, length, head_dim]`` ones if ``heads_first``."""
     import jax.numpy as jnp
 
-    return tuple(jnp.swapaxes(cache[:, 0, layer, kind], 1, 2) for layer in range(cache.shape[2]) for kind in (0, 1))
+    parts = (cache[:, 0, layer, kind] for layer in range(cache.shape[2]) for kind in (0, 1))
+    return tuple(jnp.swapaxes(part, 1, 2) if heads_first else part for part in parts)
 
 
 def _gemma_decode_step(model: Any, tokens: Any, caches: tuple[Any, ...], positions: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -433,6 +452,68 @@ def _gemma_decode_step(model: Any, tokens: Any, caches: tuple[Any, ...], positio
     return logits[:, 0], tuple(updated)
 
 
+def _llama_decode_step(model: Any, tokens: Any, caches: tuple[Any, ...], positions: Any) -> tuple[Any, tuple[Any, ...]]:
+    """One token for every slot of a Llama 3 or Mistral model, each at its own position.
+
+    ``call_with_cache`` of those families, block by block, with the model's own layers
+    (including the attention's own ``_compute_attention``, so the arithmetic is the same), but
+    each layer's keys and values are separate ``[slots, positions, kv_heads, head_dim]`` arrays
+    written in place (see ``_gemma_decode_step``).
+    """
+    import jax
+    import jax.numpy as jnp
+    from keras import ops
+
+    backbone = model.backbone
+    x = backbone.token_embedding(tokens[:, None])
+    updated = []
+    for index, block in enumerate(backbone.transformer_layers):
+        attention = block._self_attention_layer
+        keys, values = caches[2 * index], caches[2 * index + 1]
+
+        def rope(t: Any, attention: Any = attention) -> Any:
+            def one(row: Any, position: Any) -> Any:
+                return attention.rotary_embedding_layer(row[None], start_index=position)[0]
+
+            return jax.vmap(one)(t, positions)
+
+        residual = x
+        normalized = block._self_attention_layernorm(x)
+        query = rope(attention._query_dense(normalized))
+        key = rope(attention._key_dense(normalized))
+        value = attention._value_dense(normalized)
+
+        def write(cache: Any, update: Any, position: Any) -> Any:
+            return jax.lax.dynamic_update_slice(cache, update, (position, 0, 0))
+
+        keys = jax.vmap(write)(keys, key, positions)
+        values = jax.vmap(write)(values, value, positions)
+        updated += [keys, values]
+        groups = getattr(attention, "num_key_value_groups", None) or attention._num_key_value_groups
+        mask = (jnp.arange(keys.shape[1])[None, :] <= positions[:, None])[:, None, :]  # [slots, 1, positions]
+        attended = attention._compute_attention(
+            query,
+            ops.repeat(keys, repeats=groups, axis=2),
+            ops.repeat(values, repeats=groups, axis=2),
+            ops.cast(mask, "int32"),
+        )
+        x = attention._output_dense(attended) + residual
+
+        residual = x
+        normalized = block._feedforward_layernorm(x)
+        # As the decoder block: the activation in float32 (what torch's silu does).
+        gate = ops.cast(
+            block.activation(ops.cast(block._feedforward_gate_dense(normalized), "float32")), block.compute_dtype
+        )
+        x = (
+            block._feedforward_output_dense(ops.multiply(block._feedforward_intermediate_dense(normalized), gate))
+            + residual
+        )
+    x = backbone.layer_norm(x)
+    logits = backbone.token_embedding(x, reverse=True)
+    return logits[:, 0], tuple(updated)
+
+
 class _Programs:
     """The jitted init, prefill(+insert) and generate functions for one model and configuration.
 
@@ -472,7 +553,10 @@ class _Programs:
         seq_axis = length_axes[0] + 1  # In the engine's cache, after the slot axis.
         # Gemma gets a decode step of the engine's own that updates the cache in place (see
         # _gemma_decode_step); other families go through keras-hub's call_with_cache.
-        in_place = _supports_in_place_decoding(lm) and one.shape == (1, lm.backbone.num_layers, 2, 2, *one.shape[4:])
+        decoder = _in_place_decoder(lm, context)
+        in_place = decoder is not None and one.shape == (1, lm.backbone.num_layers, 2, 2, *one.shape[4:])
+        decode_step, heads_first = decoder if decoder is not None else (None, False)
+        position_axis = 2 if heads_first else 1  # Of a per-layer cache [slots, ...].
         cache_shape = jax.ShapeDtypeStruct(
             tuple(context if i == length_axes[0] else n for i, n in enumerate(one.shape)), one.dtype
         )  # [1, layers, 2, context, kv_heads, head_dim] for keras-hub's decoders.
@@ -480,9 +564,9 @@ class _Programs:
         def init(state: Any) -> tuple[Any, dict[str, Any]]:
             # Takes the variables only so that the arrays land on the devices they live on.
             self.traces["init"] += 1
-            if in_place:  # Per layer, keys and values: [slots, kv_heads, context, head_dim].
+            if in_place:  # Per layer, keys and values (see _layer_caches).
                 _, layers, _, _, kv_heads, head_dim = cache_shape.shape
-                part = (slots, kv_heads, context, head_dim)
+                part = (slots, kv_heads, context, head_dim) if heads_first else (slots, context, kv_heads, head_dim)
                 cache: Any = tuple(jnp.zeros(part, cache_shape.dtype) for _ in range(2 * layers))
             else:
                 cache = jnp.zeros((slots, *cache_shape.shape), cache_shape.dtype)
@@ -523,7 +607,7 @@ class _Programs:
             # Insert: the prompt's cache at the start of the slot's. Whatever an earlier request
             # left beyond the prompt is masked by the causal mask until overwritten.
             if in_place:
-                prompt_parts = _layer_caches(prompt_cache[None])
+                prompt_parts = _layer_caches(prompt_cache[None], heads_first)
                 cache = tuple(
                     jax.lax.dynamic_update_slice(part, update.astype(part.dtype), (slot, 0, 0, 0))
                     for part, update in zip(cache, prompt_parts, strict=True)
@@ -563,7 +647,7 @@ class _Programs:
                 # below it); their writes are never read.
                 clamped = jnp.minimum(positions, limit - 1)
                 if in_place:
-                    logits, cache = _gemma_decode_step(model, tokens, cache, clamped)
+                    logits, cache = decode_step(model, tokens, cache, clamped)
                 else:
                     logits, cache = all_slots(tokens, cache, clamped)
                 tokens, keys = _sample(
@@ -584,7 +668,7 @@ class _Programs:
             # the cache it sees, so the cost of a step grows with slots x window, not context.
             # The step gets a copy of the first `window` positions and it is written back after.
             if in_place:
-                view = tuple(jax.lax.slice_in_dim(part, 0, limit, axis=2) for part in cache)
+                view = tuple(jax.lax.slice_in_dim(part, 0, limit, axis=position_axis) for part in cache)
             else:
                 view = jax.lax.slice_in_dim(cache, 0, limit, axis=seq_axis)
             out = jnp.zeros((slots, steps), jnp.int32)
@@ -599,11 +683,15 @@ class _Programs:
                 chunk = min(steps, limit)
                 starts = slot_state["positions"]
 
-                def written(window: Any, start: Any) -> Any:  # [kv_heads, window, head_dim]
-                    return jax.lax.dynamic_slice_in_dim(window, start, chunk, axis=1)
+                axis = position_axis - 1  # Of one slot's cache.
+
+                def written(window: Any, start: Any) -> Any:
+                    return jax.lax.dynamic_slice_in_dim(window, start, chunk, axis=axis)
 
                 def put(part: Any, update: Any, start: Any) -> Any:
-                    return jax.lax.dynamic_update_slice_in_dim(part, update, jnp.minimum(start, limit - chunk), axis=1)
+                    return jax.lax.dynamic_update_slice_in_dim(
+                        part, update, jnp.minimum(start, limit - chunk), axis=axis
+                    )
 
                 cache = tuple(
                     jax.vmap(put)(part, jax.vmap(written)(window, starts), starts)
