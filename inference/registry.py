@@ -43,7 +43,8 @@ def _demo_quality(path: Path) -> str | None:
         metadata = json.loads((path / "metadata.json").read_text())
     except (FileNotFoundError, ValueError):
         return None
-    quality = metadata.get("fix_arena", {}).get("quality") if isinstance(metadata, dict) else None
+    arena = metadata.get("fix_arena") if isinstance(metadata, dict) else None
+    quality = arena.get("quality") if isinstance(arena, dict) else None
     return quality if isinstance(quality, str) else None
 
 
