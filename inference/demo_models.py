@@ -60,6 +60,7 @@ from inference.calendar_data import (
     training_examples,
 )
 from inference.chat_templates import ChatTurn, Family, render_prompt, stop_strings
+from inference.streaming import stateless_model, stop_token_ids
 
 if TYPE_CHECKING:
     import keras_hub  # Imported lazily at run time: keras and jax take seconds to import.
@@ -244,35 +245,15 @@ def calendar_corpus(family: Family, seed: int, size: int = CORPUS_CONVERSATIONS)
 
 
 def train_gemma_sentencepiece(corpus: list[str], vocab_size: int = VOCABULARY_SIZE) -> bytes:
-    """Train a SentencePiece model laid out the way ``GemmaTokenizer`` expects."""
-    import sentencepiece
-
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(corpus),
-        model_writer=model,
-        vocab_size=vocab_size,
-        model_type="bpe",
-        character_coverage=1.0,
-        byte_fallback=True,
-        split_digits=True,
-        normalization_rule_name="identity",
-        remove_extra_whitespaces=False,
-        add_dummy_prefix=False,
+    """Train a SentencePiece model laid out the way ``GemmaTokenizer`` expects (tiny presets)."""
+    return train_sentencepiece(
+        corpus,
         user_defined_symbols=["\n", "<start_of_turn>", "<end_of_turn>"],
-        pad_id=0,
-        eos_id=1,
-        bos_id=2,
-        unk_id=3,
-        pad_piece="<pad>",
-        eos_piece="<eos>",
-        bos_piece="<bos>",
-        unk_piece="<unk>",
-        max_sentence_length=16384,
-        num_threads=1,
-        minloglevel=2,
-    )
-    return model.getvalue()
+        vocab_size=vocab_size,
+        split_by_unicode_script=True,
+        pad_id=0, eos_id=1, bos_id=2, unk_id=3,
+        pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>",
+    )  # fmt: skip
 
 
 def train_llama3_bpe(
@@ -538,6 +519,7 @@ def train_sentencepiece(
     *,
     user_defined_symbols: list[str],
     vocab_size: int = TRAINED_VOCABULARY_SIZE,
+    split_by_unicode_script: bool = False,
     **ids: int | str,
 ) -> bytes:
     """A SentencePiece BPE model that keeps chat templates intact.
@@ -547,7 +529,9 @@ def train_sentencepiece(
     the text* (control symbols such as ``</s>`` are not: SentencePiece would spell an ``</s>``
     inside an earlier turn with five ordinary pieces). Digits are split so that dates and times
     are copied digit by digit; ``split_by_unicode_script=False`` lets ``action.add`` or
-    ``date="`` be single pieces, which shortens every sequence by a fifth (training time).
+    ``date="`` be single pieces, which shortens every sequence by a fifth (training time; the
+    tiny random presets keep SentencePiece's default, True). ``ids``: the special pieces' ids
+    and spellings, as SentencePiece's trainer takes them.
     """
     import sentencepiece
 
@@ -560,7 +544,6 @@ def train_sentencepiece(
         character_coverage=1.0,
         byte_fallback=True,
         split_digits=True,
-        split_by_unicode_script=False,
         normalization_rule_name="identity",
         remove_extra_whitespaces=False,
         add_dummy_prefix=False,
@@ -568,6 +551,9 @@ def train_sentencepiece(
         max_sentence_length=16384,
         num_threads=1,
         minloglevel=2,
+        # Only when it differs from SentencePiece's default: the spec is saved in the model, and
+        # a rebuilt tiny preset must stay byte-identical to the committed one.
+        **({} if split_by_unicode_script else {"split_by_unicode_script": False}),
         **ids,
     )
     return model.getvalue()
@@ -835,11 +821,8 @@ def train_causal_lm(
     optimizer_state = [v.value for v in optimizer.variables]
 
     def loss_fn(trainable: list[Any], non_trainable: list[Any], ids: Any, weights: Any) -> Any:
-        mapping = [
-            *zip(lm.trainable_variables, trainable, strict=True),
-            *zip(lm.non_trainable_variables, non_trainable, strict=True),
-        ]
-        with keras.StatelessScope(state_mapping=mapping):
+        _, scope = stateless_model(lambda: lm, (trainable, non_trainable))
+        with scope:
             _, cache = lm._build_cache(jnp.asarray(prefix))
             inputs = ids[:, :-1]
             padding = [(0, 0)] * cache.ndim
@@ -914,9 +897,7 @@ def generate_replies(lm: keras_hub.models.CausalLM, family: Family, prompts: lis
 
     tokenizer = lm.preprocessor.tokenizer
     stops = stop_strings(family)
-    stop_ids = sorted(
-        {int(tokenizer.token_to_id(s)) for s in stops if _is_single_token(tokenizer, s)} | {int(tokenizer.end_token_id)}
-    )
+    stop_ids = sorted(stop_token_ids(tokenizer, stops))
     start = _start_text(family)
     cleaned = [p.removeprefix(start) if start else p for p in prompts]
     lm.compile(sampler="greedy")
@@ -935,13 +916,6 @@ def generate_replies(lm: keras_hub.models.CausalLM, family: Family, prompts: lis
                 text = text.split(stop)[0]
             replies[index] = text
     return [replies[i] for i in range(len(cleaned))]
-
-
-def _is_single_token(tokenizer: Any, text: str) -> bool:
-    try:
-        return tokenizer.id_to_token(int(tokenizer.token_to_id(text))) == text
-    except (KeyError, ValueError, TypeError):
-        return False
 
 
 EVAL_SETS = ("first_requests", "corrections", "followups")

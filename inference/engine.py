@@ -553,9 +553,10 @@ class _Programs:
         seq_axis = length_axes[0] + 1  # In the engine's cache, after the slot axis.
         # Gemma gets a decode step of the engine's own that updates the cache in place (see
         # _gemma_decode_step); other families go through keras-hub's call_with_cache.
-        decoder = _in_place_decoder(lm, context)
-        in_place = decoder is not None and one.shape == (1, lm.backbone.num_layers, 2, 2, *one.shape[4:])
-        decode_step, heads_first = decoder if decoder is not None else (None, False)
+        keras_hub_layout = one.shape == (1, lm.backbone.num_layers, 2, 2, *one.shape[4:])
+        decoder = _in_place_decoder(lm, context) if keras_hub_layout else None
+        in_place = decoder is not None
+        decode_step, heads_first = decoder or (None, False)
         position_axis = 2 if heads_first else 1  # Of a per-layer cache [slots, ...].
         cache_shape = jax.ShapeDtypeStruct(
             tuple(context if i == length_axes[0] else n for i, n in enumerate(one.shape)), one.dtype
