@@ -928,14 +928,14 @@ def evaluate_lm(
     seed: int = 0,
     sets: tuple[str, ...] = EVAL_SETS,
 ) -> EvaluationReport:
-    """Score ``lm`` on ``n`` held-out items of each set with ``votes.checkers.check_reply``.
+    """Score ``lm`` on ``n`` held-out items of each set with ``inference.calendar_checker.check_reply``.
 
     first_requests: single requests (the reliability measurement); corrections: a wrong reply
     and the user's correction, the fix expected (half of them the scenario's year correction);
     followups: scenario-style dialogs with a correct history. All prompts of all sets go through
     ``generate_replies`` together, so batches are as full as possible.
     """
-    from votes.checkers import check_reply
+    from inference.calendar_checker import check_reply
 
     makers = {"first_requests": eval_first_requests, "corrections": eval_corrections, "followups": eval_followups}
     if not set(sets) <= set(makers) or "first_requests" not in sets or "corrections" not in sets:
@@ -1049,7 +1049,7 @@ def write_quality_summary(out_dir: Path, rows: list[tuple[TrainedModelSpec, Eval
         "# Trained demo models: measured quality",
         "",
         "Written by `python manage.py build_demo_models`; greedy decoding on held-out data of",
-        '`inference.calendar_data`, judged by `votes.checkers.check_reply` (exact = verdict "correct").',
+        '`inference.calendar_data`, judged by `inference.calendar_checker.check_reply` (exact = verdict "correct").',
         "",
         "| preset | family | quality | params | first requests | corrections fixed | follow-ups |",
         "|---|---|---|---|---|---|---|",

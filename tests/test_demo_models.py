@@ -1,7 +1,7 @@
 """The trained demo presets: real quality levels, measured on held-out data; and their data.
 
 The committed presets under inference/presets are evaluated as they are (greedy decoding,
-prompts batched through ``generate()``, judged by votes.checkers), so these tests fail if a
+prompts batched through ``generate()``, judged by inference.calendar_checker), so these tests fail if a
 rebuild makes the strong model weak or the weak models strong.
 """
 
@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from django.core.management import CommandError, call_command
 
+from inference.calendar_checker import CHATTER, NO_CALL, WRONG_DATE, WRONG_TIME, check_reply, parse_call
 from inference.calendar_data import (
     CORRECT,
     DEFAULT_YEAR,
@@ -50,7 +51,6 @@ from inference.demo_models import (
     trained_models,
 )
 from inference.registry import read_preset
-from votes.checkers import CHATTER, NO_CALL, WRONG_DATE, WRONG_TIME, check_reply, parse_call
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PRESETS_DIR = REPO_ROOT / "inference" / "presets"

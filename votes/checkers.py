@@ -1,153 +1,374 @@
-"""Automatic judging of a model reply against the expected calendar API call.
+"""Automatic checkers: judge a reply against a task turn's expected output.
 
-The arena's seed task (shared/scenario.md) asks a model to turn a request into ONE line of
-executable Python calling::
+Four kinds, chosen per scripted turn by the admin who curates the task:
 
-    action.add_calendar_entry(title, date="YYYY-MM-DD", time="HH:MM", duration=m)
-    action.remove_calendar_entry(title, date, time)
+* ``exact``: the reply, trimmed, equals the expected text (options: ``case_sensitive``,
+  default true; ``collapse_whitespace``, default true);
+* ``regex``: the trimmed reply matches the expected pattern in full (options: ``ignore_case``;
+  ``search`` to accept the pattern anywhere in the reply);
+* ``json``: the reply is JSON semantically equal to the expected JSON (key order and spacing
+  do not matter; ``1`` equals ``1.0`` but ``true`` is not ``1``); JSON inside other text is a
+  mistake ("text around the JSON");
+* ``python_call``: one function call, parsed with :mod:`ast` and never executed, compared with
+  the expected call after binding both to the API signature the task declares (options:
+  ``signature``, a list like ``["action.remove_calendar_entry(title, date, time)"]``; a
+  parameter written ``name=value`` there is optional with that default). Keyword or positional
+  arguments, quote style and spacing do not matter; safe constant arithmetic is folded
+  (``60*3`` equals ``180``). Text around a correct call is a mistake: the tasks ask for the call
+  alone. ``case_insensitive`` lists parameters compared without case; ``patterns`` maps a
+  parameter to a regular expression its value must match instead of the expected value (for a
+  value the task leaves open, like the year before the voter has said which it is).
 
-Humans rate each reply ✓ (correct), 🍄 (one mistake), 🔥 (garbage). This module produces the
-same judgement automatically, for evaluating the bundled demo models and for pre-filling
-ratings, so it must agree with the scenario's rules of equivalence:
+Every check returns a verdict, ``correct``, ``mistake`` (one or two mistakes) or ``garbage``
+(nothing recognisable, or three or more mistakes at once: the 🔥 of shared/scenario.md), with a
+short reason a voter could send as the correction ("date is 2023-11-11, expected 2024-11-11").
 
-* ``duration=60*3`` equals ``duration=180`` (integer arithmetic is evaluated, safely, on the
-  syntax tree: the reply is never executed or ``eval``-ed);
-* single or double quotes, spacing, keyword or positional arguments (bound by the API
-  signature) do not matter;
-* a title differing only in case is configurable (``case_sensitive_title``);
-* anything around the call, even a polite "Sure, here it is:" or a Markdown code fence, is the
-  mistake "chatter around the call": the system prompt asks for a single line of code.
-
-A verdict is ``"correct"`` (no mistake), ``"mistake"`` (one or two) or ``"garbage"`` (no
-recognisable API call, or three or more mistakes at once, as the scenario's 🔥 says).
-
-Pure Python on purpose (no Django, no keras): the training script, the tests and the web
-process all import it.
+Pure Python, no Django: the evaluation runner, the admin's validation and ``check_reply`` share it.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Verdict = Literal["correct", "mistake", "garbage"]
-
-# Mistake labels: fixed strings so that callers can count and compare them.
-WRONG_API = "wrong API"
-WRONG_TITLE = "wrong title"
-WRONG_DATE = "wrong date"
-WRONG_DATE_FORMAT = "wrong date format"
-WRONG_TIME = "wrong time"
-WRONG_TIME_FORMAT = "wrong time format"
-WRONG_DURATION = "wrong duration"
-MISSING_ARGUMENT = "missing argument"
-EXTRA_ARGUMENT = "extra argument"
-CHATTER = "chatter around the call"
-EXTRA_PARENTHESIS = "extra parenthesis"
-EXTRA_CALL = "extra call"
-NO_CALL = "no recognisable API call"
-
-MISTAKE_LABELS: tuple[str, ...] = (
-    WRONG_API,
-    WRONG_TITLE,
-    WRONG_DATE,
-    WRONG_DATE_FORMAT,
-    WRONG_TIME,
-    WRONG_TIME_FORMAT,
-    WRONG_DURATION,
-    MISSING_ARGUMENT,
-    EXTRA_ARGUMENT,
-    CHATTER,
-    EXTRA_PARENTHESIS,
-    EXTRA_CALL,
-    NO_CALL,
-)
-
-GARBAGE_THRESHOLD = 3  # "three or more mistakes at once" is garbage (🔥), per the scenario.
-
-# The API's signatures: positional arguments bind in this order.
-SIGNATURES: dict[str, tuple[str, ...]] = {
-    "add_calendar_entry": ("title", "date", "time", "duration"),
-    "remove_calendar_entry": ("title", "date", "time"),
-}
-RECEIVER = "action"
-
-# A call "looks like" the API when its (possibly dotted) name mentions the calendar or an entry,
-# or is a method of ``action``: "action.create_event(...)" is a wrong API, not garbage.
-_CALL_START = re.compile(r"(?<![\w.])((?:[A-Za-z_]\w*\s*\.\s*)*[A-Za-z_]\w*)\s*\(")
-_API_LIKE = re.compile(r"calendar|entry|event|appointment", re.IGNORECASE)
-
-_MONTH_NAMES = (
-    ("jan", "january"), ("feb", "february"), ("mar", "march"), ("apr", "april"), ("may",),
-    ("jun", "june"), ("jul", "july"), ("aug", "august"), ("sep", "sept", "september"),
-    ("oct", "october"), ("nov", "november"), ("dec", "december"),
-)  # fmt: skip
-_MONTHS = {name: number for number, names in enumerate(_MONTH_NAMES, start=1) for name in names}
+CHECKER_KINDS: tuple[str, ...] = ("exact", "regex", "json", "python_call")
+GARBAGE_THRESHOLD = 3  # Three or more mistakes at once is garbage, as in the seed experiment.
+_SHOWN = 60  # Characters of a value or of chatter quoted in a reason.
 
 
-@dataclass(frozen=True)
-class ParsedCall:
-    """One API call found in a reply, with its arguments bound to the signature's names.
-
-    ``title``, ``date`` and ``time`` are the string literals as written; ``duration`` is the
-    integer value of the duration expression (``60*3`` gives 180). A field is None when the
-    argument is absent or not a literal the checker can read (a variable, an f-string...);
-    ``missing`` and ``unreadable`` say which. ``start``/``end`` locate the call in the reply so
-    that chatter around it can be found.
-    """
-
-    api: str  # function name, e.g. "add_calendar_entry"
-    receiver: str | None  # "action" for action.add_calendar_entry(...), None for a bare call
-    title: str | None
-    date: str | None
-    time: str | None
-    duration: int | None
-    missing: tuple[str, ...] = ()
-    extra: tuple[str, ...] = ()  # unknown keywords, surplus positional arguments, duplicates
-    unreadable: tuple[str, ...] = ()
-    source: str = ""
-    start: int = 0
-    end: int = 0
-    extra_parenthesis: bool = False
-
-    @property
-    def known_api(self) -> bool:
-        """Whether this is one of the two API functions, called on ``action``."""
-        return self.api in SIGNATURES and self.receiver == RECEIVER
+class CheckerConfigError(ValueError):
+    """The expected output or the options cannot be checked against: a bug in the task."""
 
 
 @dataclass(frozen=True)
 class CheckResult:
-    """The verdict on one reply, the mistake labels behind it and a readable explanation each."""
-
     verdict: Verdict
-    mistakes: list[str] = field(default_factory=list)
-    details: list[str] = field(default_factory=list)
-    call: ParsedCall | None = None
+    mistakes: tuple[str, ...] = ()  # One short sentence each.
+    details: Mapping[str, Any] = field(default_factory=dict)
 
     @property
-    def correct(self) -> bool:
-        return self.verdict == "correct"
+    def reason(self) -> str:
+        """The mistakes as one sentence; empty when the reply is correct."""
+        return "; ".join(self.mistakes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "reason": self.reason, "mistakes": list(self.mistakes)}
 
 
-# --- Parsing ---------------------------------------------------------------------------------
+def _result(mistakes: Sequence[str], *, garbage: bool = False) -> CheckResult:
+    if garbage or len(mistakes) >= GARBAGE_THRESHOLD:
+        return CheckResult("garbage", tuple(mistakes))
+    return CheckResult("mistake" if mistakes else "correct", tuple(mistakes))
 
 
-def _matching_paren(text: str, open_index: int) -> int | None:
+def _shown(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
+
+
+def _option(options: Mapping[str, Any], name: str, kind: type, default: Any) -> Any:
+    value = options.get(name, default)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise CheckerConfigError(f"Option {name!r} must be a {kind.__name__}, got {value!r}.")
+    return value
+
+
+def _known_options(kind: str, options: Mapping[str, Any], allowed: Sequence[str]) -> None:
+    if not isinstance(options, Mapping):
+        raise CheckerConfigError(f"Checker options must be a JSON object, got {options!r}.")
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        accepted = ", ".join(allowed) or "none"
+        raise CheckerConfigError(f"Unknown option(s) for {kind}: {', '.join(unknown)} (accepted: {accepted}).")
+
+
+# --- exact -----------------------------------------------------------------------------------
+
+
+def _check_exact(expected: str, reply: str, options: Mapping[str, Any]) -> CheckResult:
+    _known_options("exact", options, ("case_sensitive", "collapse_whitespace"))
+    case_sensitive = _option(options, "case_sensitive", bool, True)
+    collapse = _option(options, "collapse_whitespace", bool, True)
+
+    def normal(text: str) -> str:
+        text = " ".join(text.split()) if collapse else text.strip()
+        return text if case_sensitive else text.casefold()
+
+    if not reply.strip():
+        return _result(["the reply is empty"], garbage=True)
+    if normal(reply) == normal(expected):
+        return _result([])
+    return _result([f"expected exactly {_shown(expected)!r}"])
+
+
+# --- regex -----------------------------------------------------------------------------------
+
+
+def _compile(pattern: str, ignore_case: bool = False) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern, re.IGNORECASE if ignore_case else 0)
+    except re.error as error:
+        raise CheckerConfigError(f"Invalid regular expression {pattern!r}: {error}.") from None
+
+
+def _check_regex(expected: str, reply: str, options: Mapping[str, Any]) -> CheckResult:
+    _known_options("regex", options, ("ignore_case", "search"))
+    pattern = _compile(expected, _option(options, "ignore_case", bool, False))
+    search = _option(options, "search", bool, False)
+    if not reply.strip():
+        return _result(["the reply is empty"], garbage=True)
+    text = reply.strip()
+    matched = pattern.search(text) if search else pattern.fullmatch(text)
+    if matched:
+        return _result([])
+    return _result([f"the reply does not match the expected pattern {_shown(expected)!r}"])
+
+
+# --- json ------------------------------------------------------------------------------------
+
+
+def _same_json(got: Any, want: Any, path: str, found: list[str]) -> None:
+    """Differences between two decoded JSON values, one sentence each, by JSON path."""
+    numbers = (int, float)
+    if isinstance(want, bool) or isinstance(got, bool):
+        same = type(got) is type(want) and got == want
+    elif isinstance(want, numbers) and isinstance(got, numbers):
+        same = got == want
+    elif isinstance(want, dict) and isinstance(got, dict):
+        for key in want:
+            if key not in got:
+                found.append(f"missing key {path}.{key}")
+            else:
+                _same_json(got[key], want[key], f"{path}.{key}", found)
+        found.extend(f"unexpected key {path}.{key}" for key in got if key not in want)
+        return
+    elif isinstance(want, list) and isinstance(got, list):
+        if len(got) != len(want):
+            found.append(f"{path} has {len(got)} items, expected {len(want)}")
+            return
+        for index, (item, wanted) in enumerate(zip(got, want, strict=True)):
+            _same_json(item, wanted, f"{path}[{index}]", found)
+        return
+    else:
+        same = type(got) is type(want) and got == want
+    if not same:
+        found.append(f"{path} is {_shown(json.dumps(got))}, expected {_shown(json.dumps(want))}")
+
+
+def _find_json(text: str) -> tuple[Any, int, int] | None:
+    """The first JSON object or array in ``text``, with where it starts and ends."""
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"[\[{]", text):
+        try:
+            value, end = decoder.raw_decode(text, match.start())
+        except ValueError:
+            continue
+        return value, match.start(), end
+    return None
+
+
+def _check_json(expected: str, reply: str, options: Mapping[str, Any]) -> CheckResult:
+    _known_options("json", options, ())
+    try:
+        want = json.loads(expected)
+    except ValueError as error:
+        raise CheckerConfigError(f"The expected output is not valid JSON: {error}.") from None
+    text = reply.strip()
+    mistakes: list[str] = []
+    try:
+        got = json.loads(text)
+    except ValueError:
+        found = _find_json(text)
+        if found is None:
+            return _result(["the reply contains no JSON"], garbage=True)
+        got, start, end = found
+        outside = (text[:start] + " " + text[end:]).strip()
+        mistakes.append(f"text around the JSON: {_shown(outside)!r}")
+    differences: list[str] = []
+    _same_json(got, want, "$", differences)
+    return _result(differences + mistakes)
+
+
+# --- python_call -----------------------------------------------------------------------------
+
+_UNREADABLE = object()  # An argument that is not a constant expression (a variable, a call...).
+_CALL_START = re.compile(r"(?<![\w.])((?:[A-Za-z_]\w*\s*\.\s*)*[A-Za-z_]\w*)\s*\(")
+
+
+@dataclass(frozen=True)
+class Signature:
+    """An API function: its dotted name, parameter names in order, and optional defaults."""
+
+    name: str
+    parameters: tuple[str, ...]
+    defaults: Mapping[str, Any]
+
+    @property
+    def short_name(self) -> str:
+        return self.name.rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True)
+class FoundCall:
+    name: str
+    node: ast.Call
+    start: int
+    end: int
+
+
+def fold_constant(node: ast.AST) -> Any:
+    """The value of a constant expression (numbers, strings, arithmetic, containers) or
+    ``_UNREADABLE``. Evaluated on the syntax tree, never executed; powers are bounded."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, int, float, bool, type(None))):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = fold_constant(node.operand)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return -value if isinstance(node.op, ast.USub) else value
+        return _UNREADABLE
+    if isinstance(node, ast.BinOp):
+        left, right = fold_constant(node.left), fold_constant(node.right)
+        if isinstance(left, str) and isinstance(right, str) and isinstance(node.op, ast.Add):
+            return left + right
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (left, right)):
+            return _UNREADABLE
+        operations: dict[type, Callable[[Any, Any], Any]] = {
+            ast.Add: lambda a, b: a + b,
+            ast.Sub: lambda a, b: a - b,
+            ast.Mult: lambda a, b: a * b,
+            ast.Div: lambda a, b: a / b,
+            ast.FloorDiv: lambda a, b: a // b,
+            ast.Mod: lambda a, b: a % b,
+        }
+        if isinstance(node.op, ast.Pow):
+            if abs(right) > 64 or abs(left) > 10**6:  # No 9**9**9 in a reply.
+                return _UNREADABLE
+            operations[ast.Pow] = lambda a, b: a**b
+        operation = operations.get(type(node.op))
+        if operation is None:
+            return _UNREADABLE
+        try:
+            return operation(left, right)
+        except (ZeroDivisionError, OverflowError, ValueError):
+            return _UNREADABLE
+    if isinstance(node, (ast.List, ast.Tuple)):
+        items = [fold_constant(item) for item in node.elts]
+        return _UNREADABLE if any(item is _UNREADABLE for item in items) else items
+    if isinstance(node, ast.Dict):
+        if any(key is None for key in node.keys):
+            return _UNREADABLE
+        keys = [fold_constant(key) for key in node.keys if key is not None]
+        values = [fold_constant(value) for value in node.values]
+        if any(v is _UNREADABLE or isinstance(v, (list, dict)) for v in keys) or _UNREADABLE in values:
+            return _UNREADABLE
+        return dict(zip(keys, values, strict=True))
+    return _UNREADABLE
+
+
+def _dotted(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return f"{base}.{node.attr}" if base else None
+    return None
+
+
+def parse_signature(text: str) -> Signature:
+    """``"action.add_calendar_entry(title, date, time, duration=30)"`` as a Signature.
+
+    A trailing ``# comment`` is ignored. Raises CheckerConfigError when it is not a call whose
+    arguments are parameter names (optionally ``name=constant`` for a default).
+    """
+    source = text.split("#", 1)[0].strip()
+    try:
+        node = ast.parse(source, mode="eval").body
+    except SyntaxError:
+        raise CheckerConfigError(f"Signature {text!r} is not a Python call like f(a, b=1).") from None
+    name = _dotted(node.func) if isinstance(node, ast.Call) else None
+    if not isinstance(node, ast.Call) or name is None:
+        raise CheckerConfigError(f"Signature {text!r} is not a Python call like f(a, b=1).")
+    parameters: list[str] = []
+    for argument in node.args:
+        if not isinstance(argument, ast.Name):
+            raise CheckerConfigError(f"Signature {text!r}: positional parameters must be plain names.")
+        parameters.append(argument.id)
+    defaults: dict[str, Any] = {}
+    for keyword in node.keywords:
+        value = fold_constant(keyword.value) if keyword.arg else _UNREADABLE
+        if keyword.arg is None or value is _UNREADABLE:
+            raise CheckerConfigError(f"Signature {text!r}: a default must be a constant, like duration=30.")
+        parameters.append(keyword.arg)
+        defaults[keyword.arg] = value
+    if len(set(parameters)) != len(parameters):
+        raise CheckerConfigError(f"Signature {text!r} repeats a parameter.")
+    return Signature(name, tuple(parameters), defaults)
+
+
+def _bind(call: ast.Call, signature: Signature) -> tuple[dict[str, Any], list[str]]:
+    """Arguments by parameter name (folded), and binding problems as sentences."""
+    bound: dict[str, Any] = {}
+    problems: list[str] = []
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+        problems.append("*args or **kwargs cannot be checked")
+    positional = [a for a in call.args if not isinstance(a, ast.Starred)]
+    for index, argument in enumerate(positional):
+        if index < len(signature.parameters):
+            bound[signature.parameters[index]] = fold_constant(argument)
+        else:
+            problems.append(
+                f"{len(positional)} positional arguments, {signature.short_name}() takes at most "
+                f"{len(signature.parameters)}"
+            )
+            break
+    for keyword in call.keywords:
+        if keyword.arg is None:
+            continue
+        if keyword.arg not in signature.parameters:
+            problems.append(f"unexpected argument {keyword.arg}")
+        elif keyword.arg in bound:
+            problems.append(f"{keyword.arg} is given twice")
+        else:
+            bound[keyword.arg] = fold_constant(keyword.value)
+    for parameter in signature.parameters:
+        if parameter not in bound and parameter in signature.defaults:
+            bound[parameter] = signature.defaults[parameter]
+    return bound, problems
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, str):
+        return _shown(value)
+    return _shown(json.dumps(value)) if isinstance(value, (list, dict)) else repr(value)
+
+
+def _same_value(got: Any, want: Any, case_insensitive: bool) -> bool:
+    if isinstance(got, bool) or isinstance(want, bool):
+        return type(got) is type(want) and got == want
+    if isinstance(got, (int, float)) and isinstance(want, (int, float)):
+        return got == want
+    if isinstance(got, str) and isinstance(want, str) and case_insensitive:
+        return got.casefold() == want.casefold()
+    return type(got) is type(want) and got == want
+
+
+def matching_paren(text: str, open_index: int) -> int | None:
     """Index of the parenthesis closing the one at ``open_index``, skipping string literals."""
     depth = 0
     quote: str | None = None
-    i = open_index
-    while i < len(text):
-        char = text[i]
+    index = open_index
+    while index < len(text):
+        char = text[index]
         if quote:
             if char == "\\":
-                i += 2
-                continue
-            if char == quote:
+                index += 1
+            elif char == quote:
                 quote = None
         elif char in "\"'":
             quote = char
@@ -156,321 +377,151 @@ def _matching_paren(text: str, open_index: int) -> int | None:
         elif char == ")":
             depth -= 1
             if depth == 0:
-                return i
-        i += 1
+                return index
+        index += 1
     return None
 
 
-class _Unreadable(Exception):
-    """An argument that is not a literal the checker can evaluate without running code."""
+def find_calls(text: str) -> list[FoundCall]:
+    """Every parsable function call in ``text`` that is not inside another one found."""
+    calls: list[FoundCall] = []
+    position = 0
+    for match in _CALL_START.finditer(text):
+        if match.start() < position:
+            continue
+        close = matching_paren(text, match.end() - 1)
+        if close is None:
+            continue
+        end = close + 1
+        try:
+            node = ast.parse(text[match.start() : end].strip(), mode="eval").body
+        except SyntaxError:
+            continue
+        name = _dotted(node.func) if isinstance(node, ast.Call) else None
+        if isinstance(node, ast.Call) and name is not None:
+            calls.append(FoundCall(name, node, match.start(), end))
+            position = end
+    return calls
 
 
-def _int_value(node: ast.AST) -> int:
-    """Evaluate integer arithmetic (``60*3``, ``90``, ``(1+2)*60``) on the syntax tree only."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
-        value = node.value
-    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-        operand = _int_value(node.operand)
-        value = -operand if isinstance(node.op, ast.USub) else operand
-    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult | ast.Div | ast.FloorDiv):
-        left, right = _int_value(node.left), _int_value(node.right)
-        if isinstance(node.op, ast.Add):
-            value = left + right
-        elif isinstance(node.op, ast.Sub):
-            value = left - right
-        elif isinstance(node.op, ast.Mult):
-            if abs(left) > 10**6 or abs(right) > 10**6:  # no giant numbers from hostile input
-                raise _Unreadable
-            value = left * right
-        elif right == 0:
-            raise _Unreadable
-        elif isinstance(node.op, ast.Div):
-            value = left / right
-        else:
-            value = left // right
-    else:
-        raise _Unreadable
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise _Unreadable
-        value = int(value)
-    return value
+def _signatures(expected_call: ast.Call, expected_name: str, options: Mapping[str, Any]) -> dict[str, Signature]:
+    texts = options.get("signature", [])
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise CheckerConfigError("Option 'signature' must be a list of calls like f(a, b=1).")
+    signatures = {signature.name: signature for signature in map(parse_signature, texts)}
+    if expected_name not in signatures:
+        if signatures:
+            declared = ", ".join(sorted(signatures))
+            raise CheckerConfigError(f"The expected call {expected_name}() is not in the signature ({declared}).")
+        # No declared signature: positional arguments are named by position, keywords by name.
+        count = len(expected_call.args)
+        names = [f"argument {i + 1}" for i in range(count)] + [k.arg or "" for k in expected_call.keywords]
+        signatures[expected_name] = Signature(expected_name, tuple(names), {})
+    return signatures
 
 
-def _str_value(node: ast.AST) -> str:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    raise _Unreadable
-
-
-def _dotted_name(node: ast.AST) -> list[str] | None:
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return parts[::-1]
-
-
-def _bind(call: ast.Call, api: str) -> tuple[dict[str, ast.AST], tuple[str, ...], tuple[str, ...]]:
-    """Bind positional and keyword arguments to the API's parameter names.
-
-    An unknown function (a wrong API such as ``action.create_event``) binds like
-    ``add_calendar_entry``, so that its arguments can still be compared; only title, date and
-    time are then required. Returns (bound, missing, extra).
-    """
-    params = SIGNATURES.get(api, SIGNATURES["add_calendar_entry"])
-    bound: dict[str, ast.AST] = {}
-    extra: list[str] = []
-    for index, arg in enumerate(call.args):
-        if index < len(params) and not isinstance(arg, ast.Starred):
-            bound[params[index]] = arg
-        else:
-            extra.append(f"positional argument {index + 1}")
-    for keyword in call.keywords:
-        name = keyword.arg
-        if name is None:
-            extra.append("**kwargs")
-        elif name in bound:
-            extra.append(f"{name} given twice")
-        elif name not in params:
-            extra.append(name)
-        else:
-            bound[name] = keyword.value
-    wanted = params if api in SIGNATURES else ("title", "date", "time")
-    missing = tuple(name for name in wanted if name not in bound)
-    return bound, missing, tuple(extra)
-
-
-def _parse_at(text: str, match: re.Match[str]) -> ParsedCall | None:
-    """Parse the call whose name ``match`` found, or None if it is not a readable call."""
-    open_index = match.end() - 1
-    close_index = _matching_paren(text, open_index)
-    if close_index is None:
-        return None
-    source = text[match.start() : close_index + 1]
+def _parse_expected_call(expected: str) -> tuple[ast.Call, str]:
     try:
-        tree = ast.parse(source.strip(), mode="eval")
-    except SyntaxError:
-        return None
-    call = tree.body
-    if not isinstance(call, ast.Call):
-        return None
-    name = _dotted_name(call.func)
-    if not name:
-        return None
-    api = name[-1]
-    receiver = ".".join(name[:-1]) or None
-    if not (api in SIGNATURES or receiver == RECEIVER or _API_LIKE.search(api)):
-        return None
-    bound, missing, extra = _bind(call, api)
-    values: dict[str, str | int | None] = {}
-    unreadable: list[str] = []
-    for param in ("title", "date", "time", "duration"):
-        node = bound.get(param)
-        if node is None:
-            values[param] = None
-            continue
-        try:
-            values[param] = _int_value(node) if param == "duration" else _str_value(node)
-        except (_Unreadable, RecursionError):
-            values[param] = None
-            unreadable.append(param)
-    end = close_index + 1
-    rest = text[end:]
-    # A ")" right after the call is extra, unless it closes a "(" opened before the call
-    # (as in "print(action.add_calendar_entry(...))", which is chatter, not a typo).
-    closing = re.match(r"[\s)]*", rest).group(0)  # type: ignore[union-attr]
-    before = text[: match.start()]
-    surplus = closing.count(")") - max(before.count("(") - before.count(")"), 0)
-    extra_parenthesis = surplus > 0
-    if extra_parenthesis:
-        end += closing.rindex(")") + 1
-    return ParsedCall(
-        api=api,
-        receiver=receiver,
-        title=values["title"],  # type: ignore[arg-type]
-        date=values["date"],  # type: ignore[arg-type]
-        time=values["time"],  # type: ignore[arg-type]
-        duration=values["duration"],  # type: ignore[arg-type]
-        missing=missing,
-        extra=extra,
-        unreadable=tuple(unreadable),
-        source=source,
-        start=match.start(),
-        end=end,
-        extra_parenthesis=extra_parenthesis,
-    )
+        node = ast.parse(expected.strip(), mode="eval").body
+    except SyntaxError as error:
+        raise CheckerConfigError(f"The expected output is not a Python call: {error.msg}.") from None
+    name = _dotted(node.func) if isinstance(node, ast.Call) else None
+    if not isinstance(node, ast.Call) or name is None:
+        raise CheckerConfigError("The expected output is not a single Python function call.")
+    return node, name
 
 
-def find_calls(text: str) -> list[ParsedCall]:
-    """Every recognisable API call in ``text``, in order, without overlaps."""
-    calls: list[ParsedCall] = []
-    position = 0
-    while True:
-        match = _CALL_START.search(text, position)
-        if match is None:
-            return calls
-        parsed = _parse_at(text, match)
-        if parsed is None:
-            position = match.end()  # e.g. "print(" wrapping a call: look inside it
-        else:
-            calls.append(parsed)
-            position = parsed.end
+def _check_python_call(expected: str, reply: str, options: Mapping[str, Any]) -> CheckResult:
+    _known_options("python_call", options, ("signature", "case_insensitive", "patterns"))
+    expected_call, expected_name = _parse_expected_call(expected)
+    signatures = _signatures(expected_call, expected_name, options)
+    signature = signatures[expected_name]
+    case_insensitive = options.get("case_insensitive", [])
+    if not isinstance(case_insensitive, list) or not all(p in signature.parameters for p in case_insensitive):
+        raise CheckerConfigError(f"Option 'case_insensitive' must list parameters of {expected_name}().")
+    patterns = options.get("patterns", {})
+    if not isinstance(patterns, dict) or not all(p in signature.parameters for p in patterns):
+        raise CheckerConfigError(f"Option 'patterns' must map parameters of {expected_name}() to regexes.")
+    compiled = {name: _compile(str(pattern)) for name, pattern in patterns.items()}
+    wanted, problems = _bind(expected_call, signature)
+    unreadable = [name for name, value in wanted.items() if value is _UNREADABLE]
+    missing = [p for p in signature.parameters if p not in wanted]
+    if problems or unreadable or missing:
+        detail = problems + [f"{n} is not a constant" for n in unreadable] + [f"{n} is missing" for n in missing]
+        raise CheckerConfigError(f"The expected call does not fit its signature: {'; '.join(detail)}.")
 
-
-def parse_call(text: str) -> ParsedCall | None:
-    """The first recognisable API call in ``text``, with normalised fields; None if there is none."""
-    calls = find_calls(text)
-    return calls[0] if calls else None
-
-
-# --- Comparing -------------------------------------------------------------------------------
-
-
-def parse_date(value: str) -> tuple[int, int, int] | None:
-    """(year, month, day) of a date written in a common format, or None.
-
-    Used to tell a right date in the wrong format ("11/11/2024") from a wrong date.
-    """
-    value = value.strip()
-    patterns: Sequence[tuple[str, str]] = (
-        (r"(\d{4})-(\d{1,2})-(\d{1,2})", "ymd"),
-        (r"(\d{4})/(\d{1,2})/(\d{1,2})", "ymd"),
-        (r"(\d{1,2})/(\d{1,2})/(\d{4})", "mdy"),
-        (r"(\d{1,2})-(\d{1,2})-(\d{4})", "mdy"),
-        (r"([A-Za-z]+)\.? (\d{1,2}),? (\d{4})", "Mdy"),
-        (r"(\d{1,2}) ([A-Za-z]+)\.?,? (\d{4})", "dMy"),
-    )
-    for pattern, order in patterns:
-        found = re.fullmatch(pattern, value)
-        if not found:
-            continue
-        a, b, c = found.groups()
-        try:
-            if order == "ymd":
-                return int(a), int(b), int(c)
-            if order == "mdy":
-                return int(c), int(a), int(b)
-            if order == "Mdy":
-                return int(c), _MONTHS[a.lower()], int(b)
-            return int(c), _MONTHS[b.lower()], int(a)
-        except KeyError:
-            return None
-    return None
-
-
-def parse_time(value: str) -> tuple[int, int] | None:
-    """(hour, minute) on a 24-hour clock of "17:00", "5PM", "5:30 pm", "17:00:00", or None."""
-    value = value.strip().lower()
-    if value == "noon":
-        return 12, 0
-    found = re.fullmatch(r"(\d{1,2})(?::(\d{2}))?(?::\d{2})?\s*(am|pm|a\.m\.|p\.m\.)?", value)
-    if not found:
-        return None
-    hour, minute, half = int(found.group(1)), int(found.group(2) or 0), found.group(3)
-    if found.group(2) is None and half is None:
-        return None  # a bare number is not a time
-    if half:
-        if not 1 <= hour <= 12:
-            return None
-        hour = hour % 12 + (12 if half.startswith("p") else 0)
-    if hour > 23 or minute > 59:
-        return None
-    return hour, minute
-
-
-def _same_title(a: str, b: str, case_sensitive: bool) -> bool:
-    return a == b if case_sensitive else a.casefold() == b.casefold()
-
-
-def _compare(reply: ParsedCall, expected: ParsedCall, case_sensitive_title: bool) -> list[tuple[str, str]]:
-    """Mistakes of one call against the expected one, as (label, detail) pairs."""
-    found: list[tuple[str, str]] = []
-    if reply.api != expected.api or reply.receiver != expected.receiver:
-        called = f"{reply.receiver}.{reply.api}" if reply.receiver else reply.api
-        found.append((WRONG_API, f"called {called}(), expected {expected.receiver}.{expected.api}()"))
-    if reply.missing:
-        found.append((MISSING_ARGUMENT, f"missing {', '.join(reply.missing)}"))
-    if reply.extra:
-        found.append((EXTRA_ARGUMENT, f"unexpected {', '.join(reply.extra)}"))
-    if "title" not in reply.missing and not (
-        reply.title is not None
-        and expected.title is not None
-        and _same_title(reply.title, expected.title, case_sensitive_title)
-    ):
-        found.append((WRONG_TITLE, f"title {reply.title!r}, expected {expected.title!r}"))
-    if "date" not in reply.missing and reply.date != expected.date:
-        got = parse_date(reply.date) if reply.date is not None else None
-        want = parse_date(expected.date) if expected.date is not None else None
-        if got is not None and got == want:
-            found.append((WRONG_DATE_FORMAT, f"date {reply.date!r}, expected {expected.date!r} (YYYY-MM-DD)"))
-        else:
-            part = ""
-            if got and want:
-                part = " (year)" if got[1:] == want[1:] else " (month/day)" if got[0] == want[0] else ""
-            found.append((WRONG_DATE, f"date {reply.date!r}, expected {expected.date!r}{part}"))
-    if "time" not in reply.missing and reply.time != expected.time:
-        got_time = parse_time(reply.time) if reply.time is not None else None
-        want_time = parse_time(expected.time) if expected.time is not None else None
-        if got_time is not None and got_time == want_time:
-            found.append((WRONG_TIME_FORMAT, f"time {reply.time!r}, expected {expected.time!r} (HH:MM)"))
-        else:
-            found.append((WRONG_TIME, f"time {reply.time!r}, expected {expected.time!r}"))
-    # The duration only matters for a new entry; "missing" already covers its absence.
-    if (
-        expected.api == "add_calendar_entry"
-        and "duration" not in reply.missing
-        and reply.api == expected.api
-        and reply.duration != expected.duration
-    ):
-        found.append((WRONG_DURATION, f"duration {reply.duration!r}, expected {expected.duration!r}"))
-    return found
-
-
-def _chatter(reply: str, calls: Sequence[ParsedCall]) -> str:
-    """The reply's text outside the calls, whitespace and a trailing semicolon aside."""
-    pieces = []
-    position = 0
-    for call in calls:
-        pieces.append(reply[position : call.start])
-        position = call.end
-    pieces.append(reply[position:])
-    outside = " ".join(piece.strip() for piece in pieces).strip()
-    return outside.removesuffix(";").strip()
-
-
-def check_reply(reply: str, expected: str, *, case_sensitive_title: bool = False) -> CheckResult:
-    """Judge ``reply`` against the ``expected`` API call (itself a reply that would be correct).
-
-    The call compared is the first one calling the expected function, else the first
-    recognisable one; any further call is the mistake "extra call". Raises ValueError if
-    ``expected`` is not a readable API call: that is a bug in the task, not in the reply.
-    """
-    wanted = parse_call(expected)
-    if wanted is None or not wanted.known_api or wanted.missing or wanted.unreadable or wanted.extra:
-        raise ValueError(f"The expected output is not a complete API call: {expected!r}")
     calls = find_calls(reply)
+    short_names = {s.short_name: s for s in signatures.values()}
+    known = [c for c in calls if c.name in signatures or c.name.rsplit(".", 1)[-1] in short_names]
     if not calls:
-        return CheckResult("garbage", [NO_CALL], ["the reply contains no calendar API call"])
-    main = next((c for c in calls if c.api == wanted.api and c.receiver == wanted.receiver), calls[0])
-    found = _compare(main, wanted, case_sensitive_title)
+        return _result(["the reply contains no function call"], garbage=True)
+    main = next(
+        (c for c in known if c.name == expected_name),
+        next((c for c in known if c.name.rsplit(".", 1)[-1] == signature.short_name), known[0] if known else None),
+    )
+    mistakes: list[str] = []
+    if main is None:  # Calls, but none of the API's functions.
+        main = calls[0]
+        if main.name.split(".")[0] != expected_name.split(".")[0]:
+            return _result([f"{main.name}() is not part of the API"], garbage=True)
+    if main.name != expected_name:
+        mistakes.append(f"called {main.name}(), expected {expected_name}()")
+    if main.name.rsplit(".", 1)[-1] == signature.short_name:
+        got, problems = _bind(main.node, signature)
+        mistakes += problems
+        for parameter in signature.parameters:
+            want = wanted[parameter]
+            if parameter not in got:
+                mistakes.append(f"{parameter} is missing")
+                continue
+            value = got[parameter]
+            if value is _UNREADABLE:
+                mistakes.append(f"{parameter} is not a literal value")
+            elif parameter in compiled:
+                if not compiled[parameter].fullmatch(str(value)):
+                    mistakes.append(f"{parameter} is {_value_text(value)}, expected {_value_text(want)}")
+            elif not _same_value(value, want, parameter in case_insensitive):
+                mistakes.append(f"{parameter} is {_value_text(value)}, expected {_value_text(want)}")
     if len(calls) > 1:
-        found.append((EXTRA_CALL, f"{len(calls)} calls, expected one"))
-    if any(call.extra_parenthesis for call in calls):
-        found.append((EXTRA_PARENTHESIS, "an extra ')' after the call"))
-    outside = _chatter(reply, calls)
+        mistakes.append(f"{len(calls)} calls, expected one")
+    outside = " ".join(
+        piece.strip()
+        for piece in [reply[: calls[0].start]]
+        + [reply[a.end : b.start] for a, b in itertools.pairwise(calls)]
+        + [reply[calls[-1].end :]]
+    ).strip()
+    outside = outside.removesuffix(";").strip()
     if outside:
-        shown = outside if len(outside) <= 60 else outside[:57] + "..."
-        found.append((CHATTER, f"text around the call: {shown!r}"))
-    mistakes = [label for label, _ in found]
-    details = [detail for _, detail in found]
-    if not mistakes:
-        verdict: Verdict = "correct"
-    elif len(mistakes) >= GARBAGE_THRESHOLD:
-        verdict = "garbage"
-    else:
-        verdict = "mistake"
-    return CheckResult(verdict, mistakes, details, main)
+        mistakes.append(f"text around the call: {_shown(outside)!r}")
+    return _result(mistakes)
+
+
+_CHECKERS: dict[str, Callable[[str, str, Mapping[str, Any]], CheckResult]] = {
+    "exact": _check_exact,
+    "regex": _check_regex,
+    "json": _check_json,
+    "python_call": _check_python_call,
+}
+
+
+def check(kind: str, expected: str, reply: str, options: Mapping[str, Any] | None = None) -> CheckResult:
+    """Judge ``reply`` against ``expected`` with the checker ``kind``.
+
+    Raises CheckerConfigError if the kind, the expected output or the options are invalid.
+    """
+    checker = _CHECKERS.get(kind)
+    if checker is None:
+        raise CheckerConfigError(f"Unknown checker {kind!r}; use one of {', '.join(CHECKER_KINDS)}.")
+    return checker(expected, reply, options or {})
+
+
+def validate(kind: str, expected: str, options: Mapping[str, Any] | None = None) -> None:
+    """Raise CheckerConfigError, saying what is wrong, unless the checker can judge replies.
+
+    The expected output must itself pass its own check (a task whose answer fails is a bug).
+    """
+    result = check(kind, expected, expected, options)
+    if not (kind == "regex" or result.verdict == "correct"):
+        raise CheckerConfigError(f"The expected output fails its own check: {result.reason}.")
