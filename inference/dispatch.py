@@ -53,3 +53,26 @@ def _generate_in_process(message_id: int, loop: asyncio.AbstractEventLoop) -> No
         logger.exception("In-process generation of message %s failed", message_id)
     finally:
         close_old_connections()
+
+
+RUN_EVALUATION_TASK = "votes.run_evaluation"
+
+
+def enqueue_evaluation(run_id: int) -> None:
+    """An evaluation run goes to the evaluation queue (a host serving every model it names
+    consumes it), or to a background thread of this process in embedded mode."""
+    if settings.GENERATION_BACKEND == "celery":
+        celery_app.send_task(RUN_EVALUATION_TASK, args=[run_id], queue=settings.ARENA_EVALUATION_QUEUE)
+        return
+    _in_process_executor.submit(_evaluate_in_process, run_id)
+
+
+def _evaluate_in_process(run_id: int) -> None:
+    from votes.evaluation_services import run_evaluation
+
+    try:
+        run_evaluation(run_id)
+    except Exception:
+        logger.exception("In-process evaluation %s failed", run_id)
+    finally:
+        close_old_connections()

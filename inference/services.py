@@ -117,7 +117,7 @@ def run_generation(message_id: int, publisher: FramePublisher) -> None:
     try:
         engine = hosting.engine_for(model_spec(model))
         turns = [chat_templates.ChatTurn(role=role, content=content) for role, content in context.conversation]
-        prompt = chat_templates.render_prompt(model.family, None, turns)
+        prompt = chat_templates.render_prompt(model.family, context.system_prompt or None, turns)
         sampling = SamplingParams(
             temperature=model.temperature, top_k=model.top_k, top_p=model.top_p, seed=context.seed
         )
@@ -233,3 +233,22 @@ def _finish(
         error=error,
     )
     publisher.publish(batcher.group, [frame])
+
+
+def generate_text(model: LLM, system_prompt: str | None, conversation: list[tuple[str, str]], seed: int) -> str:
+    """One whole reply from the model's engine, for evaluation runs (no streaming, no rows).
+
+    The model's own sampling settings and token limit apply, as in a battle.
+    """
+    from inference import chat_templates, hosting
+    from inference.engine import SamplingParams
+
+    engine = hosting.engine_for(model_spec(model))
+    turns = [chat_templates.ChatTurn(role=role, content=content) for role, content in conversation]
+    request = engine.submit(
+        chat_templates.render_prompt(model.family, system_prompt or None, turns),
+        max_new_tokens=min(model.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS),
+        stop_strings=chat_templates.stop_strings(model.family),
+        sampling=SamplingParams(temperature=model.temperature, top_k=model.top_k, top_p=model.top_p, seed=seed),
+    )
+    return request.result(timeout=settings.ARENA_GENERATION_TIMEOUT_SECONDS).strip()

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 
 from inference.models import LLM
 from leaderboard import ratings
@@ -19,11 +19,16 @@ class LeaderboardRow:
     wins: float
 
 
+def counted_votes(stage: str = Vote.Stage.FIRST_TRY) -> "QuerySet[Vote]":
+    """The votes the leaderboard counts: one stage, battles excluded for an identity leak left out."""
+    return Vote.objects.filter(stage=stage, battle__excluded=False)
+
+
 def leaderboard_rows() -> list[LeaderboardRow]:
     """Models ranked by Bradley-Terry; the database aggregates votes into pairwise counts."""
     models = list(LLM.objects.order_by("name"))
     index = {model.pk: i for i, model in enumerate(models)}
-    counts = Vote.objects.values("battle__model_a", "battle__model_b", "choice").annotate(n=Count("id")).order_by()
+    counts = counted_votes().values("battle__model_a", "battle__model_b", "choice").annotate(n=Count("id")).order_by()
     wins = ratings.win_matrix(len(models), [])
     for row in counts:
         a, b = index[row["battle__model_a"]], index[row["battle__model_b"]]
@@ -31,7 +36,7 @@ def leaderboard_rows() -> list[LeaderboardRow]:
         wins[a, b] += score_a * row["n"]
         wins[b, a] += (1.0 - score_a) * row["n"]
     # Elo depends on the order of the votes, so it reads them one by one (oldest first).
-    history = Vote.objects.order_by("created", "pk").values_list("battle__model_a", "battle__model_b", "choice")
+    history = counted_votes().order_by("created", "pk").values_list("battle__model_a", "battle__model_b", "choice")
     games = [(index[a], index[b], ratings.VOTE_SCORES[choice]) for a, b, choice in history]
     bt = ratings.bradley_terry(wins)
     elo = ratings.online_elo(len(models), games)

@@ -33,22 +33,26 @@ async def test_names_hidden_until_vote_then_revealed(connect_battle, demo_llms, 
     await again.receive()
     assert_no_names(client.raw + again.raw + [page.content.decode(), home.content.decode()], names)
 
+    # A vote does not reveal the models: the voter may still correct a side and vote again.
     await client.send({"type": "vote", "choice": "a"})
+    assert await client.receive() == {"type": "voted", "stage": "first_try", "choice": "a", "after_turn": 0}
+    assert_no_names(client.raw, names)
+
+    await client.send({"type": "end"})
     revealed = await client.receive()
     battle = await database_sync_to_async(Battle.objects.select_related("model_a", "model_b").get)(public_id=battle_id)
-    assert revealed == {
-        "type": "revealed",
-        "vote": "a",
-        "models": {"a": battle.model_a.name, "b": battle.model_b.name},
-    }
-    # Every connection to the battle is told, and a reconnect after the vote shows the names.
+    assert revealed["type"] == "revealed"
+    assert revealed["models"] == {"a": battle.model_a.name, "b": battle.model_b.name}
+    assert revealed["votes"] == {"first_try": "a"} and revealed["ended"] is True
+    # Every connection to the battle is told, and a reconnect after the end shows the names.
+    assert (await again.receive())["type"] == "voted"
     assert (await again.receive())["type"] == "revealed"
     vote = await database_sync_to_async(Vote.objects.get)(battle=battle)
-    assert vote.choice == "a" and battle.state == Battle.State.VOTED
+    assert vote.choice == "a" and battle.state == Battle.State.ENDED
     late = await connect_battle(battle_id)
     state = await late.receive()
     assert state["models"] == {"a": battle.model_a.name, "b": battle.model_b.name}
-    assert state["vote"] == "a"
+    assert state["votes"] == {"first_try": "a"}
 
 
 async def test_other_voters_cannot_open_a_battle(connect_battle, demo_llms, celery_worker) -> None:

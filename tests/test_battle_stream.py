@@ -19,7 +19,12 @@ async def test_prompt_streams_both_sides_complete_and_in_order(connect_battle, d
     battle_frame = await client.receive()
     assert battle_frame["type"] == "battle"
     prompt_frame = await client.receive()
-    assert prompt_frame == {"type": "prompt", "turn": 0, "text": "Add a meeting with Fred on Nov 11 at 5PM"}
+    assert prompt_frame == {
+        "type": "prompt",
+        "turn": 0,
+        "text": "Add a meeting with Fred on Nov 11 at 5PM",
+        "sides": ["a", "b"],
+    }
     frames = await client.receive_both_ends()
 
     battle = await database_sync_to_async(Battle.objects.get)(public_id=battle_frame["battle"])
@@ -48,6 +53,8 @@ async def test_conversation_continues_with_full_history(connect_battle, demo_llm
     await client.send({"type": "prompt", "text": "Add a meeting with Fred on Nov 11 at 5PM"})
     battle_id = (await client.receive())["battle"]
     await client.receive_both_ends()
+    await client.send({"type": "vote", "choice": "both_bad"})
+    assert (await client.receive())["type"] == "voted"
     await client.send({"type": "prompt", "text": "The current year is 2024."})
     frames = await client.receive_both_ends()
     assert {f["turn"] for f in frames if f["type"] in ("delta", "end")} == {1}
@@ -74,10 +81,12 @@ async def test_reconnecting_client_gets_state_from_database(connect_battle, demo
         assert turn["replies"][side]["status"] == "done"
         assert turn["replies"][side]["text"] == ends[side]["text"]
         assert turn["replies"][side]["seq"] == ends[side]["seq"]
-    assert state["models"] is None and state["vote"] is None
+    assert state["models"] is None and state["votes"] == {}
 
-    # The reconnected client can go on and vote.
+    # The reconnected client can go on, vote and end the battle.
     await again.send({"type": "vote", "choice": "tie"})
+    assert (await again.receive())["type"] == "voted"
+    await again.send({"type": "end"})
     revealed = await again.receive()
     assert revealed["type"] == "revealed"
     assert await database_sync_to_async(Vote.objects.filter(battle__public_id=battle_id).exists)()

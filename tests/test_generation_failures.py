@@ -34,6 +34,8 @@ async def test_broken_model_fails_one_side_only(connect_battle, demo_llms, celer
     replies = await database_sync_to_async(saved_replies)()
     assert replies[failed["side"]].status == Message.Status.FAILED
     await client.send({"type": "vote", "choice": "both_bad"})
+    assert (await client.receive())["type"] == "voted"
+    await client.send({"type": "end"})
     revealed = await client.receive()
     assert revealed["type"] == "revealed", revealed
     assert battle_id
@@ -51,6 +53,8 @@ async def test_conversation_longer_than_the_context_fails_clearly(connect_battle
     assert {m.status for m in replies.values()} == {Message.Status.FAILED}
     # Nothing is left stuck: the next prompt is accepted (not "busy") and answered, with the same
     # clear failure, since the history it carries still does not fit.
+    await client.send({"type": "vote", "choice": "both_bad"})
+    assert (await client.receive())["type"] == "voted"
     await client.send({"type": "prompt", "text": "Cancel the meeting with Fred."})
     assert (await client.receive())["type"] == "prompt"
     frames = await client.receive_both_ends()

@@ -9,7 +9,7 @@ pytestmark = pytest.mark.django_db
 
 
 def make_vote(model_a: LLM, model_b: LLM, choice: str) -> None:
-    battle = Battle.objects.create(model_a=model_a, model_b=model_b, voter_key="k", state=Battle.State.VOTED)
+    battle = Battle.objects.create(model_a=model_a, model_b=model_b, voter_key="k", state=Battle.State.ENDED)
     Vote.objects.create(battle=battle, choice=choice)
 
 

@@ -66,6 +66,19 @@ async def expect_error(client, frame, code: str) -> dict:
         ({"type": "vote", "choice": "c"}, "bad_frame"),
         ({"type": "vote", "choice": "a"}, "not_ready"),
         ({"type": "stop", "side": "c"}, "bad_frame"),
+        ({"type": "vote", "choice": "a", "stage": "later"}, "bad_frame"),
+        ({"type": "prompt", "text": "hi", "side": "both"}, "bad_frame"),
+        ({"type": "rate", "side": "a", "turn": 0, "rating": "great"}, "bad_frame"),
+        ({"type": "rate", "side": "a", "turn": -1, "rating": "correct"}, "bad_frame"),
+        ({"type": "rate", "side": "a", "turn": "0", "rating": "correct"}, "bad_frame"),
+        ({"type": "rate", "side": "c", "turn": 0, "rating": "correct"}, "bad_frame"),
+        ({"type": "rate", "side": "a", "turn": 0, "rating": "correct"}, "not_ready"),
+        ({"type": "regenerate"}, "bad_frame"),
+        ({"type": "regenerate", "side": "a"}, "not_ready"),
+        ({"type": "end"}, "not_ready"),
+        ({"type": "start", "task": 7}, "bad_frame"),
+        ({"type": "start", "task": "no-such-task"}, "no_task"),
+        ({"type": "prompt", "text": "hi", "side": "a"}, "both_sides_first"),
     ],
 )
 async def test_bad_frames_on_a_new_battle(connect_battle, demo_llms, frame, code) -> None:
@@ -90,9 +103,15 @@ async def test_second_vote_is_refused(connect_battle, demo_llms, voter_session) 
     client = await connect_battle(battle.public_id)
     await client.receive()
     await client.send({"type": "vote", "choice": "b"})
+    assert (await client.receive())["type"] == "voted"
+    await expect_error(client, {"type": "vote", "choice": "a", "stage": "first_try"}, "already_voted")
+    # No correction was sent yet: there is nothing to vote on "after the fix".
+    await expect_error(client, {"type": "vote", "choice": "a"}, "not_ready")
+    await client.send({"type": "end"})
     assert (await client.receive())["type"] == "revealed"
-    await expect_error(client, {"type": "vote", "choice": "a"}, "already_voted")
+    await expect_error(client, {"type": "vote", "choice": "a"}, "battle_closed")
     await expect_error(client, {"type": "prompt", "text": "One more thing."}, "battle_closed")
+    await expect_error(client, {"type": "end"}, "battle_closed")
     vote = await database_sync_to_async(Vote.objects.get)(battle=battle)
     assert vote.choice == "b"
 

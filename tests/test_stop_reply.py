@@ -48,7 +48,7 @@ async def test_stop_frame_cancels_streaming_replies(connect_battle, long_replies
 
     # The battle goes on: a stopped turn counts as finished.
     await client.send({"type": "vote", "choice": "tie"})
-    assert (await client.receive())["type"] == "revealed"
+    assert (await client.receive())["type"] == "voted"
 
 
 @pytest.fixture

@@ -1,35 +1,160 @@
-from django.contrib import admin
+import json
+from typing import Any
 
-from votes.models import Battle, Message, Vote
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import path, reverse
+
+from inference.models import LLM
+from votes import evaluation_services, selectors, services
+from votes.models import Battle, EvaluationReply, EvaluationRun, Message, Task, TaskTurn, Vote
+
+
+class TaskTurnInline(admin.StackedInline):
+    model = TaskTurn
+    extra = 0
+    ordering = ("position",)
+    fields = ("position", "prompt", "expected_output", "checker", "checker_options")
+
+
+class TaskImportForm(forms.Form):
+    file = forms.FileField(help_text="A JSON file as written by Export (or `manage.py export_tasks`).")
+    keep_existing = forms.BooleanField(required=False, help_text="Leave tasks whose slug exists untouched.")
+
+
+@admin.register(Task)
+class TaskAdmin(admin.ModelAdmin):
+    list_display = ("title", "slug", "category", "active", "turn_count", "updated")
+    list_filter = ("active", "category")
+    search_fields = ("title", "slug", "system_prompt", "notes")
+    prepopulated_fields = {"slug": ("title",)}
+    inlines = [TaskTurnInline]
+    actions = ["activate", "deactivate", "duplicate", "export_json", "run_evaluation"]
+    change_list_template = "admin/votes/task/change_list.html"
+
+    @admin.display(description="turns")
+    def turn_count(self, task: Task) -> int:
+        return task.turns.count()
+
+    @admin.action(description="Activate the selected tasks")
+    def activate(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        self.message_user(request, f"{queryset.update(active=True)} task(s) activated.")
+
+    @admin.action(description="Deactivate the selected tasks")
+    def deactivate(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        self.message_user(request, f"{queryset.update(active=False)} task(s) deactivated.")
+
+    @admin.action(description="Duplicate the selected tasks (copies are inactive)")
+    def duplicate(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        copies = [services.duplicate_task(task) for task in queryset]
+        self.message_user(request, f"Created {', '.join(copy.slug for copy in copies)}.")
+
+    @admin.action(description="Export the selected tasks as JSON")
+    def export_json(self, request: HttpRequest, queryset: QuerySet[Task]) -> HttpResponse:
+        response = HttpResponse(
+            json.dumps(selectors.export_tasks(queryset.order_by("slug")), indent=2, ensure_ascii=False),
+            content_type="application/json",
+        )
+        response["Content-Disposition"] = 'attachment; filename="tasks.json"'
+        return response
+
+    @admin.action(description="Run an evaluation of every enabled model on the selected tasks")
+    def run_evaluation(self, request: HttpRequest, queryset: QuerySet[Task]) -> None:
+        llms = list(LLM.objects.enabled())
+        if len(llms) < 1:
+            self.message_user(request, "No enabled model to evaluate.", messages.ERROR)
+            return
+        for task in queryset:
+            run = evaluation_services.start_evaluation(task=task, llms=llms)
+            url = reverse("votes:evaluation", args=[run.pk])
+            self.message_user(request, f"Evaluation {run.pk} of {task.slug} started: {url}")
+
+    def get_urls(self) -> list[Any]:
+        return [
+            path("import/", self.admin_site.admin_view(self.import_view), name="votes_task_import"),
+            *super().get_urls(),
+        ]
+
+    def import_view(self, request: HttpRequest) -> HttpResponse:
+        form = TaskImportForm(request.POST or None, request.FILES or None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                data = json.loads(form.cleaned_data["file"].read().decode("utf-8"))
+                imported = services.import_tasks(data, keep_existing=form.cleaned_data["keep_existing"])
+            except (UnicodeDecodeError, ValueError) as error:  # TaskImportError is a ValueError.
+                form.add_error("file", f"{error} Nothing was imported.")
+            else:
+                self.message_user(request, f"Imported {len(imported)} task(s).")
+                return HttpResponseRedirect(reverse("admin:votes_task_changelist"))
+        context = {**self.admin_site.each_context(request), "form": form, "title": "Import tasks", "opts": Task._meta}
+        return render(request, "admin/votes/task/import.html", context)
 
 
 class MessageInline(admin.TabularInline):
     model = Message
     extra = 0
-    fields = ("turn", "side", "role", "status", "content", "token_count", "time_to_first_token_ms", "duration_ms")
+    fields = (
+        "turn",
+        "side",
+        "role",
+        "status",
+        "content",
+        "rating",
+        "check_verdict",
+        "check_reason",
+        "identity_leak",
+        "token_count",
+    )
+    readonly_fields = fields
+    can_delete = False
+
+
+class VoteInline(admin.TabularInline):
+    model = Vote
+    extra = 0
+    fields = ("stage", "choice", "after_turn", "created")
     readonly_fields = fields
     can_delete = False
 
 
 @admin.register(Battle)
 class BattleAdmin(admin.ModelAdmin):
-    list_display = ("public_id", "model_a", "model_b", "state", "created")
-    list_filter = ("state", "model_a", "model_b")
-    search_fields = ("public_id",)
-    readonly_fields = ("public_id", "voter_key", "created")
-    inlines = [MessageInline]
+    list_display = ("public_id", "task", "model_a", "model_b", "state", "excluded", "created")
+    list_filter = ("state", "excluded", "task", "model_a", "model_b")
+    search_fields = ("public_id", "excluded_reason")
+    readonly_fields = ("public_id", "voter_key", "created", "ended")
+    inlines = [VoteInline, MessageInline]
 
 
 @admin.register(Message)
 class MessageAdmin(admin.ModelAdmin):
-    list_display = ("battle", "turn", "side", "role", "status", "token_count", "duration_ms")
-    list_filter = ("role", "status", "side")
+    list_display = ("battle", "turn", "side", "role", "status", "rating", "check_verdict", "token_count")
+    list_filter = ("role", "status", "side", "rating", "check_verdict")
     search_fields = ("battle__public_id", "content")
     raw_id_fields = ("battle",)
 
 
 @admin.register(Vote)
 class VoteAdmin(admin.ModelAdmin):
-    list_display = ("battle", "choice", "created")
-    list_filter = ("choice",)
+    list_display = ("battle", "stage", "choice", "created")
+    list_filter = ("stage", "choice")
     raw_id_fields = ("battle",)
+
+
+class EvaluationReplyInline(admin.TabularInline):
+    model = EvaluationReply
+    extra = 0
+    fields = ("model", "part", "attempt", "turn", "try_number", "prompt", "reply", "rating", "reason")
+    readonly_fields = fields
+    can_delete = False
+
+
+@admin.register(EvaluationRun)
+class EvaluationRunAdmin(admin.ModelAdmin):
+    list_display = ("pk", "task", "status", "progress", "total", "created", "finished")
+    list_filter = ("status", "task")
+    readonly_fields = ("status", "progress", "total", "error", "created", "finished")
+    inlines = [EvaluationReplyInline]

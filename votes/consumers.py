@@ -16,7 +16,11 @@ from votes import selectors, services
 from votes.models import Battle
 from votes.protocol import (
     ArenaError,
+    EndFrame,
     PromptFrame,
+    RateFrame,
+    RegenerateFrame,
+    StartFrame,
     StopFrame,
     SyncFrame,
     VoteFrame,
@@ -66,43 +70,75 @@ class BattleConsumer(AsyncWebsocketConsumer):
                 max_bytes=settings.ARENA_MAX_FRAME_BYTES,
                 max_prompt_chars=settings.ARENA_MAX_PROMPT_CHARS,
             )
-            if isinstance(frame, PromptFrame):
+            if isinstance(frame, StartFrame):
+                await self.handle_start(frame)
+            elif isinstance(frame, PromptFrame):
                 await self.handle_prompt(frame)
+            elif self.battle is None or self.group is None:
+                if not isinstance(frame, SyncFrame):
+                    raise ArenaError("not_ready", "Send a prompt first: there is no battle yet.")
+                await self.send_state()
             elif isinstance(frame, VoteFrame):
-                await self.handle_vote(frame)
+                vote = await database_sync_to_async(services.cast_vote)(
+                    battle=self.battle, choice=frame.choice, stage=frame.stage
+                )
+                await self.publish(
+                    {"type": "voted", "stage": vote.stage, "choice": vote.choice, "after_turn": vote.after_turn}
+                )
+            elif isinstance(frame, RateFrame):
+                reply = await database_sync_to_async(services.rate_reply)(
+                    battle=self.battle, side=frame.side, turn=frame.turn, rating=frame.rating
+                )
+                await self.publish({"type": "rated", "side": reply.side, "turn": reply.turn, "rating": frame.rating})
+            elif isinstance(frame, RegenerateFrame):
+                regenerated = await database_sync_to_async(services.regenerate_reply)(
+                    battle=self.battle, side=frame.side
+                )
+                await self.publish({"type": "regenerating", "side": regenerated.side, "turn": regenerated.turn})
+                await enqueue_generations([regenerated.job])
+            elif isinstance(frame, EndFrame):
+                await database_sync_to_async(services.end_battle)(battle=self.battle)
+                state = await database_sync_to_async(self._load_state)()
+                await self.publish({"type": "revealed", **{k: v for k, v in state.items() if k != "type"}})
             elif isinstance(frame, StopFrame):
-                if self.battle is not None:
-                    await self.stop_replies(side=frame.side)
+                await self.stop_replies(side=frame.side)
             elif isinstance(frame, SyncFrame):
                 await self.send_state()
         except ArenaError as error:
             await self.send_error(error)
 
+    async def handle_start(self, frame: StartFrame) -> None:
+        if self.battle is not None:
+            raise ArenaError("already_started", "This page already has a battle; open a new one to start another.")
+        task = None
+        if frame.task is not None:
+            task = await database_sync_to_async(selectors.task_by_slug)(frame.task)
+            if task is None:
+                raise ArenaError("no_task", "There is no such task; pick one from the list.")
+        battle = await database_sync_to_async(services.start_battle)(voter_key=self.voter_key, task=task)
+        await self.join(battle)
+        await self.send_json({"type": "battle", "battle": battle.public_id})
+        await self.send_state()
+
     async def handle_prompt(self, frame: PromptFrame) -> None:
-        if self.battle is None:
+        if self.battle is None and frame.side is not None:
+            raise ArenaError("both_sides_first", "The first prompt goes to both sides.")
+        if self.battle is None:  # A first prompt without a start frame: free chat.
             battle = await database_sync_to_async(services.start_battle)(voter_key=self.voter_key)
             await self.join(battle)
             await self.send_json({"type": "battle", "battle": battle.public_id})
         assert self.battle is not None and self.group is not None
-        submitted = await database_sync_to_async(services.submit_prompt)(battle=self.battle, text=frame.text)
-        await self.channel_layer.group_send(
-            self.group,
-            {"type": "battle.frames", "frames": [{"type": "prompt", "turn": submitted.turn, "text": submitted.text}]},
+        submitted = await database_sync_to_async(services.submit_prompt)(
+            battle=self.battle, text=frame.text, side=frame.side
         )
+        sides = [submitted.side] if submitted.side else ["a", "b"]
+        await self.publish({"type": "prompt", "turn": submitted.turn, "text": submitted.text, "sides": sides})
         await enqueue_generations(submitted.jobs)
 
-    async def handle_vote(self, frame: VoteFrame) -> None:
-        if self.battle is None or self.group is None:
-            raise ArenaError("not_ready", "Send a prompt and read both replies before voting.")
-        vote = await database_sync_to_async(services.cast_vote)(battle=self.battle, choice=frame.choice)
-        self.battle = vote.battle
-        await self.channel_layer.group_send(
-            self.group,
-            {
-                "type": "battle.frames",
-                "frames": [{"type": "revealed", "vote": vote.choice, "models": vote.battle.reveal()}],
-            },
-        )
+    async def publish(self, frame: dict[str, Any]) -> None:
+        """Send a frame to every connection of this battle (the voter may have several tabs)."""
+        assert self.group is not None
+        await self.channel_layer.group_send(self.group, {"type": "battle.frames", "frames": [frame]})
 
     async def stop_replies(self, side: str | None) -> None:
         assert self.battle is not None and self.group is not None
@@ -119,7 +155,7 @@ class BattleConsumer(AsyncWebsocketConsumer):
 
     async def send_state(self) -> None:
         if self.battle is None:
-            await self.send_json({"type": "state", "battle": None, "turns": [], "vote": None, "models": None})
+            await self.send_json(await database_sync_to_async(selectors.empty_state)())
             return
         state = await database_sync_to_async(self._load_state)()
         await self.send_json(state)

@@ -6,10 +6,12 @@ client that reconnects rebuilds the whole battle from these rows.
 
 import secrets
 
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
 from inference.models import LLM
+from votes import checkers
 
 
 def new_public_id() -> str:
@@ -22,19 +24,116 @@ class Side(models.TextChoices):
     B = "b", "B"
 
 
+class Rating(models.TextChoices):
+    """A reply's rating, by the voter or by an evaluation run (the seed experiment's symbols)."""
+
+    CORRECT = "correct", "✓ correct"
+    MISTAKE = "mistake", "🍄 mistake"
+    FIXED = "fixed", "🥦 fixed"
+    GARBAGE = "garbage", "🔥 garbage"
+
+
+class Verdict(models.TextChoices):
+    """An automatic checker's verdict (votes.checkers)."""
+
+    CORRECT = "correct", "correct"
+    MISTAKE = "mistake", "mistake"
+    GARBAGE = "garbage", "garbage"
+
+
+class TaskQuerySet(models.QuerySet["Task"]):
+    def active(self) -> "TaskQuerySet":
+        return self.filter(active=True)
+
+
+class Task(models.Model):
+    """A curated task: a system prompt and a scripted dialog with expected outputs."""
+
+    slug = models.SlugField(max_length=60, unique=True, help_text="Short name used in URLs and commands.")
+    title = models.CharField(max_length=200)
+    category = models.CharField(max_length=100, blank=True)
+    system_prompt = models.TextField(blank=True)
+    active = models.BooleanField(default=True, help_text="Offered to voters and to evaluation runs.")
+    notes = models.TextField(blank=True, help_text="For admins; never shown to voters.")
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    objects = TaskQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["title"]
+
+    def __str__(self) -> str:
+        return self.title
+
+
+class TaskTurn(models.Model):
+    """One scripted step: the user's prompt, the expected reply and how to check a reply."""
+
+    class Checker(models.TextChoices):
+        PYTHON_CALL = "python_call", "Python call"
+        EXACT = "exact", "Exact text"
+        REGEX = "regex", "Regular expression"
+        JSON = "json", "JSON"
+        NONE = "none", "No automatic check"
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="turns")
+    position = models.PositiveIntegerField(help_text="0-based order in the dialog.")
+    prompt = models.TextField()
+    expected_output = models.TextField(blank=True)
+    checker = models.CharField(max_length=20, choices=Checker.choices, default=Checker.PYTHON_CALL)
+    checker_options = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='e.g. {"signature": ["action.remove_calendar_entry(title, date, time)"], '
+        '"case_insensitive": ["title"], "patterns": {"date": "\\\\d{4}-11-11"}}',
+    )
+
+    class Meta:
+        ordering = ["task", "position"]
+        constraints = [models.UniqueConstraint(fields=["task", "position"], name="task_turn_unique_position")]
+
+    def __str__(self) -> str:
+        return f"{self.task.slug} #{self.position + 1}"
+
+    def clean(self) -> None:
+        if self.checker == self.Checker.NONE:
+            return
+        if not self.expected_output.strip():
+            raise ValidationError({"expected_output": "An automatic check needs an expected output."})
+        try:
+            checkers.validate(self.checker, self.expected_output, self.checker_options or {})
+        except checkers.CheckerConfigError as error:
+            raise ValidationError({"checker_options": str(error)}) from None
+
+    def check_reply(self, reply: str) -> checkers.CheckResult | None:
+        """The automatic verdict on a reply to this turn, or None when the turn has no check."""
+        if self.checker == self.Checker.NONE:
+            return None
+        return checkers.check(self.checker, self.expected_output, reply, self.checker_options or {})
+
+
 class Battle(models.Model):
     class State(models.TextChoices):
         ACTIVE = "active", "Active"
-        VOTED = "voted", "Voted"
+        ENDED = "ended", "Ended, models revealed"
 
     public_id = models.CharField(max_length=32, unique=True, default=new_public_id, editable=False)
     model_a = models.ForeignKey(LLM, on_delete=models.PROTECT, related_name="battles_as_a")
     model_b = models.ForeignKey(LLM, on_delete=models.PROTECT, related_name="battles_as_b")
+    task = models.ForeignKey(
+        Task, on_delete=models.PROTECT, null=True, blank=True, related_name="battles", help_text="Empty: free chat."
+    )
     voter_key = models.CharField(
         max_length=64, db_index=True, help_text="Keyed hash of the voter's session, never the session."
     )
     state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
+    excluded = models.BooleanField(
+        default=False, help_text="Its votes are kept but stay out of the leaderboard (see excluded_reason)."
+    )
+    excluded_reason = models.CharField(max_length=300, blank=True)
     created = models.DateTimeField(auto_now_add=True)
+    ended = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created"]
@@ -44,17 +143,24 @@ class Battle(models.Model):
         return f"Battle {self.public_id}"
 
     @property
-    def is_voted(self) -> bool:
-        return self.state == self.State.VOTED
+    def is_ended(self) -> bool:
+        return self.state == self.State.ENDED
 
     def model_on(self, side: str) -> LLM:
         return self.model_a if side == Side.A else self.model_b
 
     def reveal(self) -> dict[str, str] | None:
-        """The model names by side, or None while the vote is still open (anonymity)."""
-        if not self.is_voted:
+        """The model names by side, or None until the voter has ended the battle (anonymity)."""
+        if not self.is_ended:
             return None
         return {Side.A: self.model_a.name, Side.B: self.model_b.name}
+
+    def exclude(self, reason: str) -> None:
+        """Keep the battle's votes out of the leaderboard; the first reason found is kept."""
+        if not self.excluded:
+            self.excluded = True
+            self.excluded_reason = reason[:300]
+            self.save(update_fields=["excluded", "excluded_reason"])
 
 
 class Message(models.Model):
@@ -87,6 +193,19 @@ class Message(models.Model):
     )
     stop_reason = models.CharField(max_length=10, blank=True, help_text="stop, length, cancelled or error.")
     seed = models.PositiveIntegerField(null=True, blank=True, help_text="Sampling seed, for reproducibility.")
+    script_turn = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Task battles: the scripted turn this prompt is, or whose expected output this reply is checked "
+        "against (a correction keeps the turn it corrects).",
+    )
+    rating = models.CharField(max_length=10, choices=Rating.choices, blank=True, help_text="The voter's rating.")
+    check_verdict = models.CharField(max_length=10, choices=Verdict.choices, blank=True)
+    check_reason = models.TextField(blank=True, help_text="The checker's reason, shown after the battle ends.")
+    identity_leak = models.CharField(
+        max_length=100, blank=True, help_text="The model, family or maker this reply names, if any."
+    )
+    regenerations = models.PositiveIntegerField(default=0, help_text="Times the voter regenerated this reply.")
     token_count = models.PositiveIntegerField(null=True, blank=True)
     time_to_first_token_ms = models.PositiveIntegerField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
@@ -112,13 +231,78 @@ class Vote(models.Model):
         TIE = "tie", "Tie"
         BOTH_BAD = "both_bad", "Both are bad"
 
-    # One vote per battle, enforced by the database.
-    battle = models.OneToOneField(Battle, on_delete=models.CASCADE, related_name="vote")
+    class Stage(models.TextChoices):
+        FIRST_TRY = "first_try", "First try"
+        AFTER_FIX = "after_fix", "After fix"
+
+    battle = models.ForeignKey(Battle, on_delete=models.CASCADE, related_name="votes")
+    # One vote per stage and battle, enforced by the database.
+    stage = models.CharField(max_length=10, choices=Stage.choices, default=Stage.FIRST_TRY)
+    after_turn = models.PositiveIntegerField(default=0, help_text="The last turn the voter had seen.")
     choice = models.CharField(max_length=10, choices=Choice.choices)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["-created"]
+        constraints = [models.UniqueConstraint(fields=["battle", "stage"], name="vote_one_per_stage")]
 
     def __str__(self) -> str:
-        return f"{self.battle.public_id}: {self.choice}"
+        return f"{self.battle.public_id} {self.stage}: {self.choice}"
+
+
+class EvaluationRun(models.Model):
+    """The seed experiment, automated: reliability, the complete dialog, fixing others' mistakes."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="evaluation_runs")
+    llms = models.ManyToManyField(LLM, related_name="evaluation_runs", verbose_name="models")
+    attempts = models.PositiveSmallIntegerField(default=5, help_text="Reliability: repeats of the first prompt.")
+    max_tries = models.PositiveSmallIntegerField(default=3, help_text="Dialog: corrections sent per turn at most.")
+    fix_attempts = models.PositiveSmallIntegerField(default=3, help_text="Fixing others' mistakes: attempts.")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    progress = models.PositiveIntegerField(default=0)
+    total = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    finished = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"Evaluation {self.pk} of {self.task.slug}"
+
+
+class EvaluationReply(models.Model):
+    """One rated reply of an evaluation run."""
+
+    class Part(models.TextChoices):
+        RELIABILITY = "reliability", "Reliability"
+        DIALOG = "dialog", "Complete dialog"
+        FIXING = "fixing", "Fixing other models' mistakes"
+
+    run = models.ForeignKey(EvaluationRun, on_delete=models.CASCADE, related_name="replies")
+    model = models.ForeignKey(LLM, on_delete=models.CASCADE, related_name="+")
+    part = models.CharField(max_length=12, choices=Part.choices)
+    attempt = models.PositiveSmallIntegerField(default=0)
+    turn = models.PositiveSmallIntegerField(default=0, help_text="The scripted turn (0-based).")
+    try_number = models.PositiveSmallIntegerField(default=0, help_text="0: the scripted prompt; then corrections.")
+    prompt = models.TextField(help_text="What was sent: the scripted prompt or the correction.")
+    reply = models.TextField()
+    verdict = models.CharField(max_length=10, choices=Verdict.choices)
+    reason = models.TextField(blank=True)
+    rating = models.CharField(max_length=10, choices=Rating.choices)
+    mistake_by = models.ForeignKey(
+        LLM, on_delete=models.CASCADE, null=True, blank=True, related_name="+", help_text="Fixing: whose mistake."
+    )
+
+    class Meta:
+        ordering = ["run", "model", "part", "attempt", "turn", "try_number"]
+
+    def __str__(self) -> str:
+        return f"{self.run} {self.model} {self.part} {self.attempt}/{self.turn}/{self.try_number}"

@@ -9,6 +9,10 @@ from dataclasses import dataclass
 from typing import Any
 
 VOTE_CHOICES = ("a", "b", "tie", "both_bad")
+VOTE_STAGES = ("first_try", "after_fix")
+RATINGS = ("correct", "mistake", "fixed", "garbage")
+SIDES = ("a", "b")
+MAX_TURN_INDEX = 10_000
 
 
 class ArenaError(Exception):
@@ -24,13 +28,39 @@ class ArenaError(Exception):
 
 
 @dataclass(frozen=True)
+class StartFrame:
+    """Start a battle: on a task (its slug) or, when task is None, as free chat."""
+
+    task: str | None
+
+
+@dataclass(frozen=True)
 class PromptFrame:
     text: str
+    side: str | None = None  # One side only (a correction; the other is paused), or both.
 
 
 @dataclass(frozen=True)
 class VoteFrame:
     choice: str
+    stage: str | None = None  # first_try or after_fix; None: the next stage.
+
+
+@dataclass(frozen=True)
+class RateFrame:
+    side: str
+    turn: int
+    rating: str | None  # None clears the rating.
+
+
+@dataclass(frozen=True)
+class RegenerateFrame:
+    side: str
+
+
+@dataclass(frozen=True)
+class EndFrame:
+    """End the battle: the models are revealed."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +75,15 @@ class SyncFrame:
     """The client lost track (a gap in delta numbers): it asks for the full state again."""
 
 
-ClientFrame = PromptFrame | VoteFrame | StopFrame | SyncFrame
+ClientFrame = StartFrame | PromptFrame | VoteFrame | RateFrame | RegenerateFrame | EndFrame | StopFrame | SyncFrame
+
+
+def _side(data: dict[str, Any], frame_type: str, *, optional: bool) -> str | None:
+    side = data.get("side")
+    if side in SIDES or (optional and side is None):
+        return side
+    allowed = '"a", "b", or absent for both' if optional else '"a" or "b"'
+    raise ArenaError("bad_frame", f'A {frame_type} frame\'s "side" is {allowed}.')
 
 
 def parse_client_frame(raw: str | None, *, max_bytes: int, max_prompt_chars: int) -> ClientFrame:
@@ -61,6 +99,11 @@ def parse_client_frame(raw: str | None, *, max_bytes: int, max_prompt_chars: int
     if not isinstance(data, dict):
         raise ArenaError("bad_frame", 'A frame must be a JSON object with a "type" field.')
     frame_type = data.get("type")
+    if frame_type == "start":
+        task = data.get("task")
+        if task is not None and (not isinstance(task, str) or not 0 < len(task) <= 60):
+            raise ArenaError("bad_frame", "A start frame's \"task\" is a task's short name, or absent for free chat.")
+        return StartFrame(task=task)
     if frame_type == "prompt":
         text = data.get("text")
         if not isinstance(text, str):
@@ -72,17 +115,33 @@ def parse_client_frame(raw: str | None, *, max_bytes: int, max_prompt_chars: int
             raise ArenaError(
                 "prompt_too_long", f"The prompt is {len(text)} characters; the limit is {max_prompt_chars}."
             )
-        return PromptFrame(text=text)
+        return PromptFrame(text=text, side=_side(data, "prompt", optional=True))
     if frame_type == "vote":
         choice = data.get("choice")
         if choice not in VOTE_CHOICES:
             raise ArenaError("bad_frame", f'A vote frame needs "choice", one of {", ".join(VOTE_CHOICES)}.')
-        return VoteFrame(choice=choice)
+        stage = data.get("stage")
+        if stage is not None and stage not in VOTE_STAGES:
+            raise ArenaError("bad_frame", f'A vote frame\'s "stage" is one of {", ".join(VOTE_STAGES)}, or absent.')
+        return VoteFrame(choice=choice, stage=stage)
+    if frame_type == "rate":
+        turn = data.get("turn")
+        if not isinstance(turn, int) or isinstance(turn, bool) or not 0 <= turn <= MAX_TURN_INDEX:
+            raise ArenaError("bad_frame", 'A rate frame needs "turn", the reply\'s turn number (from 0).')
+        rating = data.get("rating")
+        if rating is not None and rating not in RATINGS:
+            raise ArenaError("bad_frame", f'A rate frame\'s "rating" is one of {", ".join(RATINGS)}, or null.')
+        side = _side(data, "rate", optional=False)
+        assert side is not None
+        return RateFrame(side=side, turn=turn, rating=rating)
+    if frame_type == "regenerate":
+        side = _side(data, "regenerate", optional=False)
+        assert side is not None
+        return RegenerateFrame(side=side)
+    if frame_type == "end":
+        return EndFrame()
     if frame_type == "stop":
-        side = data.get("side")
-        if side not in ("a", "b", None):
-            raise ArenaError("bad_frame", 'A stop frame\'s "side" is "a", "b", or absent for both.')
-        return StopFrame(side=side)
+        return StopFrame(side=_side(data, "stop", optional=True))
     if frame_type == "sync":
         return SyncFrame()
     if not isinstance(frame_type, str):

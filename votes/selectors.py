@@ -1,10 +1,12 @@
 """Reads for battles: what a voter may see, and what a generation job needs."""
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from inference.models import LLM
-from votes.models import Battle, Message
+from votes import evaluation
+from votes.models import Battle, EvaluationRun, Message, Task
 
 
 def battle_group(public_id: str) -> str:
@@ -14,42 +16,98 @@ def battle_group(public_id: str) -> str:
 
 def battle_for_voter(*, public_id: str, voter_key: str) -> Battle | None:
     """The battle if it belongs to this voter; None otherwise, so ids of others reveal nothing."""
-    return Battle.objects.select_related("model_a", "model_b").filter(public_id=public_id, voter_key=voter_key).first()
+    return (
+        Battle.objects.select_related("model_a", "model_b", "task")
+        .filter(public_id=public_id, voter_key=voter_key)
+        .first()
+    )
 
 
 def battle_state(battle: Battle) -> dict[str, Any]:
     """The full state frame a (re)connecting client rebuilds its view from.
 
-    Model names are included only once the battle is voted (Battle.reveal()).
+    Model names, the automatic checks and any exclusion are included only once the voter has
+    ended the battle (Battle.reveal()): before, they could hint at which model is which.
     """
+    ended = battle.is_ended
+    votes = list(battle.votes.all())
     turns: dict[int, dict[str, Any]] = {}
     for message in Message.objects.filter(battle=battle).order_by("turn", "side", "role"):
-        turn = turns.setdefault(message.turn, {"turn": message.turn, "prompt": "", "replies": {}})
+        turn = turns.setdefault(message.turn, {"turn": message.turn, "prompt": "", "sides": [], "replies": {}})
         if message.role == Message.Role.USER:
             turn["prompt"] = message.content
+            turn["sides"].append(message.side)
             continue
-        turn["replies"][message.side] = {
-            "status": message.status,
-            "text": message.content,
-            "seq": message.delta_count,
-            "stats": (
-                reply_stats(
-                    tokens=message.token_count or 0,
-                    ttft_ms=message.time_to_first_token_ms,
-                    duration_ms=message.duration_ms or 0,
-                )
-                if message.status in (Message.Status.DONE, Message.Status.STOPPED)
-                else {}
-            ),
-        }
-    vote = getattr(battle, "vote", None)
+        turn["replies"][message.side] = reply_state(message, reveal=ended)
     return {
         "type": "state",
         "battle": battle.public_id,
+        "task": task_summary(battle.task) if battle.task_id else None,
         "turns": [turns[index] for index in sorted(turns)],
-        "vote": vote.choice if vote else None,
+        "votes": {vote.stage: vote.choice for vote in votes},
+        "first_try_turn": next((vote.after_turn for vote in votes if vote.stage == "first_try"), None),
+        "ended": ended,
         "models": battle.reveal(),
+        "excluded": battle.excluded_reason if ended and battle.excluded else None,
     }
+
+
+def empty_state() -> dict[str, Any]:
+    """The state frame of a page with no battle yet, listing the tasks a voter can start on."""
+    return {
+        "type": "state",
+        "battle": None,
+        "task": None,
+        "tasks": [{"slug": task.slug, "title": task.title, "category": task.category} for task in active_tasks()],
+        "turns": [],
+        "votes": {},
+        "first_try_turn": None,
+        "ended": False,
+        "models": None,
+        "excluded": None,
+    }
+
+
+def reply_state(message: Message, *, reveal: bool) -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "status": message.status,
+        "text": message.content,
+        "seq": message.delta_count,
+        "rating": message.rating or None,
+        "stats": (
+            reply_stats(
+                tokens=message.token_count or 0,
+                ttft_ms=message.time_to_first_token_ms,
+                duration_ms=message.duration_ms or 0,
+            )
+            if message.status in (Message.Status.DONE, Message.Status.STOPPED)
+            else {}
+        ),
+    }
+    if reveal:
+        state["check"] = (
+            {"verdict": message.check_verdict, "reason": message.check_reason} if message.check_verdict else None
+        )
+    return state
+
+
+def task_summary(task: Task) -> dict[str, Any]:
+    """What a voter sees of a task: its system prompt and its scripted prompts (suggestions)."""
+    return {
+        "slug": task.slug,
+        "title": task.title,
+        "category": task.category,
+        "system_prompt": task.system_prompt,
+        "suggestions": [turn.prompt for turn in task.turns.order_by("position")],
+    }
+
+
+def active_tasks() -> list[Task]:
+    return list(Task.objects.active().order_by("title"))
+
+
+def task_by_slug(slug: str) -> Task | None:
+    return Task.objects.active().filter(slug=slug).first()
 
 
 def reply_stats(*, tokens: int, ttft_ms: int | None, duration_ms: int) -> dict[str, Any]:
@@ -73,13 +131,14 @@ class GenerationContext:
     turn: int
     model: LLM
     seed: int
+    system_prompt: str | None
     # (role, content) pairs of this side's conversation up to and including the prompt to answer.
     conversation: list[tuple[str, str]]
 
 
 def generation_context(message_id: int) -> GenerationContext | None:
     reply = (
-        Message.objects.select_related("battle__model_a", "battle__model_b")
+        Message.objects.select_related("battle__model_a", "battle__model_b", "battle__task")
         .filter(pk=message_id, role=Message.Role.ASSISTANT)
         .first()
     )
@@ -98,5 +157,117 @@ def generation_context(message_id: int) -> GenerationContext | None:
         turn=reply.turn,
         model=reply.battle.model_on(reply.side),
         seed=reply.seed or 0,
+        system_prompt=reply.battle.task.system_prompt if reply.battle.task else None,
         conversation=conversation,
+    )
+
+
+def export_tasks(tasks: Iterable[Task]) -> dict[str, Any]:
+    """Tasks as the JSON that services.import_tasks reads back."""
+    return {
+        "tasks": [
+            {
+                "slug": task.slug,
+                "title": task.title,
+                "category": task.category,
+                "system_prompt": task.system_prompt,
+                "active": task.active,
+                "notes": task.notes,
+                "turns": [
+                    {
+                        "prompt": turn.prompt,
+                        "expected_output": turn.expected_output,
+                        "checker": turn.checker,
+                        "checker_options": turn.checker_options,
+                    }
+                    for turn in task.turns.order_by("position")
+                ],
+            }
+            for task in tasks
+        ]
+    }
+
+
+@dataclass(frozen=True)
+class EvaluationReport:
+    run: EvaluationRun
+    reliability: list[dict[str, Any]]  # Per model: its ratings per attempt.
+    dialog: list[dict[str, Any]]  # Per model: its final rating per turn, with the tries it took.
+    fixing: list[dict[str, Any]]  # Per model: per attempt, whose mistake and the rating.
+    recap: list[dict[str, Any]]  # Models ranked by tally.
+    turns: list[str]  # The scripted prompts, for the dialog table's header.
+
+
+def evaluation_report(run: EvaluationRun) -> EvaluationReport:
+    """The three tables and the recap of the seed write-up, from a run's stored replies."""
+    replies = list(run.replies.select_related("model", "mistake_by").order_by("pk"))
+    records = [
+        evaluation.Record(
+            model=r.model.name,
+            part=r.part,
+            attempt=r.attempt,
+            turn=r.turn,
+            try_number=r.try_number,
+            prompt=r.prompt,
+            reply=r.reply,
+            verdict=r.verdict,
+            reason=r.reason,
+            rating=r.rating,
+            mistake_by=r.mistake_by.name if r.mistake_by else None,
+        )
+        for r in replies
+    ]
+    models = sorted({record.model for record in records} | {llm.name for llm in run.llms.all()})
+    symbol = evaluation.SYMBOLS
+    final = evaluation.turn_ratings(records)
+    tries: dict[tuple[str, int], int] = {}
+    for record in records:
+        if record.part == evaluation.DIALOG:
+            tries[(record.model, record.turn)] = record.try_number
+    turns = list(run.task.turns.order_by("position").values_list("prompt", flat=True))
+    return EvaluationReport(
+        run=run,
+        reliability=[
+            {
+                "model": model,
+                "ratings": [
+                    {"symbol": symbol[r.rating], "reply": r.reply, "reason": r.reason}
+                    for r in records
+                    if r.model == model and r.part == evaluation.RELIABILITY
+                ],
+            }
+            for model in models
+        ],
+        dialog=[
+            {
+                "model": model,
+                "turns": [
+                    {
+                        "symbol": symbol[final[(model, index)]] if (model, index) in final else "",
+                        "corrections": tries.get((model, index), 0),
+                        "replies": [
+                            r for r in records if r.model == model and r.part == evaluation.DIALOG and r.turn == index
+                        ],
+                    }
+                    for index in range(len(turns))
+                ],
+            }
+            for model in models
+        ],
+        fixing=[
+            {
+                "model": model,
+                "attempts": [
+                    {"symbol": symbol[r.rating], "mistake_by": r.mistake_by, "turn": r.turn + 1, "reply": r.reply}
+                    for r in records
+                    if r.model == model and r.part == evaluation.FIXING
+                ],
+            }
+            for model in models
+        ],
+        recap=[
+            {"rank": rank, "model": model, **tally}
+            for rank, (model, tally) in enumerate(evaluation.recap(records), start=1)
+        ],
+        turns=turns,
     )

@@ -2,18 +2,26 @@
 
 import hashlib
 import hmac
+import logging
 import random
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import Max
+from django.utils import timezone
 
 from inference.models import LLM
-from votes.models import Battle, Message, Side, Vote
+from votes.checkers import CheckerConfigError
+from votes.leaks import find_identity_leak
+from votes.models import Battle, Message, Rating, Side, Task, TaskTurn, Vote
 from votes.protocol import ArenaError
 
 SIDES = (Side.A, Side.B)
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,14 @@ class SubmittedPrompt:
     turn: int
     text: str
     jobs: list[GenerationJob]
+    side: str | None = None  # None: both sides.
+
+
+@dataclass(frozen=True)
+class RegeneratedReply:
+    side: str
+    turn: int
+    job: GenerationJob
 
 
 def voter_key_for(session_key: str) -> str:
@@ -36,9 +52,11 @@ def voter_key_for(session_key: str) -> str:
     return hmac.new(settings.SECRET_KEY.encode(), f"voter:{session_key}".encode(), hashlib.sha256).hexdigest()
 
 
-def start_battle(*, voter_key: str, rng: random.Random | None = None) -> Battle:
+def start_battle(*, voter_key: str, task: Task | None = None, rng: random.Random | None = None) -> Battle:
     """Draw two different enabled models by sampling weight and put them on random sides."""
     rng = rng or random.SystemRandom()
+    if task is not None and not task.active:
+        raise ArenaError("no_task", "This task is not offered any more; pick another one.")
     candidates = list(LLM.objects.enabled())
     if len(candidates) < 2:
         raise ArenaError("no_models", "The arena needs at least two enabled models; try again later.")
@@ -46,12 +64,12 @@ def start_battle(*, voter_key: str, rng: random.Random | None = None) -> Battle:
     rest = [m for m in candidates if m.pk != first.pk]
     second = rng.choices(rest, weights=[m.sampling_weight for m in rest])[0]
     model_a, model_b = (first, second) if rng.random() < 0.5 else (second, first)
-    return Battle.objects.create(model_a=model_a, model_b=model_b, voter_key=voter_key)
+    return Battle.objects.create(model_a=model_a, model_b=model_b, task=task, voter_key=voter_key)
 
 
 def _locked(battle: Battle) -> Battle:
     """The battle re-read under a row lock: prompts and votes on one battle run one at a time."""
-    return Battle.objects.select_for_update(of=("self",)).select_related("model_a", "model_b").get(pk=battle.pk)
+    return Battle.objects.select_for_update(of=("self",)).select_related("model_a", "model_b", "task").get(pk=battle.pk)
 
 
 def _has_unfinished_replies(battle: Battle) -> bool:
@@ -62,52 +80,188 @@ def _has_unfinished_replies(battle: Battle) -> bool:
     )
 
 
+def _refuse_if_ended(battle: Battle) -> None:
+    if battle.is_ended:
+        raise ArenaError("battle_closed", "This battle has ended; start a new battle to go on.")
+
+
+def _script_turn_of_prompt(battle: Battle, side: str, text: str) -> int | None:
+    """The scripted turn this prompt is on this side: the side's next one, sent as written."""
+    if battle.task is None:
+        return None
+    last = (
+        Message.objects.filter(battle=battle, side=side, role=Message.Role.USER, script_turn__isnull=False)
+        .order_by("-turn")
+        .values_list("script_turn", flat=True)
+        .first()
+    )
+    position = 0 if last is None else last + 1
+    scripted = TaskTurn.objects.filter(task=battle.task, position=position).values_list("prompt", flat=True).first()
+    return position if scripted is not None and scripted.strip() == text.strip() else None
+
+
+def _checked_turn(battle: Battle, side: str, prompt_turn: int | None) -> int | None:
+    """The scripted turn a reply is checked against: its prompt's, or the one it corrects."""
+    if prompt_turn is not None or battle.task is None:
+        return prompt_turn
+    return (
+        Message.objects.filter(battle=battle, side=side, role=Message.Role.USER, script_turn__isnull=False)
+        .order_by("-turn")
+        .values_list("script_turn", flat=True)
+        .first()
+    )
+
+
+def _new_reply(battle: Battle, side: str, turn: int, script_turn: int | None) -> GenerationJob:
+    reply = Message.objects.create(
+        battle=battle,
+        side=side,
+        turn=turn,
+        role=Message.Role.ASSISTANT,
+        status=Message.Status.PENDING,
+        seed=secrets.randbelow(2**31),
+        script_turn=script_turn,
+    )
+    return GenerationJob(message_id=reply.pk, queue=battle.model_on(side).queue)
+
+
 @transaction.atomic
-def submit_prompt(*, battle: Battle, text: str) -> SubmittedPrompt:
-    """Store the user's prompt on both sides and a pending reply for each side to fill."""
+def submit_prompt(*, battle: Battle, text: str, side: str | None = None) -> SubmittedPrompt:
+    """Store the user's prompt and a pending reply, on both sides or on ``side`` only.
+
+    A prompt to one side is how a voter corrects that side's mistake: the other side is paused
+    (it gets nothing, and its history is unchanged).
+    """
     battle = _locked(battle)
-    if battle.is_voted:
-        raise ArenaError("battle_closed", "This battle has been voted on; start a new battle to go on.")
+    _refuse_if_ended(battle)
     if _has_unfinished_replies(battle):
-        raise ArenaError("busy", "Wait until both replies are finished before sending the next prompt.")
+        raise ArenaError("busy", "Wait until the replies are finished before sending the next prompt.")
     turn = Message.objects.filter(battle=battle, role=Message.Role.USER).values("turn").distinct().count()
     if turn >= settings.ARENA_MAX_TURNS:
         raise ArenaError("too_many_turns", f"A battle has at most {settings.ARENA_MAX_TURNS} turns; please vote.")
+    if turn == 0 and side is not None:
+        raise ArenaError("both_sides_first", "The first prompt goes to both sides.")
+    if turn > 0 and not battle.votes.filter(stage=Vote.Stage.FIRST_TRY).exists():
+        raise ArenaError("vote_first", "Say which side did better on the first try before going on.")
     jobs = []
-    for side in SIDES:
-        Message.objects.create(battle=battle, side=side, turn=turn, role=Message.Role.USER, content=text)
-        reply = Message.objects.create(
-            battle=battle,
-            side=side,
-            turn=turn,
-            role=Message.Role.ASSISTANT,
-            status=Message.Status.PENDING,
-            seed=secrets.randbelow(2**31),
+    for target in SIDES if side is None else (side,):
+        script_turn = _script_turn_of_prompt(battle, target, text)
+        Message.objects.create(
+            battle=battle, side=target, turn=turn, role=Message.Role.USER, content=text, script_turn=script_turn
         )
-        jobs.append(GenerationJob(message_id=reply.pk, queue=battle.model_on(side).queue))
-    return SubmittedPrompt(turn=turn, text=text, jobs=jobs)
+        jobs.append(_new_reply(battle, target, turn, _checked_turn(battle, target, script_turn)))
+    return SubmittedPrompt(turn=turn, text=text, jobs=jobs, side=side)
 
 
 @transaction.atomic
-def cast_vote(*, battle: Battle, choice: str) -> Vote:
-    """Store the vote and close the battle; `vote.battle.reveal()` then names the models."""
+def regenerate_reply(*, battle: Battle, side: str) -> RegeneratedReply:
+    """Generate one side's latest reply again, from the same conversation, with a new seed."""
     battle = _locked(battle)
-    if battle.is_voted:
-        raise ArenaError("already_voted", "This battle already has a vote.")
+    _refuse_if_ended(battle)
+    reply = (
+        Message.objects.select_for_update()
+        .filter(battle=battle, side=side, role=Message.Role.ASSISTANT)
+        .order_by("-turn")
+        .first()
+    )
+    if reply is None:
+        raise ArenaError("not_ready", "This side has no reply to regenerate yet.")
+    if not reply.is_finished:
+        raise ArenaError("busy", "Wait until the reply is finished (or stop it) before regenerating it.")
+    if battle.votes.filter(after_turn__gte=reply.turn).exists():
+        raise ArenaError("already_voted", "You have voted on this reply; it can't be regenerated.")
+    reply.status = Message.Status.PENDING
+    reply.content = ""
+    reply.delta_count = 0
+    reply.stop_requested = False
+    reply.stop_reason = ""
+    reply.seed = secrets.randbelow(2**31)
+    reply.token_count = reply.time_to_first_token_ms = reply.duration_ms = None
+    reply.rating = reply.check_verdict = reply.check_reason = reply.identity_leak = ""
+    reply.regenerations += 1
+    reply.save()
+    job = GenerationJob(message_id=reply.pk, queue=battle.model_on(side).queue)
+    return RegeneratedReply(side=side, turn=reply.turn, job=job)
+
+
+def _previous_reply(reply: Message) -> Message | None:
+    return (
+        Message.objects.filter(battle=reply.battle, side=reply.side, role=Message.Role.ASSISTANT, turn__lt=reply.turn)
+        .order_by("-turn")
+        .first()
+    )
+
+
+def _answers_a_correction(reply: Message) -> bool:
+    """Whether the side's reply before this one was wrong (rated or checked so): 🥦 then fits."""
+    previous = _previous_reply(reply)
+    wrong = (Rating.MISTAKE, Rating.GARBAGE)
+    return previous is not None and (previous.rating in wrong or previous.check_verdict in wrong)
+
+
+@transaction.atomic
+def rate_reply(*, battle: Battle, side: str, turn: int, rating: str | None) -> Message:
+    """The voter's ✓ 🍄 🥦 🔥 on one reply (None clears it). 🥦 only answers a correction."""
+    battle = _locked(battle)
+    _refuse_if_ended(battle)
+    reply = Message.objects.filter(battle=battle, side=side, turn=turn, role=Message.Role.ASSISTANT).first()
+    if reply is None:
+        raise ArenaError("not_found", f"There is no reply on side {side.upper()} at turn {turn + 1}.")
+    if not reply.is_finished or reply.status == Message.Status.FAILED:
+        raise ArenaError("not_ready", "Only a finished reply can be rated.")
+    if rating is not None and rating not in Rating.values:
+        raise ArenaError("bad_frame", f"Unknown rating {rating!r}.")
+    if rating == Rating.FIXED and not _answers_a_correction(reply):
+        raise ArenaError("not_a_fix", "🥦 is for a reply that fixes a mistake: rate the earlier reply 🍄 or 🔥 first.")
+    reply.rating = rating or ""
+    reply.save(update_fields=["rating"])
+    return reply
+
+
+@transaction.atomic
+def cast_vote(*, battle: Battle, choice: str, stage: str | None = None) -> Vote:
+    """Store one stage's vote: first try (after the first replies), then after fix (after
+    corrections). The models stay anonymous until the voter ends the battle."""
+    battle = _locked(battle)
+    _refuse_if_ended(battle)
+    if choice not in Vote.Choice.values:
+        raise ArenaError("bad_frame", f"Unknown vote choice {choice!r}.")
     if not Message.objects.filter(battle=battle, role=Message.Role.ASSISTANT).exists():
         raise ArenaError("not_ready", "Send a prompt and read both replies before voting.")
     if _has_unfinished_replies(battle):
-        raise ArenaError("not_ready", "Wait until both replies are finished before voting.")
-    if choice not in Vote.Choice.values:
-        raise ArenaError("bad_frame", f"Unknown vote choice {choice!r}.")
+        raise ArenaError("not_ready", "Wait until the replies are finished before voting.")
+    first = battle.votes.filter(stage=Vote.Stage.FIRST_TRY).first()
+    stage = stage or (Vote.Stage.AFTER_FIX if first else Vote.Stage.FIRST_TRY)
+    last_turn = Message.objects.filter(battle=battle).aggregate(last=Max("turn"))["last"] or 0
+    if stage == Vote.Stage.FIRST_TRY and first is not None:
+        raise ArenaError("already_voted", "You have already voted on the first try.")
+    if stage == Vote.Stage.AFTER_FIX:
+        if first is None:
+            raise ArenaError("vote_first", "Vote on the first try before voting after the fix.")
+        if battle.votes.filter(stage=Vote.Stage.AFTER_FIX).exists():
+            raise ArenaError("already_voted", "You have already voted after the fix.")
+        if last_turn <= first.after_turn:
+            raise ArenaError("not_ready", "Correct a side (or both) before voting after the fix.")
     try:
         with transaction.atomic():
-            vote = Vote.objects.create(battle=battle, choice=choice)
+            return Vote.objects.create(battle=battle, stage=stage, choice=choice, after_turn=last_turn)
     except IntegrityError:
-        raise ArenaError("already_voted", "This battle already has a vote.") from None
-    battle.state = Battle.State.VOTED
-    battle.save(update_fields=["state"])
-    return vote
+        raise ArenaError("already_voted", "This stage already has a vote.") from None
+
+
+@transaction.atomic
+def end_battle(*, battle: Battle) -> Battle:
+    """Close the battle and reveal the models; it needs at least the first-try vote."""
+    battle = _locked(battle)
+    _refuse_if_ended(battle)
+    if _has_unfinished_replies(battle):
+        raise ArenaError("not_ready", "Wait until the replies are finished (or stop them) before ending.")
+    if not battle.votes.filter(stage=Vote.Stage.FIRST_TRY).exists():
+        raise ArenaError("vote_first", "Say which side did better before the models are revealed.")
+    battle.state = Battle.State.ENDED
+    battle.ended = timezone.now()
+    battle.save(update_fields=["state", "ended"])
+    return battle
 
 
 @dataclass(frozen=True)
@@ -187,12 +341,145 @@ def finish_reply(
     time_to_first_token_ms: int | None,
     duration_ms: int,
 ) -> None:
-    Message.objects.filter(pk=message_id).update(
-        status=status,
-        content=content,
-        delta_count=delta_count,
-        stop_reason=stop_reason,
-        token_count=token_count,
-        time_to_first_token_ms=time_to_first_token_ms,
-        duration_ms=duration_ms,
+    """Save a reply's final state, its automatic check (task battles) and any identity leak."""
+    with transaction.atomic():
+        Message.objects.filter(pk=message_id).update(
+            status=status,
+            content=content,
+            delta_count=delta_count,
+            stop_reason=stop_reason,
+            token_count=token_count,
+            time_to_first_token_ms=time_to_first_token_ms,
+            duration_ms=duration_ms,
+        )
+        reply = Message.objects.select_related("battle__task", "battle__model_a", "battle__model_b").get(pk=message_id)
+        review_reply(reply)
+
+
+def review_reply(reply: Message) -> None:
+    """Check a finished reply against its scripted turn, and flag a reply that names a model.
+
+    A leak keeps the battle's votes but excludes them from the leaderboard, with the reason.
+    """
+    battle = reply.battle
+    if battle.task_id is not None and reply.script_turn is not None and reply.status != Message.Status.FAILED:
+        turn = TaskTurn.objects.filter(task_id=battle.task_id, position=reply.script_turn).first()
+        try:
+            result = turn.check_reply(reply.content) if turn is not None else None
+        except CheckerConfigError:  # Admin validation refuses these; a bad turn must not lose the reply.
+            logger.exception("Task turn %s cannot be checked", turn)
+            result = None
+        if result is not None:
+            reply.check_verdict = result.verdict
+            reply.check_reason = result.reason
+    leak = find_identity_leak(reply.content, (battle.model_a.name, battle.model_b.name))
+    if leak:
+        reply.identity_leak = leak[:100]
+        battle.exclude(f"the reply of side {reply.side.upper()} at turn {reply.turn + 1} names {leak!r}")
+    reply.save(update_fields=["check_verdict", "check_reason", "identity_leak"])
+
+
+# --- Tasks: import and export as JSON -------------------------------------------------------------
+
+TASK_FIELDS = ("title", "category", "system_prompt", "active", "notes")
+TURN_FIELDS = ("prompt", "expected_output", "checker", "checker_options")
+
+
+class TaskImportError(ValueError):
+    """A task file that cannot be imported; the message says where and what is wrong."""
+
+
+def _validated_task(index: int, data: Any) -> tuple[Task, list[TaskTurn]]:
+    where = f"task {index + 1}"
+    if not isinstance(data, dict):
+        raise TaskImportError(f"{where}: expected an object with slug, title and turns.")
+    where = f"task {data.get('slug') or index + 1!r}"
+    unknown = set(data) - {"slug", "turns", *TASK_FIELDS}
+    if unknown:
+        raise TaskImportError(f"{where}: unknown field(s) {', '.join(sorted(unknown))}.")
+    task = Task(slug=data.get("slug") or "", **{name: data[name] for name in TASK_FIELDS if name in data})
+    try:
+        task.full_clean(validate_unique=False)
+    except ValidationError as error:
+        raise TaskImportError(f"{where}: {_messages(error)}") from None
+    turns_data = data.get("turns")
+    if not isinstance(turns_data, list) or not turns_data:
+        raise TaskImportError(f"{where}: needs a non-empty list of turns.")
+    turns = []
+    for position, turn_data in enumerate(turns_data):
+        turn_where = f"{where}, turn {position + 1}"
+        if not isinstance(turn_data, dict):
+            raise TaskImportError(f"{turn_where}: expected an object with prompt and expected_output.")
+        unknown = set(turn_data) - set(TURN_FIELDS)
+        if unknown:
+            raise TaskImportError(f"{turn_where}: unknown field(s) {', '.join(sorted(unknown))}.")
+        turn = TaskTurn(task=task, position=position, **turn_data)
+        try:
+            turn.full_clean(exclude=["task"], validate_unique=False, validate_constraints=False)
+        except ValidationError as error:
+            raise TaskImportError(f"{turn_where}: {_messages(error)}") from None
+        turns.append(turn)
+    return task, turns
+
+
+def _messages(error: ValidationError) -> str:
+    if hasattr(error, "message_dict"):
+        return "; ".join(f"{field}: {' '.join(messages)}" for field, messages in error.message_dict.items())
+    return " ".join(error.messages)
+
+
+@transaction.atomic
+def import_tasks(data: Any, *, keep_existing: bool = False) -> list[Task]:
+    """Create or replace tasks (matched by slug) from the JSON of ``export_tasks``.
+
+    Everything is validated before anything is written: a file with one bad turn changes
+    nothing. ``keep_existing`` leaves tasks whose slug exists untouched (an admin's edits win).
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("tasks"), list):
+        raise TaskImportError('Expected a JSON object {"tasks": [...]}.')
+    parsed = [_validated_task(index, item) for index, item in enumerate(data["tasks"])]
+    slugs = [task.slug for task, _ in parsed]
+    duplicates = sorted({slug for slug in slugs if slugs.count(slug) > 1})
+    if duplicates:
+        raise TaskImportError(f"Slug(s) given twice: {', '.join(duplicates)}.")
+    imported = []
+    for task, turns in parsed:
+        existing = Task.objects.filter(slug=task.slug).first()
+        if existing is not None and keep_existing:
+            continue
+        if existing is not None:
+            for name in TASK_FIELDS:
+                setattr(existing, name, getattr(task, name))
+            existing.save()
+            existing.turns.all().delete()
+            task = existing
+        else:
+            task.save()
+        for turn in turns:
+            turn.task = task
+        TaskTurn.objects.bulk_create(turns)
+        imported.append(task)
+    return imported
+
+
+@transaction.atomic
+def duplicate_task(task: Task) -> Task:
+    """A copy of the task and its turns, inactive, under a free slug ("calendar-copy-2")."""
+    base = f"{task.slug[:50]}-copy"
+    slug, number = base, 1
+    while Task.objects.filter(slug=slug).exists():
+        number += 1
+        slug = f"{base}-{number}"
+    copy = Task.objects.create(
+        slug=slug,
+        title=f"{task.title} (copy)"[:200],
+        category=task.category,
+        system_prompt=task.system_prompt,
+        active=False,
+        notes=task.notes,
     )
+    TaskTurn.objects.bulk_create(
+        TaskTurn(task=copy, **{name: getattr(turn, name) for name in ("position", *TURN_FIELDS)})
+        for turn in task.turns.all()
+    )
+    return copy

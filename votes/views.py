@@ -1,9 +1,10 @@
 """The arena pages. They carry no model names: the websocket brings everything after the vote."""
 
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import get_object_or_404, render
 
 from votes import selectors, services
+from votes.models import EvaluationRun
 
 
 def _voter_key(request: HttpRequest) -> str:
@@ -25,3 +26,14 @@ def battle(request: HttpRequest, public_id: str) -> HttpResponse:
     if selectors.battle_for_voter(public_id=public_id, voter_key=voter_key) is None:
         raise Http404("No such battle.")
     return render(request, "votes/arena.html", {"battle_id": public_id})
+
+
+def evaluation(request: HttpRequest, run_id: int) -> HttpResponse:
+    """An evaluation run's three tables and its recap (model names are public here)."""
+    run = get_object_or_404(EvaluationRun.objects.select_related("task"), pk=run_id)
+    return render(request, "votes/evaluation.html", {"report": selectors.evaluation_report(run)})
+
+
+def evaluations(request: HttpRequest) -> HttpResponse:
+    runs = EvaluationRun.objects.select_related("task").prefetch_related("llms")[:50]
+    return render(request, "votes/evaluations.html", {"runs": runs})

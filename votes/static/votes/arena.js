@@ -3,22 +3,45 @@
 (function () {
   "use strict";
 
+  const SIDES = ["a", "b"];
+  const RATINGS = [
+    ["correct", "✓", "correct"],
+    ["mistake", "🍄", "a mistake"],
+    ["fixed", "🥦", "fixed after a correction"],
+    ["garbage", "🔥", "garbage"],
+  ];
+  const FINISHED = ["done", "stopped", "failed"];
+
   const root = document.getElementById("arena");
   const form = document.getElementById("prompt-form");
   const input = document.getElementById("prompt");
   const sendButton = document.getElementById("send");
+  const sendOneButtons = Array.from(document.querySelectorAll(".send-one"));
   const stopButton = document.getElementById("stop");
+  const stopSideButtons = Array.from(document.querySelectorAll(".stop-side"));
+  const regenerateButtons = Array.from(document.querySelectorAll(".regenerate"));
   const statusLine = document.getElementById("status");
-  const voteButtons = Array.from(document.querySelectorAll("#votes button"));
+  const voteButtons = Array.from(document.querySelectorAll("#votes button[data-choice]"));
+  const voteStage = document.getElementById("vote-stage");
+  const endButton = document.getElementById("end");
+  const startPanel = document.getElementById("start");
+  const taskList = document.getElementById("task-list");
+  const taskPanel = document.getElementById("task");
+  const suggestions = document.getElementById("suggestions");
+  const excludedLine = document.getElementById("excluded");
   const logs = { a: document.getElementById("log-a"), b: document.getElementById("log-b") };
 
   let battleId = root.dataset.battle || "";
   let socket = null;
   let retryDelay = 500;
-  // replies["<turn>:<side>"] = {element, textNode, seq (next expected delta), status}
+  // replies["<turn>:<side>"] = {element, textNode, ratingBar, seq (next expected delta), status, rating}
   let replies = {};
   let latestTurn = -1;
-  let voted = false;
+  let lastTurnOf = { a: -1, b: -1 };
+  let votes = {};
+  let ended = false;
+  let task = null;
+  let scriptedSent = { a: 0, b: 0 };
 
   function setStatus(text, isError) {
     statusLine.textContent = text;
@@ -64,13 +87,16 @@
 
   function addReply(turn, side, reply) {
     const view = addMessage(side, "assistant", reply.text || "");
-    const entry = { element: view.element, textNode: view.textNode, seq: reply.seq || 0, status: reply.status };
+    const entry = {
+      element: view.element, textNode: view.textNode, seq: reply.seq || 0, status: reply.status,
+      rating: reply.rating || null, turn: turn, side: side, ratingBar: null, stats: null,
+    };
     replies[turn + ":" + side] = entry;
+    lastTurnOf[side] = Math.max(lastTurnOf[side], turn);
     if (isFinished(reply)) { finishReply(entry, reply); }
+    if (reply.check) { showCheck(entry, reply.check); }
     return entry;
   }
-
-  const FINISHED = ["done", "stopped", "failed"];
 
   function isFinished(entry) {
     return Boolean(entry) && FINISHED.indexOf(entry.status) >= 0;
@@ -79,9 +105,8 @@
   function finishReply(entry, frame) {
     entry.status = frame.status;
     entry.textNode.textContent = frame.text;
-    if (frame.status === "failed") {
-      entry.element.classList.add("failed");
-    }
+    entry.element.classList.toggle("failed", frame.status === "failed");
+    if (entry.stats) { entry.stats.remove(); }
     const stats = document.createElement("small");
     stats.className = "stats";
     const s = frame.stats || {};
@@ -96,42 +121,165 @@
       ].filter(Boolean).join(" · ");
     }
     entry.element.appendChild(stats);
+    entry.stats = stats;
+    if (frame.status !== "failed") { addRatingBar(entry); }
   }
 
-  function allRepliesFinished() {
-    if (latestTurn < 0) { return false; }
-    return ["a", "b"].every(function (side) { return isFinished(replies[latestTurn + ":" + side]); });
+  function addRatingBar(entry) {
+    if (entry.ratingBar) { entry.ratingBar.remove(); }
+    const bar = document.createElement("div");
+    bar.className = "ratings";
+    RATINGS.forEach(function (rating) {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.textContent = rating[1];
+      button.title = "Rate this reply: " + rating[2];
+      button.dataset.rating = rating[0];
+      button.addEventListener("click", function () {
+        const next = entry.rating === rating[0] ? null : rating[0];
+        send({ type: "rate", side: entry.side, turn: entry.turn, rating: next });
+      });
+      bar.appendChild(button);
+    });
+    entry.element.appendChild(bar);
+    entry.ratingBar = bar;
+    showRating(entry);
+  }
+
+  function showRating(entry) {
+    if (!entry.ratingBar) { return; }
+    Array.from(entry.ratingBar.children).forEach(function (button) {
+      button.classList.toggle("chosen", button.dataset.rating === entry.rating);
+      button.disabled = ended;
+    });
+  }
+
+  function showCheck(entry, check) {
+    const note = document.createElement("small");
+    note.className = "check " + check.verdict;
+    note.textContent = "Automatic check: " + check.verdict + (check.reason ? " — " + check.reason : "");
+    entry.element.appendChild(note);
+  }
+
+  function busy() {
+    return Object.keys(replies).some(function (key) { return !isFinished(replies[key]); });
+  }
+
+  function canVoteAfterFix() {
+    return Boolean(votes.first_try) && !votes.after_fix && latestTurn > (votes.first_try_turn || 0);
   }
 
   function refreshControls() {
-    const ready = allRepliesFinished();
-    voteButtons.forEach(function (button) { button.disabled = voted || !ready; });
-    sendButton.disabled = voted || (latestTurn >= 0 && !ready);
-    stopButton.hidden = voted || latestTurn < 0 || ready;
-    input.disabled = voted;
+    const started = latestTurn >= 0;
+    const waiting = busy();
+    const firstVoted = Boolean(votes.first_try);
+    const voteOpen = started && !waiting && !ended && (!firstVoted || canVoteAfterFix());
+    voteButtons.forEach(function (button) { button.disabled = !voteOpen; });
+    if (ended) {
+      voteStage.textContent = "Battle ended.";
+    } else if (!firstVoted) {
+      voteStage.textContent = "Which side did better on the first try?";
+    } else if (votes.after_fix) {
+      voteStage.textContent = "Thanks for voting. End the battle to see the names.";
+    } else {
+      voteStage.textContent = canVoteAfterFix()
+        ? "And after the fix?"
+        : "Correct a side that got it wrong (send to it only), then vote again — or end the battle.";
+    }
+    endButton.disabled = ended || waiting || !firstVoted;
+    const mayPrompt = !ended && !waiting && (!started || firstVoted);
+    sendButton.disabled = !mayPrompt;
+    sendOneButtons.forEach(function (button) { button.disabled = !mayPrompt || !started; });
+    input.disabled = ended;
+    stopButton.hidden = ended || !waiting;
+    SIDES.forEach(function (side) {
+      const last = replies[lastTurnOf[side] + ":" + side];
+      document.querySelector('.stop-side[data-side="' + side + '"]').hidden = !last || isFinished(last);
+      const regenerate = document.querySelector('.regenerate[data-side="' + side + '"]');
+      regenerate.disabled = ended || !last || !isFinished(last) || waiting;
+    });
+    startPanel.hidden = Boolean(battleId) || started;
+    taskPanel.hidden = !task;
+    refreshSuggestions(mayPrompt);
+  }
+
+  function refreshSuggestions(mayPrompt) {
+    Array.from(suggestions.children).forEach(function (button, index) {
+      const next = Math.max(scriptedSent.a, scriptedSent.b);
+      button.classList.toggle("next", index === next);
+      button.classList.toggle("sent", index < next);
+      button.disabled = !mayPrompt;
+    });
+  }
+
+  function renderTask(summary) {
+    task = summary;
+    suggestions.textContent = "";
+    if (!task) { return; }
+    document.getElementById("task-title").textContent = task.title;
+    document.getElementById("task-system").textContent = task.system_prompt || "(no system prompt)";
+    task.suggestions.forEach(function (prompt, index) {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = "suggestion";
+      button.textContent = (index + 1) + ". " + prompt;
+      button.addEventListener("click", function () { input.value = prompt; input.focus(); });
+      suggestions.appendChild(button);
+    });
+  }
+
+  function renderTasks(tasks) {
+    taskList.textContent = "";
+    (tasks || []).forEach(function (item) {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.textContent = item.title + (item.category ? " (" + item.category + ")" : "");
+      button.addEventListener("click", function () { send({ type: "start", task: item.slug }); });
+      taskList.appendChild(button);
+    });
+  }
+
+  function countScripted(side, text) {
+    if (!task) { return; }
+    const index = scriptedSent[side];
+    if (index < task.suggestions.length && task.suggestions[index].trim() === text.trim()) {
+      scriptedSent[side] = index + 1;
+    }
   }
 
   function renderState(state) {
-    logs.a.textContent = "";
-    logs.b.textContent = "";
+    SIDES.forEach(function (side) { logs[side].textContent = ""; });
     replies = {};
     latestTurn = -1;
+    lastTurnOf = { a: -1, b: -1 };
+    scriptedSent = { a: 0, b: 0 };
+    renderTask(state.task);
+    renderTasks(state.tasks);
     state.turns.forEach(function (turn) {
       latestTurn = turn.turn;
-      ["a", "b"].forEach(function (side) {
+      turn.sides.forEach(function (side) {
         addMessage(side, "user", turn.prompt);
+        countScripted(side, turn.prompt);
         if (turn.replies[side]) { addReply(turn.turn, side, turn.replies[side]); }
       });
     });
-    voted = Boolean(state.vote);
-    if (state.models) { reveal(state.vote, state.models); }
+    votes = Object.assign({}, state.votes || {});
+    if (votes.first_try) { votes.first_try_turn = state.first_try_turn; }
+    ended = Boolean(state.ended);
+    if (state.models) { reveal(state); }
   }
 
-  function reveal(choice, models) {
-    voted = true;
-    document.querySelector('.pane[data-side="a"] h2').textContent = "Model A: " + models.a;
-    document.querySelector('.pane[data-side="b"] h2').textContent = "Model B: " + models.b;
-    setStatus("Thanks for voting. Start a new battle to go on.");
+  function reveal(state) {
+    ended = true;
+    SIDES.forEach(function (side) {
+      document.querySelector('.pane[data-side="' + side + '"] h2').textContent =
+        "Model " + side.toUpperCase() + ": " + state.models[side];
+    });
+    if (state.excluded) {
+      excludedLine.hidden = false;
+      excludedLine.textContent = "This battle does not count on the leaderboard: " + state.excluded + ".";
+    }
+    setStatus("Thanks! Start a new battle to go on.");
   }
 
   function handle(frame) {
@@ -145,8 +293,9 @@
         break;
       case "prompt":
         latestTurn = frame.turn;
-        ["a", "b"].forEach(function (side) {
+        frame.sides.forEach(function (side) {
           addMessage(side, "user", frame.text);
+          countScripted(side, frame.text);
           addReply(frame.turn, side, { text: "", seq: 0, status: "pending" });
         });
         break;
@@ -165,14 +314,31 @@
         if (entry && !isFinished(entry)) { finishReply(entry, frame); }
         break;
       }
-      case "restart": {
-        // A worker was lost and the reply is generated again from the start.
+      case "restart":  // A worker was lost: the reply is generated again from the start.
+      case "regenerating": {
         const entry = replies[frame.turn + ":" + frame.side];
-        if (entry && !isFinished(entry)) { entry.textNode.textContent = ""; entry.seq = 0; }
+        if (entry) {
+          entry.textNode.textContent = "";
+          entry.seq = 0;
+          entry.status = "pending";
+          entry.rating = null;
+          ["ratingBar", "stats"].forEach(function (name) {
+            if (entry[name]) { entry[name].remove(); entry[name] = null; }
+          });
+        }
         break;
       }
+      case "rated": {
+        const entry = replies[frame.turn + ":" + frame.side];
+        if (entry) { entry.rating = frame.rating; showRating(entry); }
+        break;
+      }
+      case "voted":
+        votes[frame.stage] = frame.choice;
+        if (frame.stage === "first_try") { votes.first_try_turn = frame.after_turn; }
+        break;
       case "revealed":
-        reveal(frame.vote, frame.models);
+        renderState(frame);
         break;
       case "error":
         setStatus(frame.message, true);
@@ -181,19 +347,33 @@
     refreshControls();
   }
 
-  form.addEventListener("submit", function (event) {
-    event.preventDefault();
+  function submitPrompt(side) {
     const text = input.value.trim();
     if (!text) { setStatus("Type a prompt first.", true); return; }
-    if (send({ type: "prompt", text: text })) { input.value = ""; setStatus(""); }
+    const frame = { type: "prompt", text: text };
+    if (side) { frame.side = side; }
+    if (send(frame)) { input.value = ""; setStatus(""); }
+  }
+
+  form.addEventListener("submit", function (event) { event.preventDefault(); submitPrompt(null); });
+  sendOneButtons.forEach(function (button) {
+    button.addEventListener("click", function () { submitPrompt(button.dataset.side); });
   });
   input.addEventListener("keydown", function (event) {
     if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); form.requestSubmit(); }
   });
   stopButton.addEventListener("click", function () { send({ type: "stop" }); });
+  stopSideButtons.forEach(function (button) {
+    button.addEventListener("click", function () { send({ type: "stop", side: button.dataset.side }); });
+  });
+  regenerateButtons.forEach(function (button) {
+    button.addEventListener("click", function () { send({ type: "regenerate", side: button.dataset.side }); });
+  });
   voteButtons.forEach(function (button) {
     button.addEventListener("click", function () { send({ type: "vote", choice: button.dataset.choice }); });
   });
+  endButton.addEventListener("click", function () { send({ type: "end" }); });
+  document.getElementById("free-chat").addEventListener("click", function () { send({ type: "start" }); });
 
   refreshControls();
   connect();

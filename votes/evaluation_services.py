@@ -1,0 +1,130 @@
+"""Writes for evaluation runs: creating one, running it (in a worker), storing its replies."""
+
+import logging
+from collections.abc import Callable, Sequence
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from inference.models import LLM
+from votes import evaluation
+from votes.checkers import CheckResult
+from votes.models import EvaluationReply, EvaluationRun, Task, TaskTurn
+
+logger = logging.getLogger(__name__)
+
+
+def start_evaluation(
+    *, task: Task, llms: Sequence[LLM], attempts: int = 5, max_tries: int = 3, fix_attempts: int = 3
+) -> EvaluationRun:
+    """Create a pending run and hand it to a worker (Celery, or a thread in this process)."""
+    from inference.dispatch import enqueue_evaluation
+
+    run = create_evaluation(task=task, llms=llms, attempts=attempts, max_tries=max_tries, fix_attempts=fix_attempts)
+    transaction.on_commit(lambda: enqueue_evaluation(run.pk))
+    return run
+
+
+def create_evaluation(
+    *, task: Task, llms: Sequence[LLM], attempts: int = 5, max_tries: int = 3, fix_attempts: int = 3
+) -> EvaluationRun:
+    if not llms:
+        raise ValueError("An evaluation needs at least one model.")
+    if attempts < 1 or max_tries < 0 or fix_attempts < 0:
+        raise ValueError("attempts must be at least 1; max_tries and fix_attempts at least 0.")
+    turns = task.turns.count()
+    if turns == 0:
+        raise ValueError(f"Task {task.slug!r} has no scripted turns.")
+    unchecked = list(task.turns.filter(checker=TaskTurn.Checker.NONE).values_list("position", flat=True))
+    if unchecked:
+        numbers = ", ".join(str(position + 1) for position in unchecked)
+        raise ValueError(f"Task {task.slug!r} can't be evaluated automatically: turn(s) {numbers} have no check.")
+    run = EvaluationRun.objects.create(
+        task=task,
+        attempts=attempts,
+        max_tries=max_tries,
+        fix_attempts=fix_attempts,
+        total=len(llms) * (attempts + turns + fix_attempts),
+    )
+    run.llms.set(llms)
+    return run
+
+
+def run_evaluation(
+    run_id: int,
+    generate: Callable[[LLM, str | None, list[tuple[str, str]], int], str] | None = None,
+    on_step: Callable[[], None] | None = None,
+) -> EvaluationRun:
+    """Run a pending evaluation to the end and store every rated reply.
+
+    ``generate`` defaults to the models' engines (inference.services.generate_text).
+    """
+    if generate is None:
+        from inference.services import generate_text
+
+        generate = generate_text
+    with transaction.atomic():
+        run = EvaluationRun.objects.select_for_update().select_related("task").get(pk=run_id)
+        if run.status != EvaluationRun.Status.PENDING:
+            return run  # Already run (a redelivered job).
+        run.status = EvaluationRun.Status.RUNNING
+        run.save(update_fields=["status"])
+    llms = {llm.name: llm for llm in run.llms.order_by("name")}
+    task_turns = list(run.task.turns.order_by("position"))
+    turns = [evaluation.ScriptedTurn(prompt=turn.prompt, check=_checker_of(turn)) for turn in task_turns]
+    system_prompt = run.task.system_prompt
+
+    def step() -> None:
+        EvaluationRun.objects.filter(pk=run.pk).update(progress=F("progress") + 1)
+        if on_step is not None:
+            on_step()
+
+    try:
+        records = evaluation.run(
+            list(llms),
+            turns,
+            lambda name, conversation, seed: generate(llms[name], system_prompt, conversation, seed),
+            attempts=run.attempts,
+            max_tries=run.max_tries,
+            fix_attempts=run.fix_attempts,
+            seed=run.pk * 1000,
+            progress=step,
+        )
+    except Exception as error:
+        logger.exception("Evaluation %s failed", run.pk)
+        EvaluationRun.objects.filter(pk=run.pk).update(
+            status=EvaluationRun.Status.FAILED, error=f"{type(error).__name__}: {error}", finished=timezone.now()
+        )
+        run.refresh_from_db()
+        return run
+    with transaction.atomic():
+        EvaluationReply.objects.bulk_create(
+            EvaluationReply(
+                run=run,
+                model=llms[record.model],
+                part=record.part,
+                attempt=record.attempt,
+                turn=record.turn,
+                try_number=record.try_number,
+                prompt=record.prompt,
+                reply=record.reply,
+                verdict=record.verdict,
+                reason=record.reason,
+                rating=record.rating,
+                mistake_by=llms[record.mistake_by] if record.mistake_by else None,
+            )
+            for record in records
+        )
+        EvaluationRun.objects.filter(pk=run.pk).update(status=EvaluationRun.Status.DONE, finished=timezone.now())
+    run.refresh_from_db()
+    return run
+
+
+def _checker_of(turn: TaskTurn) -> Callable[[str], CheckResult]:
+    def check(reply: str) -> CheckResult:
+        result = turn.check_reply(reply)
+        assert result is not None, "create_evaluation refuses tasks with unchecked turns"
+        return result
+
+    return check
