@@ -242,13 +242,17 @@ def generate_text(model: LLM, system_prompt: str | None, conversation: list[tupl
     """
     from inference import chat_templates, hosting
     from inference.engine import SamplingParams
+    from votes.evaluation import ContextOverflow
 
     engine = hosting.engine_for(model_spec(model))
     turns = [chat_templates.ChatTurn(role=role, content=content) for role, content in conversation]
-    request = engine.submit(
-        chat_templates.render_prompt(model.family, system_prompt or None, turns),
-        max_new_tokens=min(model.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS),
-        stop_strings=chat_templates.stop_strings(model.family),
-        sampling=SamplingParams(temperature=model.temperature, top_k=model.top_k, top_p=model.top_p, seed=seed),
-    )
+    try:
+        request = engine.submit(
+            chat_templates.render_prompt(model.family, system_prompt or None, turns),
+            max_new_tokens=min(model.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS),
+            stop_strings=chat_templates.stop_strings(model.family),
+            sampling=SamplingParams(temperature=model.temperature, top_k=model.top_k, top_p=model.top_p, seed=seed),
+        )
+    except ValueError as error:  # The conversation is never empty: it does not fit the context.
+        raise ContextOverflow(str(error)) from error
     return request.result(timeout=settings.ARENA_GENERATION_TIMEOUT_SECONDS).strip()

@@ -27,6 +27,13 @@ Conversation = list[tuple[str, str]]  # (role, content), "user" or "assistant"
 Generate = Callable[[str, Conversation, int], str]
 
 
+TOO_LONG = "the conversation no longer fits in the model's context"
+
+
+class ContextOverflow(Exception):
+    """Raised by ``generate`` when the conversation is longer than the model's context."""
+
+
 @dataclass(frozen=True)
 class ScriptedTurn:
     prompt: str
@@ -93,12 +100,20 @@ def run(
     records: list[Record] = []
     mistakes: list[_Mistake] = []
     seeds = iter(range(seed, seed + 10**9))
+    overflow = CheckResult("garbage", (TOO_LONG,))
+
+    def ask(model: str, conversation: Conversation, turn: ScriptedTurn) -> tuple[str, CheckResult]:
+        """The reply and its check; a conversation too long for the model is garbage (🔥)."""
+        try:
+            reply = generate(model, conversation, next(seeds))
+        except ContextOverflow:
+            return "", overflow
+        return reply, turn.check(reply)
 
     for model in models:
         first = turns[0]
         for attempt in range(attempts):
-            reply = generate(model, [("user", first.prompt)], next(seeds))
-            result = first.check(reply)
+            reply, result = ask(model, [("user", first.prompt)], first)
             rating = rating_for(result, after_correction=False)
             records.append(
                 Record(model, RELIABILITY, attempt, 0, 0, first.prompt, reply, result.verdict, result.reason, rating)
@@ -106,16 +121,22 @@ def run(
             progress()
 
         conversation: Conversation = []
+        overflowed = False
         for index, turn in enumerate(turns):
             conversation.append(("user", turn.prompt))
             prompt = turn.prompt
             for try_number in range(max_tries + 1):
-                reply = generate(model, list(conversation), next(seeds))
-                result = turn.check(reply)
+                if overflowed:  # Later turns can't fit either: garbage, without asking.
+                    reply, result = "", overflow
+                else:
+                    reply, result = ask(model, list(conversation), turn)
+                    overflowed = result is overflow
                 rating = rating_for(result, after_correction=try_number > 0)
                 records.append(
                     Record(model, DIALOG, 0, index, try_number, prompt, reply, result.verdict, result.reason, rating)
                 )
+                if overflowed:
+                    break
                 if try_number == 0 and result.verdict != "correct":
                     mistakes.append(_Mistake(model, index, list(conversation), reply, result.reason))
                 conversation.append(("assistant", reply))
@@ -134,8 +155,7 @@ def run(
             mistake = others[attempt % len(others)]
             correction = correction_for(CheckResult("mistake", (mistake.reason,)))
             conversation = [*mistake.before, ("assistant", mistake.reply), ("user", correction)]
-            reply = generate(model, conversation, next(seeds))
-            result = turns[mistake.turn].check(reply)
+            reply, result = ask(model, conversation, turns[mistake.turn])
             rating = rating_for(result, after_correction=True)
             records.append(
                 Record(
