@@ -204,3 +204,11 @@ def test_admin_actions_and_import(admin_client) -> None:
     assert json.loads(response.content)["tasks"][0]["slug"] == "calendar"
     assert admin_client.get(changelist).status_code == 200
     assert admin_client.get(f"/admin/votes/task/{calendar.pk}/change/").status_code == 200
+
+
+def test_arena_page_offers_the_active_tasks(client) -> None:
+    services.import_tasks(bundled())
+    Task.objects.filter(slug="csv-header").update(active=False)
+    html = client.get("/").content.decode()
+    assert 'data-task="calendar"' in html and "Calendar assistant" in html
+    assert 'data-task="csv-header"' not in html

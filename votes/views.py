@@ -18,7 +18,7 @@ def _voter_key(request: HttpRequest) -> str:
 def arena(request: HttpRequest) -> HttpResponse:
     """A fresh battle: the models are drawn when the first prompt arrives."""
     _voter_key(request)
-    return render(request, "votes/arena.html", {"battle_id": ""})
+    return render(request, "votes/arena.html", {"battle_id": "", "tasks": selectors.active_tasks()})
 
 
 def battle(request: HttpRequest, public_id: str) -> HttpResponse:

@@ -229,12 +229,13 @@
   }
 
   function renderTasks(tasks) {
+    if (!tasks) { return; }  // Only a page without a battle lists them.
     taskList.textContent = "";
-    (tasks || []).forEach(function (item) {
+    tasks.forEach(function (item) {
       const button = document.createElement("button");
       button.type = "button";
+      button.dataset.task = item.slug;
       button.textContent = item.title + (item.category ? " (" + item.category + ")" : "");
-      button.addEventListener("click", function () { send({ type: "start", task: item.slug }); });
       taskList.appendChild(button);
     });
   }
@@ -374,6 +375,10 @@
   });
   endButton.addEventListener("click", function () { send({ type: "end" }); });
   document.getElementById("free-chat").addEventListener("click", function () { send({ type: "start" }); });
+  taskList.addEventListener("click", function (event) {
+    const button = event.target.closest("button[data-task]");
+    if (button) { send({ type: "start", task: button.dataset.task }); }
+  });
 
   refreshControls();
   connect();
