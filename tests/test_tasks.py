@@ -10,9 +10,10 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import CommandError, call_command
 
 from inference.calendar_data import SYSTEM_PROMPT
+from inference.models import LLM
 from votes import checkers, selectors, services
 from votes.management.commands.import_tasks import BUNDLED_TASKS
-from votes.models import Task, TaskTurn
+from votes.models import EvaluationRun, Task, TaskTurn
 
 pytestmark = pytest.mark.django_db
 
@@ -204,6 +205,14 @@ def test_admin_actions_and_import(admin_client) -> None:
     assert json.loads(response.content)["tasks"][0]["slug"] == "calendar"
     assert admin_client.get(changelist).status_code == 200
     assert admin_client.get(f"/admin/votes/task/{calendar.pk}/change/").status_code == 200
+
+    # Run an evaluation: a pending run of every enabled model, handed to a worker on commit.
+    strong = LLM.objects.create(name="strong", family="gemma", preset="/presets/strong")
+    LLM.objects.create(name="off", family="gemma", preset="/presets/off", enabled=False)
+    admin_client.post(changelist, {"action": "run_evaluation", "_selected_action": [calendar.pk]})
+    run = EvaluationRun.objects.get()
+    assert (run.task, list(run.llms.all()), run.status) == (calendar, [strong], EvaluationRun.Status.PENDING)
+    assert run.total == 5 + 6 + 3
 
 
 def test_arena_page_offers_the_active_tasks(client) -> None:
