@@ -1,14 +1,25 @@
-"""Rating math: Bradley-Terry from pairwise win counts, and online Elo. No Django here.
+"""Rating math: Bradley-Terry with confidence intervals, online Elo, ranks, fix rates. No Django.
 
-Models are indices 0..n-1. A tie counts as half a win for each side, as in Chatbot Arena.
+Models are indices 0..n-1. Everything Bradley-Terry needs is the matrix of pairwise scores
+``wins[i, j]``: how often i beat j, a tie (or "both bad") counting half a win for each side, as
+in Chatbot Arena. Votes reduce to it once (the database does that); the fit, the intervals and
+the matrices then cost the same whatever the number of votes.
+
+Ratings are on the Elo scale: 1000 + 400·log10(strength), strengths centred so that their
+geometric mean is 1 (the ratings average 1000).
 """
 
+from __future__ import annotations
+
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 ELO_SCALE = 400.0
 BASE_RATING = 1000.0
+_TO_RATING = ELO_SCALE / np.log(10.0)  # Natural-log strength -> rating points.
+Z_95 = 1.959963984540054
 
 # The score of model A for each vote choice. "Both bad" is a tie: neither side won.
 VOTE_SCORES = {"a": 1.0, "b": 0.0, "tie": 0.5, "both_bad": 0.5}
@@ -25,33 +36,244 @@ def win_matrix(n_models: int, games: Iterable[tuple[int, int, float]]) -> np.nda
     return wins
 
 
-def bradley_terry(wins: np.ndarray, *, prior: float = 0.5, iterations: int = 1000, tol: float = 1e-10) -> np.ndarray:
-    """Bradley-Terry strengths on the Elo scale (mean 1000), fitted by Hunter's MM algorithm.
+@dataclass(frozen=True)
+class PairOutcomes:
+    """The sufficient statistics of a set of votes: per unordered pair (i < j), how often i
+    won, j won, and they tied. Bootstrap resampling draws from these cells."""
 
-    `prior` adds that many virtual tied games between every pair of models. It keeps the
-    estimate finite for undefeated or disconnected models and pulls thin evidence toward the
-    mean, as a small L2 penalty does in a logistic fit.
+    n_models: int
+    first: np.ndarray  # i, per pair
+    second: np.ndarray  # j, per pair
+    first_wins: np.ndarray
+    second_wins: np.ndarray
+    ties: np.ndarray
+
+    @classmethod
+    def from_games(cls, n_models: int, games: Iterable[tuple[int, int, float]]) -> PairOutcomes:
+        """From (model a, model b, score of a) triples; a score of 0.5 is a tie."""
+        cells: dict[tuple[int, int], list[float]] = {}
+        for a, b, score in games:
+            if a == b:
+                raise ValueError("A model cannot play itself.")
+            i, j, score_i = (a, b, score) if a < b else (b, a, 1.0 - score)
+            cell = cells.setdefault((i, j), [0.0, 0.0, 0.0])
+            cell[0 if score_i == 1.0 else 1 if score_i == 0.0 else 2] += 1
+        return cls.from_cells(n_models, cells)
+
+    @classmethod
+    def from_cells(cls, n_models: int, cells: dict[tuple[int, int], Sequence[float]]) -> PairOutcomes:
+        """From {(i, j): (wins of i, wins of j, ties)} with i < j (what a GROUP BY returns)."""
+        keys = sorted(cells)
+        if any(i >= j or i < 0 or j >= n_models for i, j in keys):
+            raise ValueError("Pairs must be (i, j) with 0 <= i < j < n_models.")
+        values = np.array([cells[key] for key in keys], dtype=float).reshape(-1, 3)
+        return cls(
+            n_models,
+            np.array([i for i, _ in keys], dtype=np.intp),
+            np.array([j for _, j in keys], dtype=np.intp),
+            values[:, 0],
+            values[:, 1],
+            values[:, 2],
+        )
+
+    @property
+    def total(self) -> float:
+        return float(self.first_wins.sum() + self.second_wins.sum() + self.ties.sum())
+
+    def wins(self, weights: np.ndarray | None = None) -> np.ndarray:
+        """The pairwise score matrix, optionally with a weight per pair."""
+        return _scores(self.n_models, self.first, self.second, self.first_wins, self.second_wins, self.ties, weights)
+
+    def games(self) -> np.ndarray:
+        """games[i, j] = votes between i and j (symmetric)."""
+        count = np.zeros((self.n_models, self.n_models))
+        total = self.first_wins + self.second_wins + self.ties
+        count[self.first, self.second] = total
+        count[self.second, self.first] = total
+        return count
+
+
+def _scores(
+    n: int,
+    first: np.ndarray,
+    second: np.ndarray,
+    first_wins: np.ndarray,
+    second_wins: np.ndarray,
+    ties: np.ndarray,
+    weights: np.ndarray | None = None,
+) -> np.ndarray:
+    """Score matrices from cell counts; the counts may carry a leading batch axis."""
+    batch = first_wins.shape[:-1]
+    scale = 1.0 if weights is None else weights
+    wins = np.zeros((*batch, n, n))
+    wins[..., first, second] = (first_wins + ties / 2.0) * scale
+    wins[..., second, first] = (second_wins + ties / 2.0) * scale
+    return wins
+
+
+def _fit_log_strengths(wins: np.ndarray, prior: float, iterations: int = 100, tol: float = 1e-10) -> np.ndarray:
+    """Centred natural-log strengths maximising the Bradley-Terry likelihood, by Newton's
+    method; ``wins`` may be a batch (..., n, n) of score matrices, fitted together.
+
+    ``prior`` adds that many virtual tied games between every pair (0: the plain MLE).
+    """
+    n = wins.shape[-1]
+    regularised = wins + (prior / 2.0) * (1.0 - np.eye(n))
+    games = regularised + np.swapaxes(regularised, -1, -2)
+    theta = np.zeros(wins.shape[:-1])
+    centring = np.full((n, n), 1.0 / n)
+    for _ in range(iterations):
+        p = 1.0 / (1.0 + np.exp(theta[..., None, :] - theta[..., :, None]))  # P(i beats j)
+        gradient = (regularised - games * p).sum(axis=-1)
+        weight = games * p * (1.0 - p)
+        laplacian = -weight
+        diagonal = np.arange(n)
+        laplacian[..., diagonal, diagonal] = weight.sum(axis=-1)
+        # The likelihood ignores a common shift: fixing the mean makes the system regular.
+        step = np.linalg.solve(laplacian + centring, gradient[..., None])[..., 0]
+        step = np.clip(step, -5.0, 5.0)  # A model that never lost drifts up; keep steps sane.
+        theta = theta + step
+        theta -= theta.mean(axis=-1, keepdims=True)
+        if np.max(np.abs(step), initial=0.0) < tol:
+            break
+    return theta
+
+
+def bradley_terry(wins: np.ndarray, *, prior: float = 0.5) -> np.ndarray:
+    """Bradley-Terry ratings (Elo scale, mean 1000) fitted by maximum likelihood.
+
+    ``prior`` adds that many virtual tied games between every pair of models: it keeps the
+    estimate finite for an unbeaten or unplayed model and is negligible once pairs have votes
+    (``prior=0`` is the plain MLE).
     """
     n = wins.shape[0]
     if wins.shape != (n, n):
         raise ValueError("wins must be a square matrix.")
     if n == 0:
         return np.zeros(0)
-    regularised = wins + (prior / 2.0) * (1.0 - np.eye(n))
-    games = regularised + regularised.T
-    total_wins = regularised.sum(axis=1)
-    strength = np.ones(n)
-    for _ in range(iterations):
-        pair_sums = strength[:, None] + strength[None, :]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            denominators = np.where(games > 0, games / pair_sums, 0.0).sum(axis=1)
-        updated = np.where(denominators > 0, total_wins / np.where(denominators > 0, denominators, 1.0), strength)
-        updated /= np.exp(np.mean(np.log(np.maximum(updated, 1e-300))))
-        if np.max(np.abs(updated - strength)) < tol:
-            strength = updated
-            break
-        strength = updated
-    return BASE_RATING + ELO_SCALE * np.log10(strength)
+    return BASE_RATING + _TO_RATING * _fit_log_strengths(wins, prior)
+
+
+@dataclass(frozen=True)
+class RatingsWithIntervals:
+    ratings: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    ranks: np.ndarray
+    method: str
+
+
+def bootstrap_intervals(
+    outcomes: PairOutcomes,
+    *,
+    rounds: int = 1000,
+    seed: int = 0,
+    prior: float = 0.5,
+    pair_weights: np.ndarray | None = None,
+    level: float = 0.95,
+) -> RatingsWithIntervals:
+    """Ratings with percentile intervals from ``rounds`` multinomial resamplings of the votes.
+
+    Resampling the (pair, outcome) cell counts is the same as resampling the votes with
+    replacement, at a cost that does not grow with the number of votes.
+    """
+    weights = _checked_weights(outcomes, pair_weights)
+    ratings = bradley_terry(outcomes.wins(weights), prior=prior)
+    n = outcomes.n_models
+    total = round(outcomes.total)
+    if total == 0 or rounds < 1:
+        return RatingsWithIntervals(
+            ratings, ratings.copy(), ratings.copy(), ranks_from_intervals(ratings, ratings), "bootstrap"
+        )
+    cells = np.concatenate([outcomes.first_wins, outcomes.second_wins, outcomes.ties])
+    rng = np.random.default_rng(seed)
+    samples = rng.multinomial(total, cells / cells.sum(), size=rounds).astype(float)
+    k = outcomes.first.size
+    wins = _scores(
+        n, outcomes.first, outcomes.second, samples[:, :k], samples[:, k : 2 * k], samples[:, 2 * k :], weights
+    )
+    fitted = BASE_RATING + _TO_RATING * _fit_log_strengths(wins, prior)
+    tail = (1.0 - level) / 2.0 * 100.0
+    lower, upper = np.percentile(fitted, [tail, 100.0 - tail], axis=0)
+    return RatingsWithIntervals(ratings, lower, upper, ranks_from_intervals(lower, upper), "bootstrap")
+
+
+def sandwich_intervals(
+    outcomes: PairOutcomes, *, prior: float = 0.5, pair_weights: np.ndarray | None = None, level: float = 0.95
+) -> RatingsWithIntervals:
+    """Ratings with Huber-White (sandwich) intervals: robust to a misspecified model (ties,
+    voters who disagree), from the cell counts in closed form.
+
+    The fit is a logistic regression of the outcome (1, 0, or ½ for a tie) on e_i − e_j; the
+    bread is the Fisher information, the meat the outer product of the per-vote scores.
+    """
+    weights = _checked_weights(outcomes, pair_weights)
+    scale = np.ones(outcomes.first.size) if weights is None else weights
+    theta = _fit_log_strengths(outcomes.wins(weights), prior)
+    i, j = outcomes.first, outcomes.second
+    p = 1.0 / (1.0 + np.exp(theta[j] - theta[i]))
+    games = outcomes.first_wins + outcomes.second_wins + outcomes.ties
+    bread = _laplacian(outcomes.n_models, i, j, scale * games * p * (1.0 - p))
+    squared = outcomes.first_wins * (1.0 - p) ** 2 + outcomes.second_wins * p**2 + outcomes.ties * (0.5 - p) ** 2
+    meat = _laplacian(outcomes.n_models, i, j, scale**2 * squared)
+    inverse = np.linalg.pinv(bread)  # The centred gauge: the null space is the common shift.
+    covariance = inverse @ meat @ inverse
+    ratings = BASE_RATING + _TO_RATING * theta
+    half = _z(level) * _TO_RATING * np.sqrt(np.maximum(np.diag(covariance), 0.0))
+    lower, upper = ratings - half, ratings + half
+    return RatingsWithIntervals(ratings, lower, upper, ranks_from_intervals(lower, upper), "sandwich")
+
+
+def _laplacian(n: int, i: np.ndarray, j: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    matrix = np.zeros((n, n))
+    np.add.at(matrix, (i, j), -weight)
+    np.add.at(matrix, (j, i), -weight)
+    np.add.at(matrix, (i, i), weight)
+    np.add.at(matrix, (j, j), weight)
+    return matrix
+
+
+def _z(level: float) -> float:
+    if level == 0.95:
+        return Z_95
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(0.5 + level / 2.0)
+
+
+def _checked_weights(outcomes: PairOutcomes, pair_weights: np.ndarray | None) -> np.ndarray | None:
+    """Inverse-probability weights per pair (1 / the pair's sampling probability), scaled so
+    that the weighted votes add up to the real number of votes."""
+    if pair_weights is None:
+        return None
+    weights = np.asarray(pair_weights, dtype=float)
+    if weights.shape != outcomes.first.shape or np.any(weights <= 0):
+        raise ValueError("pair_weights needs one positive weight per pair.")
+    games = outcomes.first_wins + outcomes.second_wins + outcomes.ties
+    weighted = float((weights * games).sum())
+    return weights * (games.sum() / weighted) if weighted > 0 else weights
+
+
+def inverse_probability_weights(outcomes: PairOutcomes, pair_probabilities: np.ndarray) -> np.ndarray:
+    """Weights for ``pair_weights`` from each pair's probability of being drawn for a battle."""
+    probabilities = np.asarray(pair_probabilities, dtype=float)
+    if probabilities.shape != outcomes.first.shape or np.any(probabilities <= 0):
+        raise ValueError("Every pair needs a positive sampling probability.")
+    return 1.0 / probabilities
+
+
+def ranks_from_intervals(lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
+    """Rank = 1 + the number of models whose lower bound is above this model's upper bound:
+    models whose intervals overlap share a rank."""
+    return 1 + (lower[None, :] > upper[:, None]).sum(axis=1)
+
+
+def win_fraction_matrix(outcomes: PairOutcomes) -> np.ndarray:
+    """fraction[i, j] = share of i's votes against j that i won (ties half); NaN if never met."""
+    wins = outcomes.wins()
+    games = outcomes.games()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(games > 0, wins / np.where(games > 0, games, 1.0), np.nan)
 
 
 def expected_score(rating_a: float, rating_b: float) -> float:
@@ -68,3 +290,30 @@ def online_elo(
         ratings[a] += k * (score_a - expected_a)
         ratings[b] -= k * (score_a - expected_a)
     return ratings
+
+
+def wilson_interval(successes: float, trials: float, level: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion; (0, 1) when there are no trials."""
+    if trials <= 0:
+        return 0.0, 1.0
+    z = _z(level)
+    share = successes / trials
+    denominator = 1.0 + z * z / trials
+    centre = (share + z * z / (2.0 * trials)) / denominator
+    half = z * np.sqrt(share * (1.0 - share) / trials + z * z / (4.0 * trials * trials)) / denominator
+    return max(0.0, float(centre - half)), min(1.0, float(centre + half))
+
+
+@dataclass(frozen=True)
+class FixRate:
+    fixed: int
+    corrections: int
+    rate: float | None
+    lower: float
+    upper: float
+
+
+def fix_rate(fixed: int, corrections: int) -> FixRate:
+    """The share of replies to a correction that fixed the mistake (🥦), with its Wilson interval."""
+    lower, upper = wilson_interval(fixed, corrections)
+    return FixRate(fixed, corrections, fixed / corrections if corrections else None, lower, upper)

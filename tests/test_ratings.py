@@ -47,3 +47,115 @@ def test_online_elo_is_zero_sum_and_order_dependent() -> None:
 
 def test_vote_scores_cover_every_choice() -> None:
     assert ratings.VOTE_SCORES == {"a": 1.0, "b": 0.0, "tie": 0.5, "both_bad": 0.5}
+
+
+# --- Statistical correctness on simulated arenas with known strengths -----------------------------
+
+
+def simulate(true: np.ndarray, votes: int, rng: np.random.Generator, tie_share: float = 0.1) -> list:
+    """Votes between uniformly drawn pairs: a tie with probability tie_share, else a BT draw."""
+    n = true.size
+    a = rng.integers(0, n, votes)
+    b = (a + rng.integers(1, n, votes)) % n
+    p_a = 1.0 / (1.0 + 10.0 ** ((true[b] - true[a]) / 400.0))
+    tie = rng.random(votes) < tie_share
+    score = np.where(tie, 0.5, (rng.random(votes) < p_a).astype(float))
+    return list(zip(a.tolist(), b.tolist(), score.tolist(), strict=True))
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    rank_x, rank_y = np.argsort(np.argsort(x)), np.argsort(np.argsort(y))
+    return float(np.corrcoef(rank_x, rank_y)[0, 1])
+
+
+def centred(ratings_: np.ndarray) -> np.ndarray:
+    return ratings_ - ratings_.mean() + 1000.0
+
+
+def test_bradley_terry_recovers_twenty_models_from_fifty_thousand_votes() -> None:
+    rng = np.random.default_rng(1)
+    true = centred(rng.normal(1000, 120, 20))
+    games = simulate(true, 50_000, rng)
+    fitted = ratings.bradley_terry(ratings.PairOutcomes.from_games(20, games).wins(), prior=0.0)
+    assert spearman(fitted, true) >= 0.98
+
+
+def test_bootstrap_and_sandwich_intervals_cover_the_true_ratings() -> None:
+    rng = np.random.default_rng(2)
+    true = centred(np.linspace(850, 1150, 8))
+    covered = {"bootstrap": 0, "sandwich": 0}
+    checks = 0
+    for repeat in range(40):
+        outcomes = ratings.PairOutcomes.from_games(8, simulate(true, 3000, rng, tie_share=0.0))
+        for result in (
+            ratings.bootstrap_intervals(outcomes, rounds=300, seed=repeat, prior=0.0),
+            ratings.sandwich_intervals(outcomes, prior=0.0),
+        ):
+            covered[result.method] += int(((result.lower <= true) & (true <= result.upper)).sum())
+        checks += true.size
+    for method, hits in covered.items():
+        assert 0.90 <= hits / checks <= 0.99, (method, hits / checks)
+
+
+def test_fit_agrees_with_an_independent_logistic_regression() -> None:
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(3)
+    true = centred(rng.normal(1000, 100, 10))
+    games = simulate(true, 20_000, rng)
+    ours = ratings.bradley_terry(ratings.PairOutcomes.from_games(10, games).wins(), prior=0.0)
+    # The expanded vote table: one row per vote (a tie: a half-weight win for each side).
+    rows, labels, weights = [], [], []
+    for a, b, score in games:
+        x = np.zeros(10)
+        x[a], x[b] = 1.0, -1.0
+        for label, weight in ((1, score), (0, 1.0 - score)):
+            if weight:
+                rows.append(x)
+                labels.append(label)
+                weights.append(weight)
+    fit = LogisticRegression(C=np.inf, fit_intercept=False, tol=1e-10, max_iter=10_000)  # unpenalised
+    fit.fit(np.array(rows), np.array(labels), sample_weight=np.array(weights))
+    theirs = centred(fit.coef_[0] * 400.0 / np.log(10.0))
+    np.testing.assert_allclose(ours, theirs, atol=0.5)
+
+
+def test_shuffling_votes_changes_elo_but_not_bradley_terry() -> None:
+    rng = np.random.default_rng(4)
+    games = simulate(centred(np.array([900.0, 1000.0, 1100.0, 1000.0])), 2000, rng)
+    shuffled = list(games)
+    rng.shuffle(shuffled)
+    fit = ratings.bradley_terry(ratings.win_matrix(4, games))
+    np.testing.assert_allclose(fit, ratings.bradley_terry(ratings.win_matrix(4, shuffled)), atol=1e-9)
+    assert not np.allclose(ratings.online_elo(4, games), ratings.online_elo(4, shuffled))
+
+
+def test_ranks_respect_overlapping_intervals() -> None:
+    lower = np.array([1100.0, 1050.0, 900.0, 800.0])
+    upper = np.array([1200.0, 1150.0, 1000.0, 1060.0])
+    # B overlaps A: both rank 1. C is below A and B: rank 3. D overlaps B and C: rank 2.
+    assert ratings.ranks_from_intervals(lower, upper).tolist() == [1, 1, 3, 2]
+
+
+def test_matrices_and_inverse_probability_weights() -> None:
+    outcomes = ratings.PairOutcomes.from_games(3, [(0, 1, 1.0), (1, 0, 0.5), (2, 0, 0.0), (0, 2, 1.0)])
+    assert outcomes.games().tolist() == [[0, 2, 2], [2, 0, 0], [2, 0, 0]]
+    fractions = ratings.win_fraction_matrix(outcomes)
+    assert fractions[0, 1] == 0.75 and fractions[0, 2] == 1.0 and np.isnan(fractions[1, 2])
+    # A pair drawn half as often weighs twice as much; weights keep the total at the real votes.
+    weights = ratings.inverse_probability_weights(outcomes, np.array([0.5, 0.25]))
+    weighted = outcomes.wins(ratings._checked_weights(outcomes, weights))
+    assert weighted.sum() == pytest.approx(outcomes.total)
+    assert weighted[0, 2] / weighted[0, 1] == pytest.approx(2 * 2 / 1.5)
+    with pytest.raises(ValueError):
+        ratings.inverse_probability_weights(outcomes, np.array([0.5]))
+
+
+def test_fix_rate_with_wilson_interval() -> None:
+    rate = ratings.fix_rate(8, 10)
+    assert rate.rate == 0.8
+    assert (round(rate.lower, 3), round(rate.upper, 3)) == (0.490, 0.943)
+    assert ratings.fix_rate(0, 0).rate is None and (ratings.fix_rate(0, 0).lower, ratings.fix_rate(0, 0).upper) == (
+        0.0,
+        1.0,
+    )
