@@ -1,0 +1,119 @@
+"""A leaderboard from votes: ratings with intervals, ranks, Elo, counts. No Django.
+
+Shared by the site's refresh and by ``manage.py rate_battles`` (public arena dumps).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from leaderboard import ratings
+
+CI_METHODS = ("bootstrap", "sandwich")
+# The public arena's clean_battle "winner" values, as the score of model_a.
+WINNER_SCORES = {"model_a": 1.0, "model_b": 0.0, "tie": 0.5, "tie (bothbad)": 0.5}
+
+
+@dataclass(frozen=True)
+class BoardRow:
+    model: str
+    rating: float
+    lower: float
+    upper: float
+    rank: int
+    votes: int
+    elo: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def compute_board(
+    names: Sequence[str],
+    outcomes: ratings.PairOutcomes,
+    *,
+    elo: np.ndarray | None = None,
+    ci: str = "bootstrap",
+    rounds: int = 1000,
+    seed: int = 0,
+    prior: float = 0.5,
+) -> list[BoardRow]:
+    """Rows ranked by rating (ties in rank share the number), each with its interval."""
+    if ci not in CI_METHODS:
+        raise ValueError(f"ci must be one of {', '.join(CI_METHODS)}, got {ci!r}.")
+    if outcomes.n_models != len(names):
+        raise ValueError("One name per model is needed.")
+    if ci == "bootstrap":
+        fitted = ratings.bootstrap_intervals(outcomes, rounds=rounds, seed=seed, prior=prior)
+    else:
+        fitted = ratings.sandwich_intervals(outcomes, prior=prior)
+    votes = outcomes.games().sum(axis=1)
+    elo_values = elo if elo is not None else np.full(len(names), ratings.BASE_RATING)
+    order = sorted(range(len(names)), key=lambda i: (-fitted.ratings[i], names[i]))
+    return [
+        BoardRow(
+            model=names[i],
+            rating=round(float(fitted.ratings[i]), 1),
+            lower=round(float(fitted.lower[i]), 1),
+            upper=round(float(fitted.upper[i]), 1),
+            rank=int(fitted.ranks[i]),
+            votes=round(float(votes[i])),
+            elo=round(float(elo_values[i]), 1),
+        )
+        for i in order
+    ]
+
+
+class BattleFileError(ValueError):
+    """A battles file that can't be read; the message names the record and the problem."""
+
+
+def read_battles(text: str) -> list[dict[str, Any]]:
+    """Records from a JSON list, or from JSON Lines (one object per line)."""
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            records = json.loads(text)
+        except ValueError as error:
+            raise BattleFileError(f"Not valid JSON: {error}.") from None
+    else:
+        records = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except ValueError as error:
+                raise BattleFileError(f"Line {number} is not valid JSON: {error}.") from None
+    if not records:
+        raise BattleFileError("No battles in the file.")
+    return records
+
+
+def games_from_battles(records: Iterable[Any]) -> tuple[list[str], list[tuple[int, int, float]]]:
+    """Model names and (a, b, score of a) games, in time order when records have ``tstamp``."""
+    parsed = []
+    for index, record in enumerate(records):
+        where = f"Battle {index + 1}"
+        if not isinstance(record, dict):
+            raise BattleFileError(f"{where} is not an object.")
+        a, b, winner = record.get("model_a"), record.get("model_b"), record.get("winner")
+        if not isinstance(a, str) or not isinstance(b, str) or not a or not b:
+            raise BattleFileError(f"{where} needs model_a and model_b names.")
+        if a == b:
+            raise BattleFileError(f"{where} pits {a} against itself.")
+        if winner not in WINNER_SCORES:
+            raise BattleFileError(f"{where} has winner {winner!r}; expected one of {', '.join(WINNER_SCORES)}.")
+        stamp = record.get("tstamp", index)
+        if not isinstance(stamp, (int, float)) or isinstance(stamp, bool):
+            raise BattleFileError(f"{where} has a tstamp that is not a number.")
+        parsed.append((stamp, index, a, b, WINNER_SCORES[winner]))
+    parsed.sort()  # By time, then file order: Elo depends on it.
+    names = sorted({name for _, _, a, b, _ in parsed for name in (a, b)})
+    index_of = {name: i for i, name in enumerate(names)}
+    return names, [(index_of[a], index_of[b], score) for _, _, a, b, score in parsed]

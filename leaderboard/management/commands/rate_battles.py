@@ -1,0 +1,55 @@
+"""Rate a public arena's battles (clean_battle format) with this arena's statistics."""
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from leaderboard import board, ratings
+
+
+class Command(BaseCommand):
+    help = (
+        "Read battles (a JSON list or JSON Lines of {model_a, model_b, winner, tstamp?}) and print the "
+        "leaderboard: Bradley-Terry with intervals, interval-aware rank, votes and online Elo."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("file", help="The battles file; - reads stdin.")
+        parser.add_argument("--rounds", type=int, default=1000, help="Bootstrap rounds (default 1000).")
+        parser.add_argument("--ci", choices=board.CI_METHODS, default="bootstrap", help="Interval method.")
+        parser.add_argument("--seed", type=int, default=0, help="Bootstrap seed (default 0).")
+        parser.add_argument("--json", action="store_true", help="Print a JSON list instead of a table.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["rounds"] < 1:
+            raise CommandError("--rounds must be at least 1.")
+        name = options["file"]
+        try:
+            text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
+        except OSError as error:
+            raise CommandError(f"Cannot read {name}: {error.strerror}.") from None
+        try:
+            names, games = board.games_from_battles(board.read_battles(text))
+        except board.BattleFileError as error:
+            raise CommandError(f"{name}: {error}") from None
+        rows = board.compute_board(
+            names,
+            ratings.PairOutcomes.from_games(len(names), games),
+            elo=ratings.online_elo(len(names), games),
+            ci=options["ci"],
+            rounds=options["rounds"],
+            seed=options["seed"],
+        )
+        if options["json"]:
+            self.stdout.write(json.dumps([row.as_dict() for row in rows], indent=2))
+            return
+        self.stdout.write(f"{len(games)} battles, {len(names)} models; 95% {options['ci']} intervals")
+        self.stdout.write(f"{'rank':>4}  {'model':<32} {'rating':>7} {'95% interval':>17} {'votes':>7} {'elo':>7}")
+        for row in rows:
+            interval = f"{row.lower:.1f}-{row.upper:.1f}"
+            self.stdout.write(
+                f"{row.rank:>4}  {row.model:<32} {row.rating:>7.1f} {interval:>17} {row.votes:>7} {row.elo:>7.1f}"
+            )
