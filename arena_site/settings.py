@@ -179,3 +179,15 @@ ARENA_GENERATION_TIMEOUT_SECONDS = float(os.environ.get("ARENA_GENERATION_TIMEOU
 # Threads of the embedded mode's in-process worker: concurrent replies share each engine's batch.
 ARENA_IN_PROCESS_WORKERS = int(os.environ.get("ARENA_IN_PROCESS_WORKERS", "8"))
 ARENA_EVALUATION_QUEUE = os.environ.get("ARENA_EVALUATION_QUEUE", "evaluations")
+
+# Leaderboard: beat checks every minute and recomputes every category when the latest refresh
+# is older than LEADERBOARD_REFRESH_SECONDS, or sooner once LEADERBOARD_REFRESH_VOTES new votes
+# have arrived. A model with fewer votes than LEADERBOARD_PROVISIONAL_VOTES is "provisional".
+LEADERBOARD_REFRESH_SECONDS = float(os.environ.get("LEADERBOARD_REFRESH_SECONDS", "600"))
+LEADERBOARD_REFRESH_VOTES = int(os.environ.get("LEADERBOARD_REFRESH_VOTES", "100"))
+LEADERBOARD_PROVISIONAL_VOTES = int(os.environ.get("LEADERBOARD_PROVISIONAL_VOTES", "30"))
+LEADERBOARD_BOOTSTRAP_ROUNDS = int(os.environ.get("LEADERBOARD_BOOTSTRAP_ROUNDS", "1000"))
+LEADERBOARD_ELO_K = float(os.environ.get("LEADERBOARD_ELO_K", "32"))
+CELERY_BEAT_SCHEDULE = {
+    "refresh-leaderboard": {"task": "leaderboard.refresh_if_due", "schedule": 60.0, "options": {"queue": "default"}},
+}

@@ -1,55 +1,134 @@
-"""The leaderboard as read from the votes so far."""
+"""Reads for the leaderboard: votes reduced to per-category pairwise counts, fix rates, snapshots."""
 
 from dataclasses import dataclass
+from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 
 from inference.models import LLM
 from leaderboard import ratings
-from votes.models import Vote
+from leaderboard.models import LeaderboardRefresh
+from votes.models import Battle, Message, Rating, Task, Verdict, Vote
+
+OVERALL, FIRST_TRY, FIXING = "overall", "first_try", "fixing"
+TASK_PREFIX = "task:"
+TITLES = {
+    OVERALL: "Overall (each battle's final vote)",
+    FIRST_TRY: "First try (votes on the first replies)",
+    FIXING: "Fixing mistakes (votes after a correction)",
+}
+
+
+def categories() -> list[tuple[str, str]]:
+    """Every category: overall, first try, fixing mistakes, and one per task category."""
+    task_categories = sorted(set(Task.objects.exclude(category="").values_list("category", flat=True)))
+    return [(key, TITLES[key]) for key in (OVERALL, FIRST_TRY, FIXING)] + [
+        (f"{TASK_PREFIX}{name}", f"Task category: {name}") for name in task_categories
+    ]
+
+
+def _in_category(votes: QuerySet[Vote], category: str) -> QuerySet[Vote]:
+    if category == FIRST_TRY:
+        return votes.filter(stage=Vote.Stage.FIRST_TRY)
+    if category == FIXING:
+        return votes.filter(stage=Vote.Stage.AFTER_FIX)
+    # Overall and task categories: a battle counts once, with its final vote.
+    later = Vote.objects.filter(battle=OuterRef("battle"), stage=Vote.Stage.AFTER_FIX)
+    final = votes.filter(Q(stage=Vote.Stage.AFTER_FIX) | (Q(stage=Vote.Stage.FIRST_TRY) & ~Exists(later)))
+    if category == OVERALL:
+        return final
+    if category.startswith(TASK_PREFIX):
+        return final.filter(battle__task__category=category.removeprefix(TASK_PREFIX))
+    raise ValueError(f"Unknown leaderboard category {category!r}.")
+
+
+def counted_votes(category: str = OVERALL) -> QuerySet[Vote]:
+    """The votes a category counts: ended battles without an identity leak."""
+    return _in_category(Vote.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False), category)
+
+
+def excluded_votes(category: str = OVERALL) -> dict[str, int]:
+    """Votes of the category left out, per reason."""
+    votes = _in_category(Vote.objects.all(), category)
+    return {
+        "identity leak": votes.filter(battle__excluded=True).count(),
+        "unfinished battle": votes.filter(battle__excluded=False).exclude(battle__state=Battle.State.ENDED).count(),
+    }
 
 
 @dataclass(frozen=True)
-class LeaderboardRow:
-    rank: int
-    name: str
-    bradley_terry: float
-    elo: float
-    votes: int
-    wins: float
+class CategoryData:
+    names: list[str]
+    outcomes: ratings.PairOutcomes
+    games_in_order: list[tuple[int, int, float]]  # For online Elo.
+    last_vote_id: int
 
 
-def counted_votes(stage: str = Vote.Stage.FIRST_TRY) -> "QuerySet[Vote]":
-    """The votes the leaderboard counts: one stage, battles excluded for an identity leak left out."""
-    return Vote.objects.filter(stage=stage, battle__excluded=False)
+def category_data(category: str, names: list[str]) -> CategoryData:
+    """The category's votes reduced to pairwise counts by one aggregate query."""
+    index = {name: i for i, name in enumerate(names)}
+    votes = counted_votes(category)
+    cells: dict[tuple[int, int], list[float]] = {}
+    grouped = votes.values("battle__model_a__name", "battle__model_b__name", "choice").annotate(n=Count("id"))
+    for row in grouped.order_by():
+        a, b = index[row["battle__model_a__name"]], index[row["battle__model_b__name"]]
+        score = ratings.VOTE_SCORES[row["choice"]]
+        i, j, score_i = (a, b, score) if a < b else (b, a, 1.0 - score)
+        cell = cells.setdefault((i, j), [0.0, 0.0, 0.0])
+        cell[0 if score_i == 1.0 else 1 if score_i == 0.0 else 2] += row["n"]
+    # Online Elo depends on the order of the votes: replayed oldest first.
+    history = votes.order_by("created", "pk").values_list(
+        "battle__model_a__name", "battle__model_b__name", "choice", "pk"
+    )
+    games, last = [], 0
+    for a_name, b_name, choice, pk in history:
+        games.append((index[a_name], index[b_name], ratings.VOTE_SCORES[choice]))
+        last = max(last, pk)
+    return CategoryData(names, ratings.PairOutcomes.from_cells(len(names), cells), games, last)
 
 
-def leaderboard_rows() -> list[LeaderboardRow]:
-    """Models ranked by Bradley-Terry; the database aggregates votes into pairwise counts."""
-    models = list(LLM.objects.order_by("name"))
-    index = {model.pk: i for i, model in enumerate(models)}
-    counts = counted_votes().values("battle__model_a", "battle__model_b", "choice").annotate(n=Count("id")).order_by()
-    wins = ratings.win_matrix(len(models), [])
-    for row in counts:
-        a, b = index[row["battle__model_a"]], index[row["battle__model_b"]]
-        score_a = ratings.VOTE_SCORES[row["choice"]]
-        wins[a, b] += score_a * row["n"]
-        wins[b, a] += (1.0 - score_a) * row["n"]
-    # Elo depends on the order of the votes, so it reads them one by one (oldest first).
-    history = counted_votes().order_by("created", "pk").values_list("battle__model_a", "battle__model_b", "choice")
-    games = [(index[a], index[b], ratings.VOTE_SCORES[choice]) for a, b, choice in history]
-    bt = ratings.bradley_terry(wins)
-    elo = ratings.online_elo(len(models), games)
-    played = wins + wins.T
-    order = sorted(range(len(models)), key=lambda i: (-bt[i], models[i].name))
-    return [
-        LeaderboardRow(
-            rank=rank,
-            name=models[i].name,
-            bradley_terry=round(float(bt[i]), 1),
-            elo=round(float(elo[i]), 1),
-            votes=round(float(played[i].sum())),
-            wins=float(wins[i].sum()),
-        )
-        for rank, i in enumerate(order, start=1)
-    ]
+def fix_rates(names: list[str]) -> dict[str, dict[str, ratings.FixRate]]:
+    """Per model, the share of replies to a correction that fixed the mistake: as rated by the
+    voters (🥦 after a 🍄/🔥) and as judged by the checker (correct after a wrong verdict)."""
+    replies = (
+        Message.objects.filter(role=Message.Role.ASSISTANT, battle__state=Battle.State.ENDED, battle__excluded=False)
+        .order_by("battle_id", "side", "turn")
+        .values_list("battle_id", "side", "rating", "check_verdict", "battle__model_a__name", "battle__model_b__name")
+    )
+    wrong_ratings, wrong_verdicts = (Rating.MISTAKE, Rating.GARBAGE), (Verdict.MISTAKE, Verdict.GARBAGE)
+    tallies = {name: {"voters": [0, 0], "checker": [0, 0]} for name in names}
+    previous: tuple[Any, ...] | None = None
+    for battle_id, side, rating, verdict, model_a, model_b in replies:
+        model = model_a if side == "a" else model_b
+        if previous is not None and previous[:2] == (battle_id, side) and model in tallies:
+            if previous[2] in wrong_ratings and rating:
+                tallies[model]["voters"][0] += rating == Rating.FIXED
+                tallies[model]["voters"][1] += 1
+            if previous[3] in wrong_verdicts and verdict:
+                tallies[model]["checker"][0] += verdict == Verdict.CORRECT
+                tallies[model]["checker"][1] += 1
+        previous = (battle_id, side, rating, verdict)
+    return {
+        name: {source: ratings.fix_rate(*counts) for source, counts in by_source.items()}
+        for name, by_source in tallies.items()
+    }
+
+
+def roster_names() -> list[str]:
+    return list(LLM.objects.order_by("name").values_list("name", flat=True))
+
+
+def latest_refresh() -> LeaderboardRefresh | None:
+    return LeaderboardRefresh.objects.order_by("-created", "-pk").first()
+
+
+def refresh_by_id(refresh_id: int) -> LeaderboardRefresh | None:
+    return LeaderboardRefresh.objects.filter(pk=refresh_id).first()
+
+
+def recent_refreshes(limit: int = 30) -> list[LeaderboardRefresh]:
+    return list(LeaderboardRefresh.objects.order_by("-created", "-pk")[:limit])
+
+
+def new_votes_since(refresh: LeaderboardRefresh | None) -> int:
+    return Vote.objects.filter(pk__gt=refresh.last_vote_id if refresh else 0).count()

@@ -1,8 +1,36 @@
-from django.http import HttpRequest, HttpResponse
+from django.conf import settings
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from leaderboard.selectors import leaderboard_rows
+from leaderboard import charts, selectors, services
 
 
 def leaderboard(request: HttpRequest) -> HttpResponse:
-    return render(request, "leaderboard/index.html", {"rows": leaderboard_rows()})
+    """The latest refresh (or ``?refresh=<id>``: the leaderboard as of then), one category at a
+    time (``?category=``)."""
+    refresh_id = request.GET.get("refresh")
+    if refresh_id:
+        if not refresh_id.isdigit() or (refresh := selectors.refresh_by_id(int(refresh_id))) is None:
+            raise Http404("No such leaderboard refresh.")
+    else:
+        refresh = selectors.latest_refresh()
+        # Embedded mode has no beat: the page refreshes when due. No refresh at all yet: now.
+        if refresh is None or settings.GENERATION_BACKEND != "celery":
+            refresh = services.refresh_if_due() or refresh or services.refresh_leaderboard()
+    snapshots = list(refresh.snapshots.order_by("position"))
+    wanted = request.GET.get("category", "overall")
+    snapshot = next((s for s in snapshots if s.category == wanted), None)
+    if snapshot is None:
+        raise Http404("No such leaderboard category.")
+    context = {
+        "refresh": refresh,
+        "latest": refresh_id is None,
+        "refreshes": selectors.recent_refreshes(),
+        "snapshots": snapshots,
+        "snapshot": snapshot,
+        "interval_chart": charts.interval_chart(snapshot.rows),
+        "win_map": charts.heatmap(snapshot.model_names, snapshot.win_fractions, kind="fraction"),
+        "count_map": charts.heatmap(snapshot.model_names, snapshot.battle_counts, kind="count"),
+        "excluded_total": sum(snapshot.excluded.values()),
+    }
+    return render(request, "leaderboard/index.html", context)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from leaderboard.selectors import counted_votes, leaderboard_rows
+from leaderboard.selectors import counted_votes, excluded_votes
 from votes import services
 from votes.leaks import find_identity_leak
 from votes.models import Battle, Message
@@ -49,6 +49,15 @@ def test_leaking_reply_excludes_the_battle_from_the_leaderboard(demo_llms) -> No
 
     clean = play({"a": "I am a calendar assistant.", "b": "Hello."})
     leaky = play({"a": "Hello.", "b": "I am Llama, made by Meta AI."})
+    # The reason is shown to the voter only once the battle has ended (it would name the model).
+    from votes.selectors import battle_state
+
+    assert battle_state(leaky)["excluded"] is None
+    for battle in (clean, leaky):
+        services.end_battle(battle=battle)
+        battle.refresh_from_db()
+    assert battle_state(leaky)["excluded"] == leaky.excluded_reason
+
     assert not clean.excluded
     assert leaky.excluded
     assert leaky.excluded_reason == "the reply of side B at turn 1 names 'Llama'"
@@ -56,11 +65,4 @@ def test_leaking_reply_excludes_the_battle_from_the_leaderboard(demo_llms) -> No
     # The votes are kept, but only the clean battle's counts.
     assert leaky.votes.count() == 1
     assert list(counted_votes().values_list("battle", flat=True)) == [clean.pk]
-    assert sum(row.votes for row in leaderboard_rows()) == 2  # One vote, two models.
-    # The reason is shown to the voter only once the battle has ended (it would name the model).
-    from votes.selectors import battle_state
-
-    assert battle_state(leaky)["excluded"] is None
-    services.end_battle(battle=leaky)
-    leaky.refresh_from_db()
-    assert battle_state(leaky)["excluded"] == leaky.excluded_reason
+    assert excluded_votes() == {"identity leak": 1, "unfinished battle": 0}

@@ -1,36 +1,118 @@
-"""The leaderboard page ranks models from the votes in the database."""
+"""The leaderboard: votes reduced per category, snapshots refreshed (by beat, or when due), pages."""
 
 import pytest
+from django.conf import settings
 
 from inference.models import LLM
-from votes.models import Battle, Vote
+from leaderboard import selectors, services
+from leaderboard.models import LeaderboardRefresh
+from votes.models import Battle, Message, Task, Vote
 
 pytestmark = pytest.mark.django_db
 
 
-def make_vote(model_a: LLM, model_b: LLM, choice: str) -> None:
-    battle = Battle.objects.create(model_a=model_a, model_b=model_b, voter_key="k", state=Battle.State.ENDED)
-    Vote.objects.create(battle=battle, choice=choice)
+def make_battle(model_a: LLM, model_b: LLM, first: str, after_fix: str | None = None, **fields) -> Battle:
+    battle = Battle.objects.create(
+        model_a=model_a, model_b=model_b, voter_key="k", state=fields.pop("state", Battle.State.ENDED), **fields
+    )
+    Vote.objects.create(battle=battle, choice=first, stage=Vote.Stage.FIRST_TRY)
+    if after_fix:
+        Vote.objects.create(battle=battle, choice=after_fix, stage=Vote.Stage.AFTER_FIX, after_turn=1)
+    return battle
 
 
-def test_leaderboard_ranks_by_votes(client) -> None:
-    strong, weak, _idle = (
+@pytest.fixture
+def models() -> tuple[LLM, LLM, LLM]:
+    return tuple(
         LLM.objects.create(name=name, family="gemma", preset=f"/presets/{name}") for name in ("strong", "weak", "idle")
     )
+
+
+def test_leaderboard_ranks_by_votes_with_intervals(client, models) -> None:
+    strong, weak, _idle = models
     for _ in range(4):
-        make_vote(strong, weak, "a")
-    make_vote(weak, strong, "b")
-    make_vote(weak, strong, "tie")
+        make_battle(strong, weak, "a")
+    make_battle(weak, strong, "b")
+    make_battle(weak, strong, "tie")
 
     response = client.get("/leaderboard/")
     assert response.status_code == 200
-    rows = response.context["rows"]
-    assert [row.name for row in rows] == ["strong", "idle", "weak"]
-    assert [row.votes for row in rows] == [6, 0, 6]
-    assert rows[0].bradley_terry > 1000 > rows[2].bradley_terry
-    assert rows[0].elo > rows[2].elo
+    rows = response.context["snapshot"].rows
+    assert [row["model"] for row in rows] == ["strong", "idle", "weak"]
+    assert [row["votes"] for row in rows] == [6, 0, 6]
+    assert rows[0]["rating"] > 1000 > rows[2]["rating"]
+    assert rows[0]["elo"] > rows[2]["elo"]
+    assert all(row["lower"] <= row["rating"] <= row["upper"] for row in rows)
+    assert all(row["provisional"] for row in rows)  # Fewer than LEADERBOARD_PROVISIONAL_VOTES.
     html = response.content.decode()
     assert html.index("strong") < html.index("weak")
+    assert "<svg" in html and "Win fraction" in html
+
+
+def test_categories_count_the_right_votes_and_say_what_is_left_out(client, models) -> None:
+    strong, weak, _idle = models
+    task = Task.objects.create(slug="t", title="T", category="API calls")
+    make_battle(strong, weak, "b", after_fix="a", task=task)  # Fixed after the correction.
+    make_battle(strong, weak, "a")
+    make_battle(strong, weak, "a", excluded=True, excluded_reason="leak")
+    make_battle(strong, weak, "a", state=Battle.State.ACTIVE)
+    keys = [key for key, _ in selectors.categories()]
+    assert keys == ["overall", "first_try", "fixing", "task:API calls"]
+    assert [v.choice for v in selectors.counted_votes("first_try").order_by("pk")] == ["b", "a"]
+    assert [v.choice for v in selectors.counted_votes("fixing")] == ["a"]
+    assert sorted(v.choice for v in selectors.counted_votes("overall")) == ["a", "a"]  # The final vote each.
+    assert [v.choice for v in selectors.counted_votes("task:API calls")] == ["a"]
+    assert selectors.excluded_votes("first_try") == {"identity leak": 1, "unfinished battle": 1}
+
+    page = client.get("/leaderboard/", {"category": "fixing"})
+    assert page.context["snapshot"].votes == 1
+    assert client.get("/leaderboard/", {"category": "nope"}).status_code == 404
+
+
+def test_fix_rates_by_voters_and_checker(models) -> None:
+    strong, weak, _idle = models
+    battle = make_battle(strong, weak, "a", after_fix="a")
+    replies = [
+        ("a", 0, "mistake", "mistake"),
+        ("a", 1, "fixed", "correct"),
+        ("b", 0, "garbage", "garbage"),
+        ("b", 1, "mistake", "mistake"),
+    ]
+    for side, turn, rating, verdict in replies:
+        Message.objects.create(
+            battle=battle, side=side, turn=turn, role="assistant", rating=rating, check_verdict=verdict
+        )
+    rates = selectors.fix_rates(["strong", "weak", "idle"])
+    assert (rates["strong"]["voters"].fixed, rates["strong"]["voters"].corrections) == (1, 1)
+    assert (rates["weak"]["checker"].fixed, rates["weak"]["checker"].corrections) == (0, 1)
+    assert rates["idle"]["voters"].rate is None
+
+
+def test_snapshots_refresh_when_due_and_stay_viewable(client, models, settings) -> None:
+    strong, weak, _idle = models
+    make_battle(strong, weak, "a")
+    first = services.refresh_leaderboard(rounds=50)
+    assert services.refresh_if_due() is None  # No new vote.
+    settings.LEADERBOARD_REFRESH_VOTES = 2
+    make_battle(strong, weak, "b")
+    assert services.refresh_if_due() is None  # One new vote, and the last refresh is recent.
+    make_battle(strong, weak, "b")
+    second = services.refresh_if_due()
+    assert second is not None and second.pk != first.pk
+    assert LeaderboardRefresh.objects.count() == 2
+    old = client.get("/leaderboard/", {"refresh": first.pk})
+    assert old.context["snapshot"].votes == 1 and not old.context["latest"]
+    assert client.get("/leaderboard/", {"refresh": "999999"}).status_code == 404
+    assert client.get("/leaderboard/", {"refresh": "x"}).status_code == 404
+
+
+def test_beat_runs_the_refresh_every_minute() -> None:
+    (entry,) = settings.CELERY_BEAT_SCHEDULE.values()
+    assert entry["task"] == "leaderboard.refresh_if_due" and entry["schedule"] == 60.0
+    from arena_site.celery import app
+
+    app.loader.import_default_modules()
+    assert "leaderboard.refresh_if_due" in app.tasks
 
 
 def test_empty_leaderboard(client) -> None:

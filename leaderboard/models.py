@@ -1,0 +1,43 @@
+"""Leaderboard snapshots: every category's board as computed by one refresh."""
+
+from django.db import models
+
+
+class LeaderboardRefresh(models.Model):
+    """One recomputation of every category. Pages read the latest; older ones stay viewable
+    ("leaderboard as of")."""
+
+    created = models.DateTimeField(auto_now_add=True, db_index=True)
+    last_vote_id = models.PositiveBigIntegerField(default=0, help_text="The newest vote this refresh saw.")
+    seconds = models.FloatField(default=0.0, help_text="How long the refresh took.")
+
+    class Meta:
+        ordering = ["-created", "-pk"]
+
+    def __str__(self) -> str:
+        return f"Leaderboard of {self.created:%Y-%m-%d %H:%M:%S}"
+
+
+class LeaderboardSnapshot(models.Model):
+    """One category's leaderboard in a refresh."""
+
+    refresh = models.ForeignKey(LeaderboardRefresh, on_delete=models.CASCADE, related_name="snapshots")
+    position = models.PositiveSmallIntegerField(default=0, help_text="Display order of the category.")
+    category = models.CharField(max_length=120, help_text='"overall", "first_try", "fixing" or "task:<category>".')
+    title = models.CharField(max_length=200)
+    votes = models.PositiveIntegerField(help_text="Votes counted.")
+    method = models.CharField(max_length=20, default="bootstrap")
+    # Per model: model, rating, lower, upper, rank, votes, elo, provisional, fix rates.
+    rows = models.JSONField(default=list)
+    excluded = models.JSONField(default=dict, help_text="Votes left out, per reason.")
+    # Square matrices in the order of model_names: win fractions (null where never met), votes.
+    model_names = models.JSONField(default=list)
+    win_fractions = models.JSONField(default=list)
+    battle_counts = models.JSONField(default=list)
+
+    class Meta:
+        ordering = ["refresh", "position"]
+        constraints = [models.UniqueConstraint(fields=["refresh", "category"], name="snapshot_one_per_category")]
+
+    def __str__(self) -> str:
+        return f"{self.category} ({self.refresh})"

@@ -1,0 +1,83 @@
+"""Writes for the leaderboard: recomputing every category into a snapshot."""
+
+import math
+import time
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from leaderboard import board, ratings, selectors
+from leaderboard.models import LeaderboardRefresh, LeaderboardSnapshot
+from votes.models import Vote
+
+
+@transaction.atomic
+def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> LeaderboardRefresh:
+    """Recompute every category (ratings, intervals, ranks, Elo, matrices, fix rates) and store
+    the snapshots of one refresh."""
+    started = time.perf_counter()
+    rounds = settings.LEADERBOARD_BOOTSTRAP_ROUNDS if rounds is None else rounds
+    names = selectors.roster_names()
+    last_vote = Vote.objects.aggregate(last=Max("pk"))["last"] or 0
+    refresh = LeaderboardRefresh.objects.create(last_vote_id=last_vote)
+    fixes = selectors.fix_rates(names)
+    provisional_below = settings.LEADERBOARD_PROVISIONAL_VOTES
+    for position, (category, title) in enumerate(selectors.categories()):
+        data = selectors.category_data(category, names)
+        rows = board.compute_board(
+            names,
+            data.outcomes,
+            elo=ratings.online_elo(len(names), data.games_in_order, k=settings.LEADERBOARD_ELO_K),
+            rounds=rounds,
+            seed=seed,
+        )
+        fractions = ratings.win_fraction_matrix(data.outcomes)
+        LeaderboardSnapshot.objects.create(
+            refresh=refresh,
+            position=position,
+            category=category,
+            title=title,
+            votes=round(data.outcomes.total),
+            rows=[
+                {
+                    **row.as_dict(),
+                    "provisional": row.votes < provisional_below,
+                    "fix_rate": _fix_rate(fixes[row.model]["voters"]),
+                    "checker_fix_rate": _fix_rate(fixes[row.model]["checker"]),
+                }
+                for row in rows
+            ],
+            excluded=selectors.excluded_votes(category),
+            model_names=names,
+            win_fractions=[[None if math.isnan(v) else round(float(v), 4) for v in line] for line in fractions],
+            battle_counts=data.outcomes.games().astype(int).tolist(),
+        )
+    refresh.seconds = time.perf_counter() - started
+    refresh.save(update_fields=["seconds"])
+    return refresh
+
+
+def _fix_rate(rate: ratings.FixRate) -> dict[str, float | int | None]:
+    return {
+        "fixed": rate.fixed,
+        "corrections": rate.corrections,
+        "rate": rate.rate,
+        "lower": round(rate.lower, 4),
+        "upper": round(rate.upper, 4),
+    }
+
+
+def refresh_if_due() -> LeaderboardRefresh | None:
+    """Refresh when the latest refresh is older than LEADERBOARD_REFRESH_SECONDS or
+    LEADERBOARD_REFRESH_VOTES votes have arrived since (beat calls this every minute)."""
+    latest = selectors.latest_refresh()
+    if latest is not None:
+        age = (timezone.now() - latest.created).total_seconds()
+        new_votes = selectors.new_votes_since(latest)
+        if new_votes == 0 or (
+            age < settings.LEADERBOARD_REFRESH_SECONDS and new_votes < settings.LEADERBOARD_REFRESH_VOTES
+        ):
+            return None
+    return refresh_leaderboard()
