@@ -159,3 +159,14 @@ def test_fix_rate_with_wilson_interval() -> None:
         0.0,
         1.0,
     )
+
+
+def test_bootstrap_does_not_depend_on_the_number_of_threads(monkeypatch) -> None:
+    rng = np.random.default_rng(5)
+    outcomes = ratings.PairOutcomes.from_games(5, simulate(centred(np.linspace(900, 1100, 5)), 2000, rng))
+    many = ratings.bootstrap_intervals(outcomes, rounds=600, seed=3)
+    monkeypatch.setattr(ratings.os, "cpu_count", lambda: 1)
+    one = ratings.bootstrap_intervals(outcomes, rounds=600, seed=3)
+    np.testing.assert_array_equal(many.lower, one.lower)
+    np.testing.assert_array_equal(many.upper, one.upper)
+    assert not np.array_equal(ratings.bootstrap_intervals(outcomes, rounds=600, seed=4).lower, one.lower)

@@ -1,0 +1,150 @@
+"""Benchmark of the leaderboard refresh on synthetic votes (``manage.py bench_leaderboard``).
+
+Stages, each timed (wall clock) and then run again for its peak traced memory (tracemalloc,
+which numpy reports to): reduction of the votes to pairwise counts, the Bradley-Terry fit, bootstrap intervals,
+sandwich intervals, the matrices. Online Elo is maintained as votes arrive in a live arena, so a
+refresh does not pay for it; replaying it from scratch is timed on its own line.
+
+The reference is the arena method of late 2023: an unpenalised logistic regression on the whole
+expanded vote table, refitted on every bootstrap round. It runs a few rounds and is
+extrapolated to the requested number, labelled as such.
+"""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from leaderboard import ratings
+
+
+def synthetic_votes(votes: int, models: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(model a, model b, score of a) arrays from known strengths, ~10% ties."""
+    rng = np.random.default_rng(seed)
+    strengths = rng.normal(1000, 120, models)
+    a = rng.integers(0, models, votes)
+    b = (a + rng.integers(1, models, votes)) % models
+    p_a = 1.0 / (1.0 + 10.0 ** ((strengths[b] - strengths[a]) / 400.0))
+    tie = rng.random(votes) < 0.1
+    score = np.where(tie, 0.5, (rng.random(votes) < p_a).astype(float))
+    return a, b, score
+
+
+def reduce_to_outcomes(models: int, a: np.ndarray, b: np.ndarray, score: np.ndarray) -> ratings.PairOutcomes:
+    """What the database's GROUP BY does, for arrays: counts per (pair, outcome) cell."""
+    first, second = np.minimum(a, b), np.maximum(a, b)
+    score_first = np.where(a < b, score, 1.0 - score)
+    outcome = np.where(score_first == 1.0, 0, np.where(score_first == 0.0, 1, 2))
+    cell = (first * models + second) * 3 + outcome
+    counts = np.bincount(cell, minlength=models * models * 3).reshape(models, models, 3)
+    i, j = np.triu_indices(models, k=1)
+    present = counts[i, j].sum(axis=1) > 0
+    i, j = i[present], j[present]
+    cells = counts[i, j].astype(float)
+    return ratings.PairOutcomes(models, i, j, cells[:, 0], cells[:, 1], cells[:, 2])
+
+
+def _stage(results: list[dict[str, Any]], name: str, work: Callable[[], Any]) -> Any:
+    """Time ``work``, then run it again under tracemalloc for its peak memory (tracing slows
+    numpy's allocations, so the timed run is not traced)."""
+    began = time.perf_counter()
+    value = work()
+    seconds = time.perf_counter() - began
+    tracemalloc.start()
+    work()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    results.append({"stage": name, "seconds": seconds, "peak_mib": peak / 2**20})
+    return value
+
+
+def reference_round_seconds(
+    a: np.ndarray, b: np.ndarray, score: np.ndarray, models: int, rounds: int, seed: int
+) -> float:
+    """Seconds per bootstrap round of the reference: resample the votes, expand them into a
+    design matrix, fit an unpenalised logistic regression."""
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(seed)
+    began = time.perf_counter()
+    for _ in range(rounds):
+        pick = rng.integers(0, a.size, a.size)
+        sa, sb, ss = a[pick], b[pick], score[pick]
+        rows = np.arange(sa.size)
+        design = np.zeros((sa.size, models), dtype=np.float32)
+        design[rows, sa] = 1.0
+        design[rows, sb] = -1.0
+        # A tie is a half-weight win for each side, as in the arena's method.
+        tie = ss == 0.5
+        x = np.concatenate([design, design[tie]])
+        y = np.concatenate([(ss >= 0.5).astype(int), np.zeros(int(tie.sum()), dtype=int)])
+        weights = np.concatenate([np.where(tie, 0.5, 1.0), np.full(int(tie.sum()), 0.5)])
+        LogisticRegression(C=np.inf, fit_intercept=False, tol=1e-6, max_iter=100).fit(x, y, sample_weight=weights)
+    return (time.perf_counter() - began) / rounds
+
+
+def run_bench(
+    *, votes: int = 1_000_000, models: int = 40, rounds: int = 1000, reference_rounds: int = 2, seed: int = 0
+) -> dict[str, Any]:
+    a, b, score = synthetic_votes(votes, models, seed)  # Not timed.
+    stages: list[dict[str, Any]] = []
+    outcomes = _stage(stages, "reduce votes to pair counts", lambda: reduce_to_outcomes(models, a, b, score))
+    _stage(stages, "Bradley-Terry fit", lambda: ratings.bradley_terry(outcomes.wins(), prior=0.5))
+    _stage(
+        stages,
+        f"bootstrap intervals ({rounds} rounds)",
+        lambda: ratings.bootstrap_intervals(outcomes, rounds=rounds, seed=seed),
+    )
+    _stage(stages, "sandwich intervals", lambda: ratings.sandwich_intervals(outcomes))
+    _stage(stages, "win-fraction and count matrices", lambda: (ratings.win_fraction_matrix(outcomes), outcomes.games()))
+    total = sum(stage["seconds"] for stage in stages)
+    games = list(zip(a.tolist(), b.tolist(), score.tolist(), strict=True))
+    elo_began = time.perf_counter()
+    ratings.online_elo(models, games)
+    elo_replay = time.perf_counter() - elo_began
+    reference = None
+    if reference_rounds > 0:
+        try:
+            per_round = reference_round_seconds(a, b, score, models, reference_rounds, seed)
+        except ImportError:
+            per_round = None
+        if per_round is not None:
+            reference = {
+                "rounds_run": reference_rounds,
+                "seconds_per_round": per_round,
+                "seconds_extrapolated": per_round * rounds,
+            }
+    return {
+        "votes": votes,
+        "models": models,
+        "rounds": rounds,
+        "stages": stages,
+        "seconds_total": total,
+        "elo_replay_seconds": elo_replay,
+        "reference": reference,
+        "speedup_vs_reference": reference["seconds_extrapolated"] / total if reference else None,
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    lines = [
+        f"{result['votes']:,} synthetic votes, {result['models']} models, {result['rounds']} bootstrap rounds",
+        f"{'stage':<38} {'seconds':>9} {'peak MiB':>9}",
+    ]
+    lines += [f"{s['stage']:<38} {s['seconds']:>9.3f} {s['peak_mib']:>9.1f}" for s in result["stages"]]
+    lines.append(f"{'whole refresh':<38} {result['seconds_total']:>9.3f}")
+    lines.append(f"{'(online Elo replayed from scratch)':<38} {result['elo_replay_seconds']:>9.3f}")
+    reference = result["reference"]
+    if reference:
+        lines.append(
+            f"reference (logistic regression per round): {reference['seconds_per_round']:.2f} s/round over "
+            f"{reference['rounds_run']} rounds, extrapolated to {result['rounds']}: "
+            f"{reference['seconds_extrapolated']:.0f} s -> speedup {result['speedup_vs_reference']:.0f}x"
+        )
+    else:
+        lines.append("reference: not run (scikit-learn missing or --reference-rounds 0)")
+    return "\n".join(lines)

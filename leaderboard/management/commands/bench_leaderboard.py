@@ -1,0 +1,32 @@
+"""Benchmark the leaderboard refresh on synthetic votes (see leaderboard.bench)."""
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from leaderboard.bench import format_table, run_bench
+
+
+class Command(BaseCommand):
+    help = "Time the whole leaderboard refresh on synthetic votes against a per-round logistic regression."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--votes", type=int, default=1_000_000)
+        parser.add_argument("--models", type=int, default=40)
+        parser.add_argument("--rounds", type=int, default=1000, help="Bootstrap rounds.")
+        parser.add_argument("--reference-rounds", type=int, default=2, help="Rounds of the reference actually run.")
+        parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument("--json", action="store_true", help="Print the figures as JSON.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["votes"] < 1 or options["models"] < 2 or options["rounds"] < 1 or options["reference_rounds"] < 0:
+            raise CommandError("Need --votes >= 1, --models >= 2, --rounds >= 1 and --reference-rounds >= 0.")
+        result = run_bench(
+            votes=options["votes"],
+            models=options["models"],
+            rounds=options["rounds"],
+            reference_rounds=options["reference_rounds"],
+            seed=options["seed"],
+        )
+        self.stdout.write(json.dumps(result, indent=2) if options["json"] else format_table(result))
