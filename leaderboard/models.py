@@ -34,6 +34,11 @@ class LeaderboardSnapshot(models.Model):
     model_names = models.JSONField(default=list)
     win_fractions = models.JSONField(default=list)
     battle_counts = models.JSONField(default=list)
+    # Online Elo, maintained incrementally: its exact values, and the last vote it has taken (votes
+    # count once their battle has ended, in the order (battle end, vote id)).
+    elo_state = models.JSONField(default=dict)
+    elo_through_ended = models.DateTimeField(null=True, blank=True)
+    elo_through_vote = models.PositiveBigIntegerField(default=0)
 
     class Meta:
         ordering = ["refresh", "position"]

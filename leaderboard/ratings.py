@@ -303,10 +303,16 @@ def expected_score(rating_a: float, rating_b: float) -> float:
 
 
 def online_elo(
-    n_models: int, games: Sequence[tuple[int, int, float]], *, k: float = 32.0, initial: float = BASE_RATING
+    n_models: int,
+    games: Sequence[tuple[int, int, float]],
+    *,
+    k: float = 32.0,
+    initial: float = BASE_RATING,
+    start: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Elo updated game by game in the order given (oldest first)."""
-    ratings = np.full(n_models, initial, dtype=float)
+    """Elo updated game by game in the order given (oldest first), from ``start`` (the ratings
+    after earlier games) or from ``initial`` for everyone."""
+    ratings = np.full(n_models, initial, dtype=float) if start is None else np.array(start, dtype=float)
     for a, b, score_a in games:
         expected_a = expected_score(ratings[a], ratings[b])
         ratings[a] += k * (score_a - expected_a)

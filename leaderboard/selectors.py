@@ -60,12 +60,17 @@ def excluded_votes(category: str = OVERALL) -> dict[str, int]:
 class CategoryData:
     names: list[str]
     outcomes: ratings.PairOutcomes
-    games_in_order: list[tuple[int, int, float]]  # For online Elo.
-    last_vote_id: int
+    new_games: list[tuple[int, int, float]]  # Counted since the Elo marker, in Elo order.
+    elo_through: tuple[Any, int]  # The new marker: (battle end, vote id) of the last game.
 
 
-def category_data(category: str, names: list[str]) -> CategoryData:
-    """The category's votes reduced to pairwise counts by one aggregate query."""
+def category_data(category: str, names: list[str], elo_through: tuple[Any, int] | None = None) -> CategoryData:
+    """The category's votes reduced to pairwise counts by one aggregate query, and the votes
+    counted since ``elo_through`` for online Elo (so a refresh reads only the new ones).
+
+    A vote counts once its battle has ended, and a battle takes no vote after that: the order
+    (battle end, vote id) never has to be replayed.
+    """
     index = {name: i for i, name in enumerate(names)}
     votes = counted_votes(category)
     cells: dict[tuple[int, int], list[float]] = {}
@@ -76,15 +81,18 @@ def category_data(category: str, names: list[str]) -> CategoryData:
         i, j, score_i = (a, b, score) if a < b else (b, a, 1.0 - score)
         cell = cells.setdefault((i, j), [0.0, 0.0, 0.0])
         cell[0 if score_i == 1.0 else 1 if score_i == 0.0 else 2] += row["n"]
-    # Online Elo depends on the order of the votes: replayed oldest first.
-    history = votes.order_by("created", "pk").values_list(
-        "battle__model_a__name", "battle__model_b__name", "choice", "pk"
+    new = votes
+    if elo_through is not None and elo_through[0] is not None:
+        ended, vote_id = elo_through
+        new = votes.filter(Q(battle__ended__gt=ended) | Q(battle__ended=ended, pk__gt=vote_id))
+    history = new.order_by("battle__ended", "pk").values_list(
+        "battle__model_a__name", "battle__model_b__name", "choice", "battle__ended", "pk"
     )
-    games, last = [], 0
-    for a_name, b_name, choice, pk in history:
+    games, marker = [], elo_through or (None, 0)
+    for a_name, b_name, choice, ended, pk in history:
         games.append((index[a_name], index[b_name], ratings.VOTE_SCORES[choice]))
-        last = max(last, pk)
-    return CategoryData(names, ratings.PairOutcomes.from_cells(len(names), cells), games, last)
+        marker = (ended, pk)
+    return CategoryData(names, ratings.PairOutcomes.from_cells(len(names), cells), games, marker)
 
 
 def fix_rates(names: list[str]) -> dict[str, dict[str, ratings.FixRate]]:

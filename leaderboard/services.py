@@ -3,6 +3,7 @@
 import math
 import time
 
+import numpy as np
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Max
@@ -21,18 +22,19 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
     rounds = settings.LEADERBOARD_BOOTSTRAP_ROUNDS if rounds is None else rounds
     names = selectors.roster_names()
     last_vote = Vote.objects.aggregate(last=Max("pk"))["last"] or 0
+    previous = selectors.latest_refresh()
+    earlier = {s.category: s for s in previous.snapshots.all()} if previous else {}
     refresh = LeaderboardRefresh.objects.create(last_vote_id=last_vote)
     fixes = selectors.fix_rates(names)
     provisional_below = settings.LEADERBOARD_PROVISIONAL_VOTES
     for position, (category, title) in enumerate(selectors.categories()):
-        data = selectors.category_data(category, names)
-        rows = board.compute_board(
-            names,
-            data.outcomes,
-            elo=ratings.online_elo(len(names), data.games_in_order, k=settings.LEADERBOARD_ELO_K),
-            rounds=rounds,
-            seed=seed,
-        )
+        before = earlier.get(category)
+        marker = (before.elo_through_ended, before.elo_through_vote) if before else None
+        data = selectors.category_data(category, names, marker)
+        # Online Elo goes on from the previous refresh with the votes counted since.
+        start = np.array([(before.elo_state if before else {}).get(name, ratings.BASE_RATING) for name in names])
+        elo = ratings.online_elo(len(names), data.new_games, k=settings.LEADERBOARD_ELO_K, start=start)
+        rows = board.compute_board(names, data.outcomes, elo=elo, rounds=rounds, seed=seed)
         fractions = ratings.win_fraction_matrix(data.outcomes)
         LeaderboardSnapshot.objects.create(
             refresh=refresh,
@@ -53,6 +55,9 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
             model_names=names,
             win_fractions=[[None if math.isnan(v) else round(float(v), 4) for v in line] for line in fractions],
             battle_counts=data.outcomes.games().astype(int).tolist(),
+            elo_state={name: float(value) for name, value in zip(names, elo, strict=True)},
+            elo_through_ended=data.elo_through[0],
+            elo_through_vote=data.elo_through[1],
         )
     refresh.seconds = time.perf_counter() - started
     refresh.save(update_fields=["seconds"])

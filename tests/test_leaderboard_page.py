@@ -119,3 +119,31 @@ def test_empty_leaderboard(client) -> None:
     response = client.get("/leaderboard/")
     assert response.status_code == 200
     assert "No models yet" in response.content.decode()
+
+
+def test_elo_is_maintained_incrementally_and_equals_a_full_replay(models) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    strong, weak, idle = models
+    now = timezone.now()
+    results = ["a", "b", "a", "tie", "a", "a", "b", "a"]
+
+    def play(index: int, choice: str) -> None:
+        pair = (strong, weak) if index % 2 else (idle, strong)
+        battle = make_battle(*pair, choice)
+        Battle.objects.filter(pk=battle.pk).update(ended=now + timedelta(seconds=index))
+
+    for index, choice in enumerate(results[:4]):
+        play(index, choice)
+    services.refresh_leaderboard(rounds=10)
+    for index, choice in enumerate(results[4:], start=4):
+        play(index, choice)
+    incremental = services.refresh_leaderboard(rounds=10).snapshots.get(category="overall")
+    assert incremental.elo_through_vote == Vote.objects.order_by("-pk").first().pk
+
+    LeaderboardRefresh.objects.all().delete()
+    replayed = services.refresh_leaderboard(rounds=10).snapshots.get(category="overall")
+    assert incremental.elo_state == pytest.approx(replayed.elo_state)
+    assert incremental.elo_state != {"strong": 1000.0, "weak": 1000.0, "idle": 1000.0}
