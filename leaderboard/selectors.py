@@ -8,7 +8,7 @@ from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from inference.models import LLM
 from leaderboard import ratings
 from leaderboard.models import LeaderboardRefresh
-from votes.models import Battle, Message, Rating, Task, Verdict, Vote
+from votes.models import Battle, FlaggedVoter, Message, Rating, Task, Verdict, Vote
 
 OVERALL, FIRST_TRY, FIXING = "overall", "first_try", "fixing"
 TASK_PREFIX = "task:"
@@ -42,18 +42,23 @@ def _in_category(votes: QuerySet[Vote], category: str) -> QuerySet[Vote]:
     raise ValueError(f"Unknown leaderboard category {category!r}.")
 
 
+def _flagged() -> Exists:
+    return Exists(FlaggedVoter.objects.filter(voter_key=OuterRef("battle__voter_key")))
+
+
 def counted_votes(category: str = OVERALL) -> QuerySet[Vote]:
-    """The votes a category counts: ended battles without an identity leak."""
-    return _in_category(Vote.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False), category)
+    """The votes a category counts: ended battles without an identity leak, by unflagged voters."""
+    votes = Vote.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False).exclude(_flagged())
+    return _in_category(votes, category)
 
 
 def excluded_votes(category: str = OVERALL) -> dict[str, int]:
-    """Votes of the category left out, per reason."""
+    """Votes of the category left out, per reason (the first that applies, in this order)."""
     votes = _in_category(Vote.objects.all(), category)
-    return {
-        "identity leak": votes.filter(battle__excluded=True).count(),
-        "unfinished battle": votes.filter(battle__excluded=False).exclude(battle__state=Battle.State.ENDED).count(),
-    }
+    leaked = votes.filter(battle__excluded=True)
+    flagged = votes.filter(battle__excluded=False).filter(_flagged())
+    unfinished = votes.filter(battle__excluded=False).exclude(_flagged()).exclude(battle__state=Battle.State.ENDED)
+    return {"identity leak": leaked.count(), "flagged voter": flagged.count(), "unfinished battle": unfinished.count()}
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ def fix_rates(names: list[str]) -> dict[str, dict[str, ratings.FixRate]]:
     voters (🥦 after a 🍄/🔥) and as judged by the checker (correct after a wrong verdict)."""
     replies = (
         Message.objects.filter(role=Message.Role.ASSISTANT, battle__state=Battle.State.ENDED, battle__excluded=False)
+        .exclude(Exists(FlaggedVoter.objects.filter(voter_key=OuterRef("battle__voter_key"))))
         .order_by("battle_id", "side", "turn")
         .values_list("battle_id", "side", "rating", "check_verdict", "battle__model_a__name", "battle__model_b__name")
     )

@@ -6,7 +6,7 @@ from django.conf import settings
 from inference.models import LLM
 from leaderboard import selectors, services
 from leaderboard.models import LeaderboardRefresh
-from votes.models import Battle, Message, Task, Vote
+from votes.models import Battle, FlaggedVoter, Message, Task, Vote
 
 pytestmark = pytest.mark.django_db
 
@@ -56,13 +56,17 @@ def test_categories_count_the_right_votes_and_say_what_is_left_out(client, model
     make_battle(strong, weak, "a")
     make_battle(strong, weak, "a", excluded=True, excluded_reason="leak")
     make_battle(strong, weak, "a", state=Battle.State.ACTIVE)
+    flagged = make_battle(strong, weak, "b")
+    flagged.voter_key = "troll"
+    flagged.save()
+    FlaggedVoter.objects.create(voter_key="troll", reason="spam")
     keys = [key for key, _ in selectors.categories()]
     assert keys == ["overall", "first_try", "fixing", "task:API calls"]
     assert [v.choice for v in selectors.counted_votes("first_try").order_by("pk")] == ["b", "a"]
     assert [v.choice for v in selectors.counted_votes("fixing")] == ["a"]
     assert sorted(v.choice for v in selectors.counted_votes("overall")) == ["a", "a"]  # The final vote each.
     assert [v.choice for v in selectors.counted_votes("task:API calls")] == ["a"]
-    assert selectors.excluded_votes("first_try") == {"identity leak": 1, "unfinished battle": 1}
+    assert selectors.excluded_votes("first_try") == {"identity leak": 1, "flagged voter": 1, "unfinished battle": 1}
 
     page = client.get("/leaderboard/", {"category": "fixing"})
     assert page.context["snapshot"].votes == 1
@@ -147,3 +151,16 @@ def test_elo_is_maintained_incrementally_and_equals_a_full_replay(models) -> Non
     replayed = services.refresh_leaderboard(rounds=10).snapshots.get(category="overall")
     assert incremental.elo_state == pytest.approx(replayed.elo_state)
     assert incremental.elo_state != {"strong": 1000.0, "weak": 1000.0, "idle": 1000.0}
+
+
+def test_admin_flags_the_voters_of_battles(client, models) -> None:
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_superuser("admin", "a@example.org", "pw"))
+    strong, weak, _idle = models
+    battle = make_battle(strong, weak, "a")
+    assert selectors.counted_votes().count() == 1
+    client.post("/admin/votes/battle/", {"action": "flag_voters", "_selected_action": [battle.pk]})
+    assert FlaggedVoter.objects.get().voter_key == battle.voter_key
+    assert selectors.counted_votes().count() == 0
+    assert selectors.excluded_votes()["flagged voter"] == 1

@@ -10,7 +10,7 @@ from django.urls import path, reverse
 
 from inference.models import LLM
 from votes import evaluation_services, selectors, services
-from votes.models import Battle, EvaluationReply, EvaluationRun, Message, Task, TaskTurn, Vote
+from votes.models import Battle, EvaluationReply, EvaluationRun, FlaggedVoter, Message, Task, TaskTurn, Vote
 
 
 class TaskTurnInline(admin.StackedInline):
@@ -127,6 +127,20 @@ class BattleAdmin(admin.ModelAdmin):
     search_fields = ("public_id", "excluded_reason")
     readonly_fields = ("public_id", "voter_key", "created", "ended")
     inlines = [VoteInline, MessageInline]
+    actions = ["flag_voters"]
+
+    @admin.action(description="Flag the voters of the selected battles (their votes leave the leaderboard)")
+    def flag_voters(self, request: HttpRequest, queryset: QuerySet[Battle]) -> None:
+        keys = set(queryset.values_list("voter_key", flat=True))
+        for key in keys:
+            FlaggedVoter.objects.get_or_create(voter_key=key, defaults={"reason": f"flagged by {request.user}"})
+        self.message_user(request, f"{len(keys)} voter(s) flagged.")
+
+
+@admin.register(FlaggedVoter)
+class FlaggedVoterAdmin(admin.ModelAdmin):
+    list_display = ("voter_key", "reason", "created")
+    search_fields = ("voter_key", "reason")
 
 
 @admin.register(Message)

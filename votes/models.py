@@ -224,6 +224,20 @@ class Message(models.Model):
         return self.status in self.FINISHED_STATUSES
 
 
+class FlaggedVoter(models.Model):
+    """A voter whose votes stay out of the leaderboard (kept, and counted as excluded)."""
+
+    voter_key = models.CharField(max_length=64, unique=True, help_text="The battles' voter_key (a keyed hash).")
+    reason = models.CharField(max_length=300)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"{self.voter_key[:12]}…: {self.reason}"
+
+
 class Vote(models.Model):
     class Choice(models.TextChoices):
         A = "a", "A is better"
