@@ -10,6 +10,7 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+from celery.schedules import crontab
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("ARENA_VAR_DIR", BASE_DIR / "var"))
@@ -180,6 +181,23 @@ ARENA_GENERATION_TIMEOUT_SECONDS = float(os.environ.get("ARENA_GENERATION_TIMEOU
 ARENA_IN_PROCESS_WORKERS = int(os.environ.get("ARENA_IN_PROCESS_WORKERS", "8"))
 ARENA_EVALUATION_QUEUE = os.environ.get("ARENA_EVALUATION_QUEUE", "evaluations")
 
+# Research API and dumps. The judge pseudonym is an HMAC of the voter with this secret: keep it
+# stable, or dumps stop being joinable across exports.
+ARENA_JUDGE_SECRET = os.environ.get("ARENA_JUDGE_SECRET") or SECRET_KEY
+ARENA_DUMP_DIR = Path(os.environ.get("ARENA_DUMP_DIR", str(BASE_DIR / "var" / "dumps")))
+ARENA_API_ANON_PER_MINUTE = int(os.environ.get("ARENA_API_ANON_PER_MINUTE", "30"))
+ARENA_API_KEY_PER_MINUTE = int(os.environ.get("ARENA_API_KEY_PER_MINUTE", "600"))
+ARENA_API_SAMPLE_SIZE = int(os.environ.get("ARENA_API_SAMPLE_SIZE", "100"))
+ARENA_API_MAX_PAGE = int(os.environ.get("ARENA_API_MAX_PAGE", "10000"))
+# Throttle counters must be shared by every web process: Redis when there is one.
+CACHES = {
+    "default": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+        if REDIS_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
+}
+
 # Leaderboard: beat checks every minute and recomputes every category when the latest refresh
 # is older than LEADERBOARD_REFRESH_SECONDS, or sooner once LEADERBOARD_REFRESH_VOTES new votes
 # have arrived. A model with fewer votes than LEADERBOARD_PROVISIONAL_VOTES is "provisional".
@@ -190,4 +208,9 @@ LEADERBOARD_BOOTSTRAP_ROUNDS = int(os.environ.get("LEADERBOARD_BOOTSTRAP_ROUNDS"
 LEADERBOARD_ELO_K = float(os.environ.get("LEADERBOARD_ELO_K", "32"))
 CELERY_BEAT_SCHEDULE = {
     "refresh-leaderboard": {"task": "leaderboard.refresh_if_due", "schedule": 60.0, "options": {"queue": "default"}},
+    "nightly-dump": {
+        "task": "votes.export_dump",
+        "schedule": crontab(hour=3, minute=0),
+        "options": {"queue": "default"},
+    },
 }

@@ -10,7 +10,17 @@ from django.urls import path, reverse
 
 from inference.models import LLM
 from votes import evaluation_services, selectors, services
-from votes.models import Battle, EvaluationReply, EvaluationRun, FlaggedVoter, Message, Task, TaskTurn, Vote
+from votes.models import (
+    Battle,
+    EvaluationReply,
+    EvaluationRun,
+    FlaggedVoter,
+    Message,
+    ResearcherKey,
+    Task,
+    TaskTurn,
+    Vote,
+)
 
 
 class TaskTurnInline(admin.StackedInline):
@@ -172,3 +182,22 @@ class EvaluationRunAdmin(admin.ModelAdmin):
     list_filter = ("status", "task")
     readonly_fields = ("status", "progress", "total", "error", "created", "finished")
     inlines = [EvaluationReplyInline]
+
+
+@admin.register(ResearcherKey)
+class ResearcherKeyAdmin(admin.ModelAdmin):
+    """Keys are issued here: the token is shown once, on creation; revoke by ticking "revoked"."""
+
+    list_display = ("name", "prefix", "revoked", "created", "last_used")
+    list_filter = ("revoked",)
+    search_fields = ("name", "prefix")
+    fields = ("name", "revoked", "prefix", "created", "last_used")
+    readonly_fields = ("prefix", "created", "last_used")
+
+    def save_model(self, request: HttpRequest, obj: ResearcherKey, form: Any, change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        key, token = services.issue_researcher_key(obj.name)
+        obj.pk, obj.prefix, obj.key_hash = key.pk, key.prefix, key.key_hash
+        self.message_user(request, f"API key for {key.name}: {token} — copy it now, it is not shown again.")

@@ -224,6 +224,23 @@ class Message(models.Model):
         return self.status in self.FINISHED_STATUSES
 
 
+class ResearcherKey(models.Model):
+    """An API key for the research API: issued and revoked in the admin; only its hash is kept."""
+
+    name = models.CharField(max_length=200, help_text="Who it is for.")
+    prefix = models.CharField(max_length=12, editable=False, help_text="The key's first characters, to recognise it.")
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    revoked = models.BooleanField(default=False)
+    created = models.DateTimeField(auto_now_add=True)
+    last_used = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+
 class FlaggedVoter(models.Model):
     """A voter whose votes stay out of the leaderboard (kept, and counted as excluded)."""
 

@@ -271,3 +271,57 @@ def evaluation_report(run: EvaluationRun) -> EvaluationReport:
         ],
         turns=turns,
     )
+
+
+def research_battle(battle: Battle) -> dict[str, Any]:
+    """An ended battle for researchers: conversations, ratings, checks, votes; the voter only
+    as the judge pseudonym (never the session)."""
+    from votes.research import judge_id
+
+    state = battle_state(battle)
+    return {
+        "battle_id": battle.public_id,
+        "model_a": battle.model_a.name,
+        "model_b": battle.model_b.name,
+        "judge": judge_id(battle.voter_key),
+        "task": battle.task.slug if battle.task else None,
+        "system_prompt": battle.task.system_prompt if battle.task else None,
+        "created": battle.created.isoformat(),
+        "ended": battle.ended.isoformat() if battle.ended else None,
+        "excluded": battle.excluded,
+        "excluded_reason": battle.excluded_reason or None,
+        "votes": [
+            {"stage": vote.stage, "choice": vote.choice, "after_turn": vote.after_turn}
+            for vote in battle.votes.order_by("pk")
+        ],
+        "turns": state["turns"],
+    }
+
+
+def research_evaluation(run: EvaluationRun) -> dict[str, Any]:
+    report = evaluation_report(run)
+    return {
+        "id": run.pk,
+        "task": run.task.slug,
+        "status": run.status,
+        "attempts": run.attempts,
+        "max_tries": run.max_tries,
+        "fix_attempts": run.fix_attempts,
+        "recap": report.recap,
+        "replies": [
+            {
+                "model": reply.model.name,
+                "part": reply.part,
+                "attempt": reply.attempt,
+                "turn": reply.turn,
+                "try_number": reply.try_number,
+                "prompt": reply.prompt,
+                "reply": reply.reply,
+                "verdict": reply.verdict,
+                "reason": reply.reason,
+                "rating": reply.rating,
+                "mistake_by": reply.mistake_by.name if reply.mistake_by else None,
+            }
+            for reply in run.replies.select_related("model", "mistake_by").order_by("pk")
+        ],
+    }

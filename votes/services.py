@@ -17,7 +17,7 @@ from django.utils import timezone
 from inference.models import LLM
 from votes.checkers import CheckerConfigError
 from votes.leaks import find_identity_leak
-from votes.models import Battle, Message, Rating, Side, Task, TaskTurn, Vote
+from votes.models import Battle, Message, Rating, ResearcherKey, Side, Task, TaskTurn, Vote
 from votes.protocol import ArenaError
 
 SIDES = (Side.A, Side.B)
@@ -483,3 +483,24 @@ def duplicate_task(task: Task) -> Task:
         for turn in task.turns.all()
     )
     return copy
+
+
+# --- Researcher API keys -----------------------------------------------------------------------------
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def issue_researcher_key(name: str) -> tuple[ResearcherKey, str]:
+    """A new key: the token is returned once, only its hash is stored."""
+    token = "fxa_" + secrets.token_urlsafe(32)
+    key = ResearcherKey.objects.create(name=name, prefix=token[:10], key_hash=hash_token(token))
+    return key, token
+
+
+def researcher_key_for(token: str) -> ResearcherKey | None:
+    key = ResearcherKey.objects.filter(key_hash=hash_token(token)).first()
+    if key is not None and not key.revoked:
+        ResearcherKey.objects.filter(pk=key.pk).update(last_used=timezone.now())
+    return key

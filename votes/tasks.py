@@ -10,3 +10,15 @@ from votes import evaluation_services
 @shared_task(name=RUN_EVALUATION_TASK, acks_late=True, reject_on_worker_lost=True)
 def run_evaluation(run_id: int) -> None:
     evaluation_services.run_evaluation(run_id)
+
+
+@shared_task(name="votes.export_dump", ignore_result=True)
+def export_dump() -> None:
+    """Nightly (beat): the day's dump in ARENA_DUMP_DIR, which the API lists and serves."""
+    from pathlib import Path
+
+    from django.conf import settings
+
+    from votes.dumps import export_dump as write_dump
+
+    write_dump(Path(settings.ARENA_DUMP_DIR))

@@ -1,0 +1,379 @@
+"""The research API (django-ninja) at /api/v1: leaderboard, models, tasks, votes, battles,
+evaluation runs and dumps. OpenAPI schema at /api/v1/openapi.json, docs at /api/v1/docs.
+
+Without a key: the leaderboard, models, tasks, evaluations and a throttled sample of the newest
+votes. With a researcher key (header ``X-API-Key``, issued in the admin): everything, paginated
+by cursor, throttled per key.
+"""
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from django.conf import settings
+from django.core.cache import cache
+from django.http import FileResponse, HttpRequest, StreamingHttpResponse
+from django.utils import timezone
+from ninja import NinjaAPI, Query, Schema
+from ninja.errors import HttpError, ValidationError
+
+from inference.models import LLM
+from leaderboard import selectors as leaderboard_selectors
+from votes import research, selectors, services
+from votes.models import Battle, EvaluationRun, ResearcherKey, Task
+
+api = NinjaAPI(
+    title="Fix Arena research API",
+    version="1",
+    description=__doc__ or "",
+    urls_namespace="api-1",
+)
+
+
+class Error(Schema):
+    detail: str
+
+
+ERRORS: dict[int, Any] = {401: Error, 403: Error, 422: Error, 429: Error}
+
+
+@api.exception_handler(ValidationError)
+def invalid_request(request: HttpRequest, exc: ValidationError) -> Any:
+    messages = "; ".join(
+        f"{'.'.join(str(part) for part in error.get('loc', [])[1:]) or 'request'}: {error.get('msg')}"
+        for error in exc.errors
+    )
+    return api.create_response(request, {"detail": messages or "Invalid request."}, status=422)
+
+
+def _client_ip(request: HttpRequest) -> str:
+    # Used only as a throttle bucket, never stored or returned.
+    return request.META.get("REMOTE_ADDR", "unknown")
+
+
+def _throttle(bucket: str, per_minute: int) -> None:
+    window = int(timezone.now().timestamp() // 60)
+    name = f"api-throttle:{bucket}:{window}"
+    cache.add(name, 0, timeout=120)
+    try:
+        count = cache.incr(name)
+    except ValueError:  # Expired between add and incr.
+        cache.set(name, 1, timeout=120)
+        count = 1
+    if count > per_minute:
+        raise HttpError(429, f"Too many requests: at most {per_minute} a minute; retry in a minute.")
+
+
+def researcher(request: HttpRequest) -> ResearcherKey | None:
+    """The request's researcher key (and its throttle), or None for an anonymous request."""
+    token = request.headers.get("X-API-Key")
+    if token is None:
+        _throttle(f"ip:{services.hash_token(_client_ip(request))}", settings.ARENA_API_ANON_PER_MINUTE)
+        return None
+    key = services.researcher_key_for(token)
+    if key is None:
+        raise HttpError(401, "Unknown API key.")
+    if key.revoked:
+        raise HttpError(403, "This API key has been revoked.")
+    _throttle(f"key:{key.pk}", settings.ARENA_API_KEY_PER_MINUTE)
+    return key
+
+
+def require_key(request: HttpRequest) -> ResearcherKey:
+    key = researcher(request)
+    if key is None:
+        raise HttpError(401, "This needs a researcher API key (header X-API-Key); ask an admin for one.")
+    return key
+
+
+# --- Leaderboard, models, tasks -----------------------------------------------------------------
+
+
+class LeaderboardRow(Schema):
+    model: str
+    rating: float
+    lower: float
+    upper: float
+    rank: int
+    votes: int
+    elo: float
+    provisional: bool
+    fix_rate: dict[str, Any]
+    checker_fix_rate: dict[str, Any]
+
+
+class Leaderboard(Schema):
+    refresh_id: int
+    refreshed: datetime
+    category: str
+    title: str
+    method: str
+    votes: int
+    excluded: dict[str, int]
+    rows: list[LeaderboardRow]
+    categories: list[str]
+
+
+@api.get("/leaderboard", response={200: Leaderboard, 404: Error, **ERRORS}, tags=["leaderboard"])
+def leaderboard(request: HttpRequest, category: str = "overall", refresh: int | None = None) -> Any:
+    """The latest leaderboard of a category, or the one of an earlier refresh (``refresh``)."""
+    researcher(request)
+    found = leaderboard_selectors.refresh_by_id(refresh) if refresh else leaderboard_selectors.latest_refresh()
+    if found is None:
+        raise HttpError(404, "No such leaderboard refresh." if refresh else "No leaderboard has been computed yet.")
+    snapshots = {snapshot.category: snapshot for snapshot in found.snapshots.all()}
+    snapshot = snapshots.get(category)
+    if snapshot is None:
+        raise HttpError(404, f"No category {category!r}; known: {', '.join(snapshots)}.")
+    return {
+        "refresh_id": found.pk,
+        "refreshed": found.created,
+        "category": category,
+        "title": snapshot.title,
+        "method": snapshot.method,
+        "votes": snapshot.votes,
+        "excluded": snapshot.excluded,
+        "rows": snapshot.rows,
+        "categories": list(snapshots),
+    }
+
+
+class ModelOut(Schema):
+    name: str
+    family: str
+    enabled: bool
+
+
+@api.get("/models", response={200: list[ModelOut], **ERRORS}, tags=["models and tasks"])
+def models(request: HttpRequest) -> Any:
+    researcher(request)
+    return list(LLM.objects.order_by("name"))
+
+
+class TaskTurnOut(Schema):
+    position: int
+    prompt: str
+    expected_output: str
+    checker: str
+    checker_options: dict[str, Any]
+
+
+class TaskOut(Schema):
+    slug: str
+    title: str
+    category: str
+    system_prompt: str
+    turns: list[TaskTurnOut]
+
+
+@api.get("/tasks", response={200: list[TaskOut], **ERRORS}, tags=["models and tasks"])
+def tasks(request: HttpRequest) -> Any:
+    """The active tasks, with their scripted turns and expected outputs."""
+    researcher(request)
+    return [
+        {
+            **{f: getattr(task, f) for f in ("slug", "title", "category", "system_prompt")},
+            "turns": list(task.turns.all()),
+        }
+        for task in Task.objects.active().prefetch_related("turns").order_by("slug")
+    ]
+
+
+# --- Votes -----------------------------------------------------------------------------------------
+
+
+class VoteFilters(Schema):
+    format: Literal["jsonl", "csv"] = "jsonl"
+    category: str = "overall"
+    include_excluded: bool = False
+    since: datetime | None = None
+    until: datetime | None = None
+    cursor: int | None = None
+    limit: int | None = None
+
+
+STREAM_DOC = {
+    "responses": {
+        "200": {
+            "description": "One record per vote (clean_battle fields plus this arena's): JSON Lines or CSV. "
+            "The header X-Next-Cursor, when present, is the cursor of the next page.",
+            "content": {
+                "application/x-ndjson": {"schema": {"type": "string"}},
+                "text/csv": {"schema": {"type": "string"}},
+            },
+        }
+    }
+}
+
+
+@api.get("/votes", response={200: None, **ERRORS}, tags=["votes"], openapi_extra=STREAM_DOC)
+def votes(request: HttpRequest, filters: Query[VoteFilters]) -> Any:
+    """Votes with their conversations, oldest first, by ``cursor`` (a vote id) pages of ``limit``.
+
+    Without a key: a sample of the newest ``ARENA_API_SAMPLE_SIZE`` counted votes (no cursor).
+    ``since``/``until`` bound the battle's end; ``category`` is overall, first_try, fixing or
+    task:<category>; ``include_excluded`` adds the votes the leaderboard leaves out, each with
+    its reason.
+    """
+    key = researcher(request)
+    if not research.valid_category(filters.category):
+        raise HttpError(422, "category: use overall, first_try, fixing or task:<task category>.")
+    limit = filters.limit
+    if limit is not None and not 1 <= limit <= settings.ARENA_API_MAX_PAGE:
+        raise HttpError(422, f"limit: between 1 and {settings.ARENA_API_MAX_PAGE}.")
+    if key is None and (filters.cursor is not None or filters.include_excluded):
+        raise HttpError(401, "Pages and excluded votes need a researcher API key (header X-API-Key).")
+    found = research.research_votes(category=filters.category, include_excluded=filters.include_excluded)
+    if filters.since:
+        found = found.filter(battle__ended__gte=filters.since)
+    if filters.until:
+        found = found.filter(battle__ended__lt=filters.until)
+    if key is None:
+        sample = settings.ARENA_API_SAMPLE_SIZE
+        newest = list(found.order_by("-pk").values_list("pk", flat=True)[: min(limit or sample, sample)])
+        page = found.filter(pk__in=newest).order_by("pk")
+        next_cursor = None
+    else:
+        if filters.cursor is not None:
+            found = found.filter(pk__gt=filters.cursor)
+        size = limit or settings.ARENA_API_MAX_PAGE
+        ids = list(found.order_by("pk").values_list("pk", flat=True)[: size + 1])
+        next_cursor = ids[size - 1] if len(ids) > size else None
+        page = found.filter(pk__in=ids[:size]).order_by("pk")
+    records = research.vote_records(page, with_exclusion=filters.include_excluded)
+    if filters.format == "csv":
+        response = StreamingHttpResponse(_csv_lines(records), content_type="text/csv; charset=utf-8")
+    else:
+        lines = (json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+        response = StreamingHttpResponse(lines, content_type="application/x-ndjson")
+    if next_cursor is not None:
+        response["X-Next-Cursor"] = str(next_cursor)
+    return response
+
+
+def _csv_lines(records: Iterator[dict[str, Any]]) -> Iterator[str]:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=research.CSV_FIELDS, extrasaction="ignore")
+    writer.writeheader()
+    for record in records:
+        writer.writerow(
+            {k: json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v for k, v in record.items()}
+        )
+        yield buffer.getvalue()
+        buffer.seek(0)
+        buffer.truncate()
+    yield buffer.getvalue()
+
+
+# --- Battles -------------------------------------------------------------------------------------
+
+
+class BattlePage(Schema):
+    battles: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+@api.get("/battles", response={200: BattlePage, **ERRORS}, tags=["battles"])
+def battles(request: HttpRequest, cursor: str | None = None, limit: int = 100) -> Any:
+    """Ended battles (the models are revealed) with full conversations, ratings and verdicts."""
+    require_key(request)
+    if not 1 <= limit <= 1000:
+        raise HttpError(422, "limit: between 1 and 1000.")
+    found = Battle.objects.filter(state=Battle.State.ENDED).order_by("pk")
+    if cursor is not None:
+        battle = Battle.objects.filter(public_id=cursor).first()
+        if battle is None:
+            raise HttpError(422, "cursor: not a battle id from an earlier page.")
+        found = found.filter(pk__gt=battle.pk)
+    page = list(found.select_related("model_a", "model_b", "task")[: limit + 1])
+    more = len(page) > limit
+    page = page[:limit]
+    return {
+        "battles": [selectors.research_battle(battle) for battle in page],
+        "next_cursor": page[-1].public_id if more else None,
+    }
+
+
+@api.get("/battles/{battle_id}", response={200: dict[str, Any], 404: Error, **ERRORS}, tags=["battles"])
+def battle(request: HttpRequest, battle_id: str) -> Any:
+    require_key(request)
+    found = Battle.objects.filter(public_id=battle_id, state=Battle.State.ENDED).select_related(
+        "model_a", "model_b", "task"
+    )
+    found_battle = found.first()
+    if found_battle is None:
+        raise HttpError(404, "No such ended battle.")
+    return selectors.research_battle(found_battle)
+
+
+# --- Evaluation runs ----------------------------------------------------------------------------------
+
+
+class EvaluationSummary(Schema):
+    id: int
+    task: str
+    status: str
+    models: list[str]
+    created: datetime
+
+
+@api.get("/evaluations", response={200: list[EvaluationSummary], **ERRORS}, tags=["evaluations"])
+def evaluations(request: HttpRequest) -> Any:
+    researcher(request)
+    runs = EvaluationRun.objects.select_related("task").prefetch_related("llms").order_by("-pk")[:200]
+    return [
+        {
+            "id": run.pk,
+            "task": run.task.slug,
+            "status": run.status,
+            "models": [m.name for m in run.llms.all()],
+            "created": run.created,
+        }
+        for run in runs
+    ]
+
+
+@api.get("/evaluations/{run_id}", response={200: dict[str, Any], 404: Error, **ERRORS}, tags=["evaluations"])
+def evaluation(request: HttpRequest, run_id: int) -> Any:
+    """A run's three tables (reliability, dialog, fixing) and its recap, with every reply."""
+    researcher(request)
+    run = EvaluationRun.objects.select_related("task").filter(pk=run_id).first()
+    if run is None:
+        raise HttpError(404, "No such evaluation run.")
+    return selectors.research_evaluation(run)
+
+
+# --- Dumps -----------------------------------------------------------------------------------------
+
+
+class DumpFile(Schema):
+    name: str
+    bytes: int
+
+
+@api.get("/dumps", response={200: list[DumpFile], **ERRORS}, tags=["dumps"])
+def dumps(request: HttpRequest) -> Any:
+    """The files written by export_dump (nightly by beat), newest first."""
+    researcher(request)
+    folder = Path(settings.ARENA_DUMP_DIR)
+    files = sorted((p for p in folder.glob("*/*") if p.is_file()), reverse=True) if folder.is_dir() else []
+    return [{"name": f"{p.parent.name}/{p.name}", "bytes": p.stat().st_size} for p in files]
+
+
+@api.get(
+    "/dumps/{day}/{name}",
+    response={200: None, 404: Error, **ERRORS},
+    tags=["dumps"],
+    openapi_extra={"responses": {"200": {"description": "The file.", "content": {"application/octet-stream": {}}}}},
+)
+def dump_file(request: HttpRequest, day: str, name: str) -> Any:
+    require_key(request)
+    folder = Path(settings.ARENA_DUMP_DIR).resolve()
+    path = (folder / day / name).resolve()
+    if folder not in path.parents or not path.is_file():
+        raise HttpError(404, "No such dump file.")
+    return FileResponse(path.open("rb"), as_attachment=True, filename=name)

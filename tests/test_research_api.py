@@ -1,0 +1,274 @@
+"""The research API (/api/v1) and dumps: endpoints, pagination, filters, keys, throttling,
+privacy, and the dump rated by rate_battles giving the site's leaderboard."""
+
+import csv
+import gzip
+import hashlib
+import io
+import json
+from datetime import timedelta
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.utils import timezone
+
+from inference.models import LLM
+from leaderboard import services as leaderboard_services
+from votes import services
+from votes.models import Battle, FlaggedVoter, Message, ResearcherKey, Task, Vote
+
+pytestmark = pytest.mark.django_db
+NOW = timezone.now()
+
+
+@pytest.fixture(autouse=True)
+def _generous_throttle(settings) -> None:
+    settings.ARENA_API_ANON_PER_MINUTE = 10_000
+    settings.ARENA_API_KEY_PER_MINUTE = 10_000
+
+
+def voter(name: str) -> str:
+    """A voter key as the arena makes them (a keyed hash of the session)."""
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+@pytest.fixture
+def arena(db) -> list[Battle]:
+    """Ten ended battles between three models (one corrected and voted twice), plus one leaked,
+    one unfinished and one by a flagged voter."""
+    models = [LLM.objects.create(name=n, family="gemma", preset=f"/p/{n}") for n in ("ant", "bee", "cat")]
+    task = Task.objects.create(slug="cal", title="Calendar", category="API calls", system_prompt="Be brief.")
+    battles = []
+    choices = ["a", "b", "a", "tie", "a", "both_bad", "a", "b", "a", "a"]
+    for index, choice in enumerate(choices):
+        a, b = models[index % 3], models[(index + 1) % 3]
+        battle = Battle.objects.create(
+            model_a=a,
+            model_b=b,
+            voter_key=voter(f"voter-{index % 4}"),
+            task=task if index < 5 else None,
+            state=Battle.State.ENDED,
+            ended=NOW + timedelta(minutes=index),
+        )
+        for side in "ab":
+            Message.objects.create(battle=battle, side=side, turn=0, role="user", content=f"prompt {index}")
+            Message.objects.create(
+                battle=battle,
+                side=side,
+                turn=0,
+                role="assistant",
+                content=f"reply {index}{side}",
+                token_count=3,
+                rating="mistake" if side == "a" else "correct",
+                check_verdict="mistake",
+            )
+        Vote.objects.create(battle=battle, choice=choice, stage="first_try")
+        battles.append(battle)
+    # Battle 0: side A corrected, then an after-fix vote.
+    Message.objects.create(battle=battles[0], side="a", turn=1, role="user", content="The year is 2024.")
+    Message.objects.create(battle=battles[0], side="a", turn=1, role="assistant", content="fixed", rating="fixed")
+    Vote.objects.create(battle=battles[0], choice="a", stage="after_fix", after_turn=1)
+    leaked = Battle.objects.create(
+        model_a=models[0],
+        model_b=models[1],
+        voter_key=voter("v"),
+        state=Battle.State.ENDED,
+        ended=NOW,
+        excluded=True,
+        excluded_reason="the reply of side A names 'Gemma'",
+    )
+    Vote.objects.create(battle=leaked, choice="a")
+    unfinished = Battle.objects.create(model_a=models[0], model_b=models[2], voter_key=voter("u"))
+    Vote.objects.create(battle=unfinished, choice="b")
+    troll = Battle.objects.create(
+        model_a=models[1], model_b=models[2], voter_key=voter("troll"), state=Battle.State.ENDED, ended=NOW
+    )
+    Vote.objects.create(battle=troll, choice="a")
+    FlaggedVoter.objects.create(voter_key=voter("troll"), reason="spam")
+    return battles
+
+
+@pytest.fixture
+def key_header(db) -> dict[str, str]:
+    _, token = services.issue_researcher_key("lab")
+    return {"HTTP_X_API_KEY": token}
+
+
+def jsonl(response) -> list[dict]:
+    return [json.loads(line) for line in b"".join(response.streaming_content).decode().splitlines()]
+
+
+def test_leaderboard_models_tasks(client, arena) -> None:
+    assert client.get("/api/v1/leaderboard").status_code == 404  # Not computed yet.
+    refresh = leaderboard_services.refresh_leaderboard(rounds=50)
+    board = client.get("/api/v1/leaderboard").json()
+    assert board["refresh_id"] == refresh.pk and board["category"] == "overall"
+    assert {row["model"] for row in board["rows"]} == {"ant", "bee", "cat"}
+    assert board["excluded"] == {"identity leak": 1, "flagged voter": 1, "unfinished battle": 1}
+    assert "fixing" in board["categories"] and "task:API calls" in board["categories"]
+    assert client.get("/api/v1/leaderboard", {"category": "fixing"}).json()["votes"] == 1
+    assert client.get("/api/v1/leaderboard", {"category": "nope"}).status_code == 404
+    assert client.get("/api/v1/leaderboard", {"refresh": 99999}).status_code == 404
+    assert client.get("/api/v1/leaderboard", {"refresh": "x"}).status_code == 422
+    assert [m["name"] for m in client.get("/api/v1/models").json()] == ["ant", "bee", "cat"]
+    (task,) = client.get("/api/v1/tasks").json()
+    assert task["slug"] == "cal" and task["system_prompt"] == "Be brief." and task["turns"] == []
+
+
+def test_votes_without_a_key_are_a_small_sample(client, arena, settings) -> None:
+    settings.ARENA_API_SAMPLE_SIZE = 3
+    records = jsonl(client.get("/api/v1/votes"))
+    newest = list(Vote.objects.filter(battle__in=arena).order_by("-pk").values_list("pk", flat=True)[:3])
+    # The overall category: a battle's final vote, so the sample is of counted votes only.
+    assert len(records) == 3 and all(r["vote_id"] in newest or r["stage"] == "after_fix" for r in records)
+    assert client.get("/api/v1/votes", {"cursor": 1}).status_code == 401
+    assert client.get("/api/v1/votes", {"include_excluded": True}).status_code == 401
+
+
+def test_votes_paginate_by_cursor_without_gaps_or_repeats(client, arena, key_header) -> None:
+    seen, cursor, pages = [], None, 0
+    while True:
+        params = {"limit": 3, "category": "first_try", **({"cursor": cursor} if cursor else {})}
+        response = client.get("/api/v1/votes", params, **key_header)
+        assert response.status_code == 200
+        seen += [r["vote_id"] for r in jsonl(response)]
+        pages += 1
+        cursor = response.headers.get("X-Next-Cursor")
+        if cursor is None:
+            break
+    expected = list(
+        Vote.objects.filter(battle__in=arena, stage="first_try").order_by("pk").values_list("pk", flat=True)
+    )
+    assert seen == expected and pages == 4  # 10 votes by 3: the last page has one.
+    exact = client.get("/api/v1/votes", {"limit": 10, "category": "first_try"}, **key_header)
+    assert exact.headers.get("X-Next-Cursor") is None and len(jsonl(exact)) == 10
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"limit": 0},
+        {"limit": 10**9},
+        {"category": "everything"},
+        {"since": "yesterday"},
+        {"format": "xml"},
+        {"cursor": "x"},
+    ],
+)
+def test_bad_vote_parameters_are_422(client, arena, key_header, params) -> None:
+    response = client.get("/api/v1/votes", params, **key_header)
+    assert response.status_code == 422 and response.json()["detail"]
+
+
+def test_vote_filters_formats_and_exclusions(client, arena, key_header) -> None:
+    records = jsonl(client.get("/api/v1/votes", {"category": "overall"}, **key_header))
+    assert len(records) == 10
+    first = next(r for r in records if r["battle_id"] == arena[0].public_id)
+    assert first["stage"] == "after_fix" and first["winner"] == "model_a"
+    assert first["corrections"] == [{"side": "a", "turn": 1, "text": "The year is 2024."}]
+    assert [m["role"] for m in first["conversation_a"]] == ["user", "assistant", "user", "assistant"]
+    assert first["conversation_a"][1] == {"role": "assistant", "content": "reply 0a", "num_tokens": 3}
+    assert first["ratings_a"][1]["rating"] == "fixed" and first["task"] == "cal"
+    assert {"question_id", "judge", "anony", "language", "tstamp", "turn"} <= set(first)
+    window = {"since": (NOW + timedelta(minutes=2)).isoformat(), "until": (NOW + timedelta(minutes=5)).isoformat()}
+    assert len(jsonl(client.get("/api/v1/votes", window, **key_header))) == 3
+    assert len(jsonl(client.get("/api/v1/votes", {"category": "task:API calls"}, **key_header))) == 5
+    everything = jsonl(client.get("/api/v1/votes", {"category": "first_try", "include_excluded": True}, **key_header))
+    reasons = sorted(r["excluded_reason"] or "" for r in everything if r["excluded"])
+    assert reasons == ["flagged voter", "identity leak: the reply of side A names 'Gemma'", "unfinished battle"]
+    rows = list(
+        csv.DictReader(
+            io.StringIO(
+                b"".join(client.get("/api/v1/votes", {"format": "csv"}, **key_header).streaming_content).decode()
+            )
+        )
+    )
+    assert len(rows) == 10 and json.loads(rows[0]["conversation_a"])[0]["role"] == "user"
+
+
+def test_keys_revocation_and_throttling(client, arena, settings) -> None:
+    key, token = services.issue_researcher_key("lab")
+    assert client.get("/api/v1/battles", HTTP_X_API_KEY="nope").status_code == 401
+    assert client.get("/api/v1/battles").status_code == 401
+    assert client.get("/api/v1/battles", HTTP_X_API_KEY=token).status_code == 200
+    assert ResearcherKey.objects.get(pk=key.pk).last_used is not None
+    assert ResearcherKey.objects.get(pk=key.pk).key_hash == hashlib.sha256(token.encode()).hexdigest()
+    settings.ARENA_API_KEY_PER_MINUTE = 2
+    assert client.get("/api/v1/models", HTTP_X_API_KEY=token).status_code == 200
+    throttled = client.get("/api/v1/models", HTTP_X_API_KEY=token)
+    assert throttled.status_code == 429 and "a minute" in throttled.json()["detail"]
+    settings.ARENA_API_ANON_PER_MINUTE = 1
+    assert client.get("/api/v1/models", REMOTE_ADDR="10.1.2.3").status_code == 200
+    assert client.get("/api/v1/models", REMOTE_ADDR="10.1.2.3").status_code == 429
+    ResearcherKey.objects.filter(pk=key.pk).update(revoked=True)
+    assert client.get("/api/v1/models", HTTP_X_API_KEY=token).status_code == 403
+
+
+def test_battles_and_privacy(client, arena, key_header) -> None:
+    page = client.get("/api/v1/battles", {"limit": 4}, **key_header).json()
+    assert len(page["battles"]) == 4 and page["next_cursor"] == page["battles"][-1]["battle_id"]
+    rest = client.get("/api/v1/battles", {"cursor": page["next_cursor"], "limit": 100}, **key_header).json()
+    ids = [b["battle_id"] for b in page["battles"] + rest["battles"]]
+    assert len(ids) == len(set(ids)) == 12 and rest["next_cursor"] is None  # Ended battles only.
+    one = client.get(f"/api/v1/battles/{arena[0].public_id}", **key_header).json()
+    assert one["votes"][1] == {"stage": "after_fix", "choice": "a", "after_turn": 1}
+    assert one["turns"][0]["replies"]["a"]["check"]["verdict"] == "mistake"
+    assert client.get("/api/v1/battles/nope", **key_header).status_code == 404
+    assert client.get("/api/v1/battles", {"cursor": "nope"}, **key_header).status_code == 422
+    # No session key or voter key anywhere; the judge is stable and keyed.
+    texts = [
+        json.dumps(page),
+        json.dumps(rest),
+        b"".join(client.get("/api/v1/votes", **key_header).streaming_content).decode(),
+    ]
+    for battle in Battle.objects.all():
+        assert all(battle.voter_key not in text for text in texts)
+    judges = {b["battle_id"]: b["judge"] for b in page["battles"] + rest["battles"]}
+    assert judges[arena[0].public_id] == judges[arena[4].public_id]  # Same voter, same judge.
+    assert judges[arena[0].public_id] != judges[arena[1].public_id]
+
+
+def test_evaluations_endpoints(client, arena) -> None:
+    assert client.get("/api/v1/evaluations").json() == []
+    assert client.get("/api/v1/evaluations/1").status_code == 404
+
+
+def test_openapi_documents_every_error(client) -> None:
+    schema = client.get("/api/v1/openapi.json").json()
+    votes = schema["paths"]["/api/v1/votes"]["get"]["responses"]
+    assert {"200", "401", "403", "422", "429"} <= set(votes)
+    assert "application/x-ndjson" in votes["200"]["content"]
+    assert client.get("/api/v1/docs").status_code == 200
+
+
+def test_export_dump_and_serving_it(client, arena, key_header, tmp_path: Path, settings) -> None:
+    settings.ARENA_DUMP_DIR = tmp_path
+    err = StringIO()
+    call_command("export_dump", f"--out={tmp_path}", stdout=StringIO(), stderr=err)
+    (folder,) = tmp_path.iterdir()
+    card = json.loads((folder / "dataset_card.json").read_text())
+    assert card["records"] == 14 and card["counts"]["by_stage"] == {"first_try": 13, "after_fix": 1}
+    assert card["counts"]["excluded"] == {"identity leak": 1, "unfinished battle": 1, "flagged voter": 1}
+    for name, info in card["files"].items():
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == info["sha256"]
+    lines = gzip.decompress((folder / "votes.jsonl.gz").read_bytes()).decode().splitlines()
+    assert len(lines) == 14 and "licence" in card and (folder / "README.md").exists()
+    listed = client.get("/api/v1/dumps").json()
+    assert {f"{folder.name}/votes.jsonl.gz", f"{folder.name}/dataset_card.json"} <= {f["name"] for f in listed}
+    served = client.get(f"/api/v1/dumps/{folder.name}/votes.jsonl.gz", **key_header)
+    assert served.status_code == 200 and b"".join(served.streaming_content) == (folder / "votes.jsonl.gz").read_bytes()
+    assert client.get(f"/api/v1/dumps/{folder.name}/votes.jsonl.gz").status_code == 401
+    assert client.get("/api/v1/dumps/..%2F..%2Fetc/passwd", **key_header).status_code == 404
+
+
+def test_the_vote_dump_rated_by_rate_battles_is_the_sites_leaderboard(client, arena, key_header, tmp_path) -> None:
+    site = leaderboard_services.refresh_leaderboard(rounds=200, seed=0).snapshots.get(category="overall")
+    dump = tmp_path / "votes.jsonl"
+    dump.write_bytes(b"".join(client.get("/api/v1/votes", {"category": "overall"}, **key_header).streaming_content))
+    out = StringIO()
+    call_command("rate_battles", str(dump), "--json", "--rounds=200", "--seed=0", stdout=out)
+    rated = json.loads(out.getvalue())
+    fields = ("model", "rating", "lower", "upper", "rank", "votes", "elo")
+    assert [{f: row[f] for f in fields} for row in rated] == [{f: row[f] for f in fields} for row in site.rows]
