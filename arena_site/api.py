@@ -10,7 +10,7 @@ import csv
 import io
 import json
 from collections.abc import Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,7 +18,9 @@ from django.conf import settings
 from django.core.cache import cache
 from django.http import FileResponse, HttpRequest, StreamingHttpResponse
 from django.utils import timezone
-from ninja import NinjaAPI, Query, Schema
+from django.utils.dateparse import parse_datetime
+from ninja import Field, NinjaAPI, Query, Schema
+from ninja import Query as QueryParam
 from ninja.errors import HttpError, ValidationError
 
 from inference.models import LLM
@@ -186,14 +188,18 @@ def tasks(request: HttpRequest) -> Any:
 # --- Votes -----------------------------------------------------------------------------------------
 
 
+MAX_PAGE = 10_000
+
+
 class VoteFilters(Schema):
     format: Literal["jsonl", "csv"] = "jsonl"
-    category: str = "overall"
+    category: str = Field("overall", pattern=r"^(overall|first_try|fixing|task:.+)$")
     include_excluded: bool = False
-    since: datetime | None = None
-    until: datetime | None = None
-    cursor: int | None = None
-    limit: int | None = None
+    # Strings with the date-time format, parsed here: pydantic would also take numbers.
+    since: str | None = Field(None, json_schema_extra={"format": "date-time"}, description="Battles ended at or after.")
+    until: str | None = Field(None, json_schema_extra={"format": "date-time"}, description="Battles ended before.")
+    cursor: int | None = Field(None, ge=0, description="The X-Next-Cursor of the previous page.")
+    limit: int | None = Field(None, ge=1, le=MAX_PAGE, description=f"Votes per page (default and most: {MAX_PAGE}).")
 
 
 STREAM_DOC = {
@@ -220,18 +226,14 @@ def votes(request: HttpRequest, filters: Query[VoteFilters]) -> Any:
     its reason.
     """
     key = researcher(request)
-    if not research.valid_category(filters.category):
-        raise HttpError(422, "category: use overall, first_try, fixing or task:<task category>.")
     limit = filters.limit
-    if limit is not None and not 1 <= limit <= settings.ARENA_API_MAX_PAGE:
-        raise HttpError(422, f"limit: between 1 and {settings.ARENA_API_MAX_PAGE}.")
     if key is None and (filters.cursor is not None or filters.include_excluded):
         raise HttpError(401, "Pages and excluded votes need a researcher API key (header X-API-Key).")
     found = research.research_votes(category=filters.category, include_excluded=filters.include_excluded)
-    if filters.since:
-        found = found.filter(battle__ended__gte=filters.since)
-    if filters.until:
-        found = found.filter(battle__ended__lt=filters.until)
+    if filters.since is not None:
+        found = found.filter(battle__ended__gte=_moment("since", filters.since))
+    if filters.until is not None:
+        found = found.filter(battle__ended__lt=_moment("until", filters.until))
     if key is None:
         sample = settings.ARENA_API_SAMPLE_SIZE
         newest = list(found.order_by("-pk").values_list("pk", flat=True)[: min(limit or sample, sample)])
@@ -240,7 +242,7 @@ def votes(request: HttpRequest, filters: Query[VoteFilters]) -> Any:
     else:
         if filters.cursor is not None:
             found = found.filter(pk__gt=filters.cursor)
-        size = limit or settings.ARENA_API_MAX_PAGE
+        size = limit or MAX_PAGE
         ids = list(found.order_by("pk").values_list("pk", flat=True)[: size + 1])
         next_cursor = ids[size - 1] if len(ids) > size else None
         page = found.filter(pk__in=ids[:size]).order_by("pk")
@@ -253,6 +255,19 @@ def votes(request: HttpRequest, filters: Query[VoteFilters]) -> Any:
     if next_cursor is not None:
         response["X-Next-Cursor"] = str(next_cursor)
     return response
+
+
+def _moment(name: str, value: str) -> datetime:
+    try:
+        moment = parse_datetime(value)
+    except ValueError:
+        moment = None
+    if moment is not None:
+        try:  # In UTC: the database refuses some odd offsets (-20:16) that ISO 8601 allows.
+            return moment.astimezone(UTC) if timezone.is_aware(moment) else moment.replace(tzinfo=UTC)
+        except (OverflowError, ValueError):
+            pass
+    raise HttpError(422, f"{name}: an ISO 8601 date-time, e.g. 2026-11-30T12:00:00Z.")
 
 
 def _csv_lines(records: Iterator[dict[str, Any]]) -> Iterator[str]:
@@ -277,17 +292,19 @@ class BattlePage(Schema):
     next_cursor: str | None
 
 
-@api.get("/battles", response={200: BattlePage, **ERRORS}, tags=["battles"])
-def battles(request: HttpRequest, cursor: str | None = None, limit: int = 100) -> Any:
+@api.get("/battles", response={200: BattlePage, 404: Error, **ERRORS}, tags=["battles"])
+def battles(
+    request: HttpRequest,
+    cursor: str | None = QueryParam(None, pattern=r"^[A-Za-z0-9_-]{1,32}$", description="next_cursor of a page."),
+    limit: int = QueryParam(100, ge=1, le=1000),
+) -> Any:
     """Ended battles (the models are revealed) with full conversations, ratings and verdicts."""
     require_key(request)
-    if not 1 <= limit <= 1000:
-        raise HttpError(422, "limit: between 1 and 1000.")
     found = Battle.objects.filter(state=Battle.State.ENDED).order_by("pk")
     if cursor is not None:
         battle = Battle.objects.filter(public_id=cursor).first()
         if battle is None:
-            raise HttpError(422, "cursor: not a battle id from an earlier page.")
+            raise HttpError(404, "cursor: no such battle (use next_cursor from an earlier page).")
         found = found.filter(pk__gt=battle.pk)
     page = list(found.select_related("model_a", "model_b", "task")[: limit + 1])
     more = len(page) > limit

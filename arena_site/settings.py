@@ -188,7 +188,6 @@ ARENA_DUMP_DIR = Path(os.environ.get("ARENA_DUMP_DIR", str(BASE_DIR / "var" / "d
 ARENA_API_ANON_PER_MINUTE = int(os.environ.get("ARENA_API_ANON_PER_MINUTE", "30"))
 ARENA_API_KEY_PER_MINUTE = int(os.environ.get("ARENA_API_KEY_PER_MINUTE", "600"))
 ARENA_API_SAMPLE_SIZE = int(os.environ.get("ARENA_API_SAMPLE_SIZE", "100"))
-ARENA_API_MAX_PAGE = int(os.environ.get("ARENA_API_MAX_PAGE", "10000"))
 # Throttle counters must be shared by every web process: Redis when there is one.
 CACHES = {
     "default": (

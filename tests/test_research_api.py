@@ -216,7 +216,8 @@ def test_battles_and_privacy(client, arena, key_header) -> None:
     assert one["votes"][1] == {"stage": "after_fix", "choice": "a", "after_turn": 1}
     assert one["turns"][0]["replies"]["a"]["check"]["verdict"] == "mistake"
     assert client.get("/api/v1/battles/nope", **key_header).status_code == 404
-    assert client.get("/api/v1/battles", {"cursor": "nope"}, **key_header).status_code == 422
+    assert client.get("/api/v1/battles", {"cursor": "nope"}, **key_header).status_code == 404
+    assert client.get("/api/v1/battles", {"cursor": "no pe"}, **key_header).status_code == 422
     # No session key or voter key anywhere; the judge is stable and keyed.
     texts = [
         json.dumps(page),

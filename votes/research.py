@@ -15,22 +15,17 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Exists, OuterRef, QuerySet
 
-from leaderboard.selectors import TASK_PREFIX, counted_votes
 from leaderboard.selectors import _in_category as votes_in_category
+from leaderboard.selectors import counted_votes
 from votes.models import Battle, FlaggedVoter, Message, Vote
 
 WINNERS = {"a": "model_a", "b": "model_b", "tie": "tie", "both_bad": "tie (bothbad)"}
-CATEGORIES = ("overall", "first_try", "fixing")
 
 
 def judge_id(voter_key: str) -> str:
     """A stable pseudonym of the voter: HMAC with a server secret (ARENA_JUDGE_SECRET)."""
     secret = settings.ARENA_JUDGE_SECRET.encode()
     return "judge-" + hmac.new(secret, f"judge:{voter_key}".encode(), hashlib.sha256).hexdigest()[:20]
-
-
-def valid_category(category: str) -> bool:
-    return category in CATEGORIES or (category.startswith(TASK_PREFIX) and len(category) > len(TASK_PREFIX))
 
 
 def research_votes(*, category: str = "overall", include_excluded: bool = False) -> QuerySet[Vote]:
