@@ -273,3 +273,18 @@ def test_the_vote_dump_rated_by_rate_battles_is_the_sites_leaderboard(client, ar
     rated = json.loads(out.getvalue())
     fields = ("model", "rating", "lower", "upper", "rank", "votes", "elo")
     assert [{f: row[f] for f in fields} for row in rated] == [{f: row[f] for f in fields} for row in site.rows]
+
+
+def test_admin_issues_a_key_shown_once_and_beat_dumps_nightly(client, settings) -> None:
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_superuser("admin", "a@example.org", "pw"))
+    response = client.post("/admin/votes/researcherkey/add/", {"name": "Lab X"}, follow=True)
+    (message,) = [str(m) for m in response.context["messages"] if "API key for" in str(m)]
+    token = message.split("API key for Lab X: ")[1].split(" ")[0]
+    key = ResearcherKey.objects.get(name="Lab X")
+    assert key.key_hash == hashlib.sha256(token.encode()).hexdigest() and token.startswith(key.prefix)
+    assert token not in client.get(f"/admin/votes/researcherkey/{key.pk}/change/").content.decode()
+    assert client.get("/api/v1/battles", HTTP_X_API_KEY=token).status_code == 200
+    nightly = settings.CELERY_BEAT_SCHEDULE["nightly-dump"]
+    assert nightly["task"] == "votes.export_dump" and nightly["schedule"].hour == {3}
