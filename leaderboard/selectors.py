@@ -27,7 +27,8 @@ def categories() -> list[tuple[str, str]]:
     ]
 
 
-def _in_category(votes: QuerySet[Vote], category: str) -> QuerySet[Vote]:
+def in_category(votes: QuerySet[Vote], category: str) -> QuerySet[Vote]:
+    """The votes among ``votes`` that a category is about (before any exclusion)."""
     if category == FIRST_TRY:
         return votes.filter(stage=Vote.Stage.FIRST_TRY)
     if category == FIXING:
@@ -49,12 +50,12 @@ def _flagged() -> Exists:
 def counted_votes(category: str = OVERALL) -> QuerySet[Vote]:
     """The votes a category counts: ended battles without an identity leak, by unflagged voters."""
     votes = Vote.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False).exclude(_flagged())
-    return _in_category(votes, category)
+    return in_category(votes, category)
 
 
 def excluded_votes(category: str = OVERALL) -> dict[str, int]:
     """Votes of the category left out, per reason (the first that applies, in this order)."""
-    votes = _in_category(Vote.objects.all(), category)
+    votes = in_category(Vote.objects.all(), category)
     leaked = votes.filter(battle__excluded=True)
     flagged = votes.filter(battle__excluded=False).filter(_flagged())
     unfinished = votes.filter(battle__excluded=False).exclude(_flagged()).exclude(battle__state=Battle.State.ENDED)

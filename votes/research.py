@@ -15,8 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Exists, OuterRef, QuerySet
 
-from leaderboard.selectors import _in_category as votes_in_category
-from leaderboard.selectors import counted_votes
+from leaderboard.selectors import counted_votes, in_category
 from votes.models import Battle, FlaggedVoter, Message, Vote
 
 WINNERS = {"a": "model_a", "b": "model_b", "tie": "tie", "both_bad": "tie (bothbad)"}
@@ -31,7 +30,7 @@ def judge_id(voter_key: str) -> str:
 def research_votes(*, category: str = "overall", include_excluded: bool = False) -> QuerySet[Vote]:
     """The votes of a category: those the leaderboard counts, or every one (then with the
     reason each would be left out)."""
-    votes = votes_in_category(Vote.objects.all(), category) if include_excluded else counted_votes(category)
+    votes = in_category(Vote.objects.all(), category) if include_excluded else counted_votes(category)
     flagged = Exists(FlaggedVoter.objects.filter(voter_key=OuterRef("battle__voter_key")))
     return votes.annotate(voter_flagged=flagged).select_related("battle__model_a", "battle__model_b", "battle__task")
 
