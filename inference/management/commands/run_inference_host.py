@@ -29,6 +29,11 @@ class Command(BaseCommand):
         )
         parser.add_argument("--loglevel", default="INFO")
         parser.add_argument("--warm-up-only", action="store_true", help="Load and compile, report, then exit.")
+        parser.add_argument(
+            "--evaluations",
+            action="store_true",
+            help="Also run evaluation runs (the ARENA_EVALUATION_QUEUE queue); host every model they use.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -45,6 +50,8 @@ class Command(BaseCommand):
                 f"({engine.compilations} compilations, {settings.ARENA_ENGINE_SLOTS} slots), queue {model.queue}"
             )
         queues = sorted({model.queue for model in models})
+        if options["evaluations"]:
+            queues.append(settings.ARENA_EVALUATION_QUEUE)
         self.stdout.write(self.style.SUCCESS(f"Inference host ready on {', '.join(queues)}"))
         if options["warm_up_only"]:
             hosting.shutdown_all()
