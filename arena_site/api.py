@@ -20,13 +20,13 @@ from django.http import FileResponse, HttpRequest, StreamingHttpResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from ninja import Field, NinjaAPI, Query, Schema
-from ninja import Query as QueryParam
 from ninja.errors import HttpError, ValidationError
 
 from inference.models import LLM
 from leaderboard import selectors as leaderboard_selectors
+from votes import dumps as dump_store
 from votes import research, selectors, services
-from votes.models import Battle, EvaluationRun, ResearcherKey, Task
+from votes.models import Battle, ResearcherKey, Task
 
 api = NinjaAPI(
     title="Fix Arena research API",
@@ -226,26 +226,20 @@ def votes(request: HttpRequest, filters: Query[VoteFilters]) -> Any:
     its reason.
     """
     key = researcher(request)
-    limit = filters.limit
     if key is None and (filters.cursor is not None or filters.include_excluded):
         raise HttpError(401, "Pages and excluded votes need a researcher API key (header X-API-Key).")
-    found = research.research_votes(category=filters.category, include_excluded=filters.include_excluded)
-    if filters.since is not None:
-        found = found.filter(battle__ended__gte=_moment("since", filters.since))
-    if filters.until is not None:
-        found = found.filter(battle__ended__lt=_moment("until", filters.until))
+    found = research.research_votes(
+        category=filters.category,
+        include_excluded=filters.include_excluded,
+        since=None if filters.since is None else _moment("since", filters.since),
+        until=None if filters.until is None else _moment("until", filters.until),
+    )
+    next_cursor = None
     if key is None:
         sample = settings.ARENA_API_SAMPLE_SIZE
-        newest = list(found.order_by("-pk").values_list("pk", flat=True)[: min(limit or sample, sample)])
-        page = found.filter(pk__in=newest).order_by("pk")
-        next_cursor = None
+        page = research.newest_sample(found, min(filters.limit or sample, sample))
     else:
-        if filters.cursor is not None:
-            found = found.filter(pk__gt=filters.cursor)
-        size = limit or MAX_PAGE
-        ids = list(found.order_by("pk").values_list("pk", flat=True)[: size + 1])
-        next_cursor = ids[size - 1] if len(ids) > size else None
-        page = found.filter(pk__in=ids[:size]).order_by("pk")
+        page, next_cursor = research.page_after(found, filters.cursor, filters.limit or MAX_PAGE)
     records = research.vote_records(page, with_exclusion=filters.include_excluded)
     if filters.format == "csv":
         response = StreamingHttpResponse(_csv_lines(records), content_type="text/csv; charset=utf-8")
@@ -275,9 +269,7 @@ def _csv_lines(records: Iterator[dict[str, Any]]) -> Iterator[str]:
     writer = csv.DictWriter(buffer, fieldnames=research.CSV_FIELDS, extrasaction="ignore")
     writer.writeheader()
     for record in records:
-        writer.writerow(
-            {k: json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v for k, v in record.items()}
-        )
+        writer.writerow(research.flat_record(record))
         yield buffer.getvalue()
         buffer.seek(0)
         buffer.truncate()
@@ -295,33 +287,22 @@ class BattlePage(Schema):
 @api.get("/battles", response={200: BattlePage, 404: Error, **ERRORS}, tags=["battles"])
 def battles(
     request: HttpRequest,
-    cursor: str | None = QueryParam(None, pattern=r"^[A-Za-z0-9_-]{1,32}$", description="next_cursor of a page."),
-    limit: int = QueryParam(100, ge=1, le=1000),
+    cursor: str | None = Query(None, pattern=r"^[A-Za-z0-9_-]{1,32}$", description="next_cursor of a page."),
+    limit: int = Query(100, ge=1, le=1000),
 ) -> Any:
     """Ended battles (the models are revealed) with full conversations, ratings and verdicts."""
     require_key(request)
-    found = Battle.objects.filter(state=Battle.State.ENDED).order_by("pk")
-    if cursor is not None:
-        battle = Battle.objects.filter(public_id=cursor).first()
-        if battle is None:
-            raise HttpError(404, "cursor: no such battle (use next_cursor from an earlier page).")
-        found = found.filter(pk__gt=battle.pk)
-    page = list(found.select_related("model_a", "model_b", "task")[: limit + 1])
-    more = len(page) > limit
-    page = page[:limit]
-    return {
-        "battles": [selectors.research_battle(battle) for battle in page],
-        "next_cursor": page[-1].public_id if more else None,
-    }
+    try:
+        page, next_cursor = research.ended_battles_page(cursor, limit)
+    except Battle.DoesNotExist:
+        raise HttpError(404, "cursor: no such battle (use next_cursor from an earlier page).") from None
+    return {"battles": [selectors.research_battle(battle) for battle in page], "next_cursor": next_cursor}
 
 
 @api.get("/battles/{battle_id}", response={200: dict[str, Any], 404: Error, **ERRORS}, tags=["battles"])
 def battle(request: HttpRequest, battle_id: str) -> Any:
     require_key(request)
-    found = Battle.objects.filter(public_id=battle_id, state=Battle.State.ENDED).select_related(
-        "model_a", "model_b", "task"
-    )
-    found_battle = found.first()
+    found_battle = research.ended_battle(battle_id)
     if found_battle is None:
         raise HttpError(404, "No such ended battle.")
     return selectors.research_battle(found_battle)
@@ -341,7 +322,7 @@ class EvaluationSummary(Schema):
 @api.get("/evaluations", response={200: list[EvaluationSummary], **ERRORS}, tags=["evaluations"])
 def evaluations(request: HttpRequest) -> Any:
     researcher(request)
-    runs = EvaluationRun.objects.select_related("task").prefetch_related("llms").order_by("-pk")[:200]
+    runs = selectors.recent_evaluation_runs(200)
     return [
         {
             "id": run.pk,
@@ -358,7 +339,7 @@ def evaluations(request: HttpRequest) -> Any:
 def evaluation(request: HttpRequest, run_id: int) -> Any:
     """A run's three tables (reliability, dialog, fixing) and its recap, with every reply."""
     researcher(request)
-    run = EvaluationRun.objects.select_related("task").filter(pk=run_id).first()
+    run = selectors.evaluation_run(run_id)
     if run is None:
         raise HttpError(404, "No such evaluation run.")
     return selectors.research_evaluation(run)
@@ -376,8 +357,7 @@ class DumpFile(Schema):
 def dumps(request: HttpRequest) -> Any:
     """The files written by export_dump (nightly by beat), newest first."""
     researcher(request)
-    folder = Path(settings.ARENA_DUMP_DIR)
-    files = sorted((p for p in folder.glob("*/*") if p.is_file()), reverse=True) if folder.is_dir() else []
+    files = dump_store.dump_files(Path(settings.ARENA_DUMP_DIR))
     return [{"name": f"{p.parent.name}/{p.name}", "bytes": p.stat().st_size} for p in files]
 
 
@@ -389,8 +369,7 @@ def dumps(request: HttpRequest) -> Any:
 )
 def dump_file(request: HttpRequest, day: str, name: str) -> Any:
     require_key(request)
-    folder = Path(settings.ARENA_DUMP_DIR).resolve()
-    path = (folder / day / name).resolve()
-    if folder not in path.parents or not path.is_file():
+    path = dump_store.dump_file(Path(settings.ARENA_DUMP_DIR), day, name)
+    if path is None:
         raise HttpError(404, "No such dump file.")
     return FileResponse(path.open("rb"), as_attachment=True, filename=name)

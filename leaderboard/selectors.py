@@ -43,13 +43,14 @@ def in_category(votes: QuerySet[Vote], category: str) -> QuerySet[Vote]:
     raise ValueError(f"Unknown leaderboard category {category!r}.")
 
 
-def _flagged() -> Exists:
+def voter_flagged() -> Exists:
+    """For a query on votes or messages: whether the battle's voter is flagged."""
     return Exists(FlaggedVoter.objects.filter(voter_key=OuterRef("battle__voter_key")))
 
 
 def counted_votes(category: str = OVERALL) -> QuerySet[Vote]:
     """The votes a category counts: ended battles without an identity leak, by unflagged voters."""
-    votes = Vote.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False).exclude(_flagged())
+    votes = Vote.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False).exclude(voter_flagged())
     return in_category(votes, category)
 
 
@@ -57,8 +58,8 @@ def excluded_votes(category: str = OVERALL) -> dict[str, int]:
     """Votes of the category left out, per reason (the first that applies, in this order)."""
     votes = in_category(Vote.objects.all(), category)
     leaked = votes.filter(battle__excluded=True)
-    flagged = votes.filter(battle__excluded=False).filter(_flagged())
-    unfinished = votes.filter(battle__excluded=False).exclude(_flagged()).exclude(battle__state=Battle.State.ENDED)
+    flagged = votes.filter(battle__excluded=False).filter(voter_flagged())
+    unfinished = votes.filter(battle__excluded=False).exclude(voter_flagged()).exclude(battle__state=Battle.State.ENDED)
     return {"identity leak": leaked.count(), "flagged voter": flagged.count(), "unfinished battle": unfinished.count()}
 
 
@@ -106,7 +107,7 @@ def fix_rates(names: list[str]) -> dict[str, dict[str, ratings.FixRate]]:
     voters (🥦 after a 🍄/🔥) and as judged by the checker (correct after a wrong verdict)."""
     replies = (
         Message.objects.filter(role=Message.Role.ASSISTANT, battle__state=Battle.State.ENDED, battle__excluded=False)
-        .exclude(Exists(FlaggedVoter.objects.filter(voter_key=OuterRef("battle__voter_key"))))
+        .exclude(voter_flagged())
         .order_by("battle_id", "side", "turn")
         .values_list("battle_id", "side", "rating", "check_verdict", "battle__model_a__name", "battle__model_b__name")
     )

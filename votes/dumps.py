@@ -77,6 +77,18 @@ FIELD_DOCS = {
 }
 
 
+def dump_files(out: Path) -> list[Path]:
+    """The files of every dump under ``out`` (``<date>/<file>``), newest first."""
+    return sorted((p for p in out.glob("*/*") if p.is_file()), reverse=True) if out.is_dir() else []
+
+
+def dump_file(out: Path, day: str, name: str) -> Path | None:
+    """``out/<day>/<name>`` if it is a dump file; None for anything else (no path escapes)."""
+    folder = out.resolve()
+    path = (folder / day / name).resolve()
+    return path if folder in path.parents and path.is_file() else None
+
+
 def _counts(records: list[dict[str, Any]]) -> dict[str, Any]:
     counts: dict[str, Any] = {
         "by_stage": {},
@@ -101,9 +113,7 @@ def _csv(records: list[dict[str, Any]]) -> bytes:
     writer = csv.DictWriter(buffer, fieldnames=research.CSV_FIELDS, extrasaction="ignore")
     writer.writeheader()
     for record in records:
-        writer.writerow(
-            {k: json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v for k, v in record.items()}
-        )
+        writer.writerow(research.flat_record(record))
     return gzip.compress(buffer.getvalue().encode("utf-8"), mtime=0)
 
 
@@ -113,10 +123,7 @@ def _parquet(records: list[dict[str, Any]]) -> bytes | None:
         import pyarrow.parquet as pq
     except ImportError:
         return None
-    flat = [
-        {k: json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v for k, v in r.items()}
-        for r in records
-    ]
+    flat = [research.flat_record(record) for record in records]
     sink = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(flat), sink)
     return sink.getvalue()

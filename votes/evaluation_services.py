@@ -99,23 +99,7 @@ def run_evaluation(
         run.refresh_from_db()
         return run
     with transaction.atomic():
-        EvaluationReply.objects.bulk_create(
-            EvaluationReply(
-                run=run,
-                model=llms[record.model],
-                part=record.part,
-                attempt=record.attempt,
-                turn=record.turn,
-                try_number=record.try_number,
-                prompt=record.prompt,
-                reply=record.reply,
-                verdict=record.verdict,
-                reason=record.reason,
-                rating=record.rating,
-                mistake_by=llms[record.mistake_by] if record.mistake_by else None,
-            )
-            for record in records
-        )
+        EvaluationReply.objects.bulk_create(EvaluationReply.from_record(run, record, llms) for record in records)
         EvaluationRun.objects.filter(pk=run.pk).update(status=EvaluationRun.Status.DONE, finished=timezone.now())
     run.refresh_from_db()
     return run

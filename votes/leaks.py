@@ -4,6 +4,7 @@ A voter who reads "As Gemma, I..." knows a side before voting, so the battle's v
 excluded from the leaderboard. Pure Python: the worker calls it on every finished reply.
 """
 
+import functools
 import re
 from collections.abc import Iterable
 
@@ -40,7 +41,12 @@ def find_identity_leak(text: str, model_names: Iterable[str] = ()) -> str | None
 
     ``model_names`` are the battle's own roster names (e.g. "gemma-calendar"), matched whole.
     """
-    terms = sorted({*IDENTITY_TERMS, *(name for name in model_names if name)}, key=len, reverse=True)
-    pattern = re.compile(r"(?<!\w)(" + "|".join(re.escape(term) for term in terms) + r")(?!\w)", re.IGNORECASE)
-    match = pattern.search(text)
+    match = _pattern(frozenset(name for name in model_names if name)).search(text)
     return match.group(0) if match else None
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern(model_names: frozenset[str]) -> re.Pattern[str]:
+    """Compiled once per roster pair (every finished reply is searched). Longest terms first."""
+    terms = sorted({*IDENTITY_TERMS, *model_names}, key=len, reverse=True)
+    return re.compile(r"(?<!\w)(" + "|".join(re.escape(term) for term in terms) + r")(?!\w)", re.IGNORECASE)

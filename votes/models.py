@@ -11,7 +11,7 @@ from django.db import models
 from django.db.models import Q
 
 from inference.models import LLM
-from votes import checkers
+from votes import checkers, evaluation
 
 
 def new_public_id() -> str:
@@ -337,3 +337,22 @@ class EvaluationReply(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run} {self.model} {self.part} {self.attempt}/{self.turn}/{self.try_number}"
+
+    # The fields of votes.evaluation.Record, besides the models (stored as roster rows here).
+    RECORD_FIELDS = ("part", "attempt", "turn", "try_number", "prompt", "reply", "verdict", "reason", "rating")
+
+    @classmethod
+    def from_record(cls, run: "EvaluationRun", record: evaluation.Record, llms: dict[str, LLM]) -> "EvaluationReply":
+        return cls(
+            run=run,
+            model=llms[record.model],
+            mistake_by=llms[record.mistake_by] if record.mistake_by else None,
+            **{name: getattr(record, name) for name in cls.RECORD_FIELDS},
+        )
+
+    def as_record(self) -> evaluation.Record:
+        return evaluation.Record(
+            model=self.model.name,
+            mistake_by=self.mistake_by.name if self.mistake_by else None,
+            **{name: getattr(self, name) for name in self.RECORD_FIELDS},
+        )

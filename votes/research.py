@@ -9,14 +9,16 @@ judge is a keyed hash of the voter, stable across exports.
 
 import hashlib
 import hmac
+import json
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import QuerySet
 
-from leaderboard.selectors import counted_votes, in_category
-from votes.models import Battle, FlaggedVoter, Message, Vote
+from leaderboard.selectors import counted_votes, in_category, voter_flagged
+from votes.models import Battle, Message, Vote
 
 WINNERS = {"a": "model_a", "b": "model_b", "tie": "tie", "both_bad": "tie (bothbad)"}
 
@@ -27,22 +29,69 @@ def judge_id(voter_key: str) -> str:
     return "judge-" + hmac.new(secret, f"judge:{voter_key}".encode(), hashlib.sha256).hexdigest()[:20]
 
 
-def research_votes(*, category: str = "overall", include_excluded: bool = False) -> QuerySet[Vote]:
+def research_votes(
+    *,
+    category: str = "overall",
+    include_excluded: bool = False,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> QuerySet[Vote]:
     """The votes of a category: those the leaderboard counts, or every one (then with the
     reason each would be left out)."""
     votes = in_category(Vote.objects.all(), category) if include_excluded else counted_votes(category)
-    flagged = Exists(FlaggedVoter.objects.filter(voter_key=OuterRef("battle__voter_key")))
-    return votes.annotate(voter_flagged=flagged).select_related("battle__model_a", "battle__model_b", "battle__task")
+    if since is not None:
+        votes = votes.filter(battle__ended__gte=since)
+    if until is not None:
+        votes = votes.filter(battle__ended__lt=until)
+    return _for_records(votes)
+
+
+def _for_records(votes: QuerySet[Vote]) -> QuerySet[Vote]:
+    """With what vote_record reads: one query per chunk of votes, not per vote."""
+    return (
+        votes.annotate(voter_flagged=voter_flagged())
+        .select_related("battle__model_a", "battle__model_b", "battle__task")
+        .prefetch_related("battle__messages")
+    )
+
+
+def newest_sample(votes: QuerySet[Vote], size: int) -> QuerySet[Vote]:
+    """The ``size`` newest of ``votes``, oldest first."""
+    newest = list(votes.order_by("-pk").values_list("pk", flat=True)[:size])
+    return votes.filter(pk__in=newest).order_by("pk")
+
+
+def page_after(votes: QuerySet[Vote], cursor: int | None, size: int) -> tuple[QuerySet[Vote], int | None]:
+    """The next ``size`` votes after the vote id ``cursor``, and the cursor of the page after
+    (None on the last page)."""
+    if cursor is not None:
+        votes = votes.filter(pk__gt=cursor)
+    ids = list(votes.order_by("pk").values_list("pk", flat=True)[: size + 1])
+    next_cursor = ids[size - 1] if len(ids) > size else None
+    return votes.filter(pk__in=ids[:size]).order_by("pk"), next_cursor
+
+
+def ended_battles_page(cursor: str | None, size: int) -> tuple[list[Battle], str | None]:
+    """Ended battles after the one whose id is ``cursor``; raises Battle.DoesNotExist for an
+    unknown cursor."""
+    battles = Battle.objects.filter(state=Battle.State.ENDED).order_by("pk")
+    if cursor is not None:
+        battles = battles.filter(pk__gt=Battle.objects.get(public_id=cursor).pk)
+    page = list(battles.select_related("model_a", "model_b", "task")[: size + 1])
+    return page[:size], page[size - 1].public_id if len(page) > size else None
+
+
+def ended_battle(public_id: str) -> Battle | None:
+    return (
+        Battle.objects.filter(public_id=public_id, state=Battle.State.ENDED)
+        .select_related("model_a", "model_b", "task")
+        .first()
+    )
 
 
 def all_votes() -> QuerySet[Vote]:
-    """Every vote of every stage, oldest first, with what exclusion_reason needs."""
-    flagged = Exists(FlaggedVoter.objects.filter(voter_key=OuterRef("battle__voter_key")))
-    return (
-        Vote.objects.annotate(voter_flagged=flagged)
-        .select_related("battle__model_a", "battle__model_b", "battle__task")
-        .order_by("pk")
-    )
+    """Every vote of every stage, oldest first, with what vote_record reads."""
+    return _for_records(Vote.objects.order_by("pk"))
 
 
 def exclusion_reason(vote: Vote) -> str | None:
@@ -58,7 +107,11 @@ def exclusion_reason(vote: Vote) -> str | None:
 
 def _conversations(battle: Battle, through_turn: int) -> dict[str, Any]:
     """Per side, the conversation the voter had seen, and the corrections sent to one side."""
-    messages = list(Message.objects.filter(battle=battle, turn__lte=through_turn).order_by("turn", "-role", "side"))
+    # From the prefetched messages of the battle: in turn order, the prompt before the reply.
+    messages = sorted(
+        (m for m in battle.messages.all() if m.turn <= through_turn),
+        key=lambda m: (m.turn, m.role != Message.Role.USER, m.side),
+    )
     user_sides: dict[int, set[str]] = {}
     for message in messages:
         if message.role == Message.Role.USER:
@@ -134,6 +187,11 @@ def vote_record(vote: Vote, *, with_exclusion: bool = False) -> dict[str, Any]:
 def vote_records(votes: QuerySet[Vote], *, with_exclusion: bool = False) -> Iterator[dict[str, Any]]:
     for vote in votes.iterator(chunk_size=500):
         yield vote_record(vote, with_exclusion=with_exclusion)
+
+
+def flat_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A record for a flat format (CSV, Parquet): nested fields as JSON text."""
+    return {k: json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v for k, v in record.items()}
 
 
 CSV_FIELDS = (

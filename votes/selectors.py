@@ -1,7 +1,7 @@
 """Reads for battles: what a voter may see, and what a generation job needs."""
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from inference.models import LLM
@@ -200,23 +200,7 @@ class EvaluationReport:
 
 def evaluation_report(run: EvaluationRun) -> EvaluationReport:
     """The three tables and the recap of the seed write-up, from a run's stored replies."""
-    replies = list(run.replies.select_related("model", "mistake_by").order_by("pk"))
-    records = [
-        evaluation.Record(
-            model=r.model.name,
-            part=r.part,
-            attempt=r.attempt,
-            turn=r.turn,
-            try_number=r.try_number,
-            prompt=r.prompt,
-            reply=r.reply,
-            verdict=r.verdict,
-            reason=r.reason,
-            rating=r.rating,
-            mistake_by=r.mistake_by.name if r.mistake_by else None,
-        )
-        for r in replies
-    ]
+    records = [reply.as_record() for reply in run.replies.select_related("model", "mistake_by").order_by("pk")]
     models = sorted({record.model for record in records} | {llm.name for llm in run.llms.all()})
     symbol = evaluation.SYMBOLS
     final = evaluation.turn_ratings(records)
@@ -298,6 +282,14 @@ def research_battle(battle: Battle) -> dict[str, Any]:
     }
 
 
+def recent_evaluation_runs(limit: int) -> list[EvaluationRun]:
+    return list(EvaluationRun.objects.select_related("task").prefetch_related("llms").order_by("-pk")[:limit])
+
+
+def evaluation_run(run_id: int) -> EvaluationRun | None:
+    return EvaluationRun.objects.select_related("task").filter(pk=run_id).first()
+
+
 def research_evaluation(run: EvaluationRun) -> dict[str, Any]:
     report = evaluation_report(run)
     return {
@@ -309,19 +301,6 @@ def research_evaluation(run: EvaluationRun) -> dict[str, Any]:
         "fix_attempts": run.fix_attempts,
         "recap": report.recap,
         "replies": [
-            {
-                "model": reply.model.name,
-                "part": reply.part,
-                "attempt": reply.attempt,
-                "turn": reply.turn,
-                "try_number": reply.try_number,
-                "prompt": reply.prompt,
-                "reply": reply.reply,
-                "verdict": reply.verdict,
-                "reason": reply.reason,
-                "rating": reply.rating,
-                "mistake_by": reply.mistake_by.name if reply.mistake_by else None,
-            }
-            for reply in run.replies.select_related("model", "mistake_by").order_by("pk")
+            asdict(reply.as_record()) for reply in run.replies.select_related("model", "mistake_by").order_by("pk")
         ],
     }

@@ -85,10 +85,12 @@ def _refuse_if_ended(battle: Battle) -> None:
         raise ArenaError("battle_closed", "This battle has ended; start a new battle to go on.")
 
 
-def _script_turn_of_prompt(battle: Battle, side: str, text: str) -> int | None:
-    """The scripted turn this prompt is on this side: the side's next one, sent as written."""
+def _script_turns(battle: Battle, side: str, text: str) -> tuple[int | None, int | None]:
+    """For a prompt on one side of a task battle: the scripted turn it is (the side's next one,
+    sent as written) and the one its reply is checked against (that one, or, for a correction,
+    the scripted turn it corrects)."""
     if battle.task is None:
-        return None
+        return None, None
     last = (
         Message.objects.filter(battle=battle, side=side, role=Message.Role.USER, script_turn__isnull=False)
         .order_by("-turn")
@@ -97,19 +99,9 @@ def _script_turn_of_prompt(battle: Battle, side: str, text: str) -> int | None:
     )
     position = 0 if last is None else last + 1
     scripted = TaskTurn.objects.filter(task=battle.task, position=position).values_list("prompt", flat=True).first()
-    return position if scripted is not None and scripted.strip() == text.strip() else None
-
-
-def _checked_turn(battle: Battle, side: str, prompt_turn: int | None) -> int | None:
-    """The scripted turn a reply is checked against: its prompt's, or the one it corrects."""
-    if prompt_turn is not None or battle.task is None:
-        return prompt_turn
-    return (
-        Message.objects.filter(battle=battle, side=side, role=Message.Role.USER, script_turn__isnull=False)
-        .order_by("-turn")
-        .values_list("script_turn", flat=True)
-        .first()
-    )
+    if scripted is not None and scripted.strip() == text.strip():
+        return position, position
+    return None, last
 
 
 def _new_reply(battle: Battle, side: str, turn: int, script_turn: int | None) -> GenerationJob:
@@ -145,11 +137,11 @@ def submit_prompt(*, battle: Battle, text: str, side: str | None = None) -> Subm
         raise ArenaError("vote_first", "Say which side did better on the first try before going on.")
     jobs = []
     for target in SIDES if side is None else (side,):
-        script_turn = _script_turn_of_prompt(battle, target, text)
+        script_turn, checked_turn = _script_turns(battle, target, text)
         Message.objects.create(
             battle=battle, side=target, turn=turn, role=Message.Role.USER, content=text, script_turn=script_turn
         )
-        jobs.append(_new_reply(battle, target, turn, _checked_turn(battle, target, script_turn)))
+        jobs.append(_new_reply(battle, target, turn, checked_turn))
     return SubmittedPrompt(turn=turn, text=text, jobs=jobs, side=side)
 
 

@@ -1,10 +1,9 @@
 """The arena pages. They carry no model names: the websocket brings everything after the vote."""
 
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import render
 
 from votes import selectors, services
-from votes.models import EvaluationRun
 
 
 def _voter_key(request: HttpRequest) -> str:
@@ -30,10 +29,12 @@ def battle(request: HttpRequest, public_id: str) -> HttpResponse:
 
 def evaluation(request: HttpRequest, run_id: int) -> HttpResponse:
     """An evaluation run's three tables and its recap (model names are public here)."""
-    run = get_object_or_404(EvaluationRun.objects.select_related("task"), pk=run_id)
+    run = selectors.evaluation_run(run_id)
+    if run is None:
+        raise Http404("No such evaluation run.")
     return render(request, "votes/evaluation.html", {"report": selectors.evaluation_report(run)})
 
 
 def evaluations(request: HttpRequest) -> HttpResponse:
-    runs = EvaluationRun.objects.select_related("task").prefetch_related("llms")[:50]
+    runs = selectors.recent_evaluation_runs(50)
     return render(request, "votes/evaluations.html", {"runs": runs})
