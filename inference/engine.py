@@ -7,14 +7,18 @@ wastes the machine. This engine follows JetStream's design (see shared/facts.md)
 * a fixed number of decode **slots**, each with its own key/value cache of the model's full
   context length: one array shaped like keras-hub's cache with a leading slot axis,
   ``[slots, 1, layers, 2, context, kv_heads, head_dim]``, or, for the families with an
-  in-place step (below), per layer, separate key and value arrays;
-* **prefill** runs each new request alone (batch 1, prompt padded to a length bucket) with the
-  model's own ``_build_cache``, then, as keras-hub's ``generate_step`` does, runs the last
-  prompt token again at its own index with ``call_with_cache`` and samples the first new token
-  from it (so greedy output stays exactly ``generate()``'s), and **inserts** the prompt's cache,
-  the first token, its position, the sampling parameters and the advanced PRNG key into a free
-  slot, all in one jitted function (one compilation per bucket). The first token reaches the
-  reader right after prefill, without waiting for a decode step;
+  in-place forward pass (below), per layer, separate key and value arrays;
+* **prefill** runs each new request alone and **inserts** the prompt's keys and values, the
+  first new token, its position, the sampling parameters and the advanced PRNG key into a free
+  slot, all in one jitted function (one compilation per length bucket). As keras-hub's
+  ``generate_step`` does, the first new token comes from the last prompt token run again as a
+  one-token step at its own index (so greedy output stays ``generate()``'s); it reaches the
+  reader right after prefill, without waiting for a decode step. Families with an in-place
+  forward pass prefill in **chunks after a cached prefix** (``inference.prefix_cache``): the
+  keys and values of recent prompts' beginnings stay in a device pool, a new prompt starts
+  from the longest one it shares (the chat template and system prompt of its task, or the
+  previous turn of its dialog), and only the rest is computed, padded to a bucket. Other
+  families run keras-hub's own ``_build_cache`` over the whole prompt;
 * one jitted **generate** step advances *every* slot by ``steps_per_dispatch`` tokens
   (``lax.fori_loop``). Slots sit at different positions, while keras-hub's
   ``call_with_cache`` takes one ``cache_update_index`` for the whole batch, so the step
@@ -22,13 +26,16 @@ wastes the machine. This engine follows JetStream's design (see shared/facts.md)
   cache write (``dynamic_update_slice``, a scatter under vmap), the rotary position and the
   causal mask all accept a traced per-slot index. Free slots compute too (the shape is fixed);
   their output is ignored and their index is clamped into the cache;
-* **Gemma, Llama 3 and Mistral** models get a step of the engine's own instead
-  (``_gemma_decode_step``, ``_llama_decode_step``; ``_in_place_decoder`` says when it applies):
-  the same computation with the model's own layers, but each layer's keys and values are
-  separate arrays updated in place. keras-hub's cached attention slices the layer out of one
-  stacked cache, updates and restacks it at every token, which on a CPU costs more than the
-  arithmetic (measured, 8 slots, a 256-position window: the strong Gemma model 2.1 ms a step
-  through ``call_with_cache``, 0.55 ms in place; the 2-layer Mistral model 0.67 ms, 0.45 ms);
+* **Gemma, Llama 3 and Mistral** models get a forward pass of the engine's own instead
+  (``_gemma_forward``, ``_llama_forward``; ``_in_place_decoder`` says when it applies), used
+  for decode steps (one token per slot) and prefill chunks (many tokens of one slot): the same
+  computation with the model's own layers (Gemma: its norms, rotary embedding and softmax, and
+  its matmul weights laid out once per engine for plain matmuls), but each layer's keys and
+  values are separate arrays updated in place. keras-hub's cached attention slices the layer
+  out of one stacked cache, updates and restacks it at every token, which on a CPU costs more
+  than the arithmetic (measured, 8 slots, a 256-position window: the first strong Gemma model
+  2.1 ms a step through ``call_with_cache``, 0.55 ms in place; the 2-layer Mistral model
+  0.67 ms, 0.45 ms);
 * the step attends over a **window** of the cache, the smallest of a few lengths (powers of
   two) that holds every running request's positions during the dispatch, copied out of the
   cache at the start of a dispatch and written back at its end (with the in-place step, only
@@ -42,20 +49,21 @@ called from any number of threads and returns a ``Request`` whose iteration yiel
 as the decode thread produces them. Per dispatch the host reads the new tokens once
 (``np.asarray``) and dispatches the next step *before* turning the previous tokens into text,
 so detokenisation overlaps the device work (JAX dispatches asynchronously); a slot freed by
-that processing simply has one wasted dispatch. Cache and slot arrays are donated to every
-jitted call, so they are updated in place.
+that processing simply has one wasted dispatch, and the thread waits a fraction of a
+millisecond for its reader's next request (``_await_resubmission``). Cache, pool and slot
+arrays are donated to every jitted call, so they are updated in place.
 
 Sampling happens inside the jitted step with per-slot parameter arrays, so mixed requests share
-one compiled step: greedy (temperature 0: the same float32 softmax + argmax as keras-hub's
-``GreedySampler``, so greedy output equals ``generate()``), temperature, top-k and top-p, with
-a per-slot PRNG key derived from the request's seed and split once per token (same seed and
-prompt, same text, whatever else is in the batch). The sort that top-k/top-p need only runs
-when some running slot samples (``lax.cond`` on the batch).
+one compiled step: greedy (temperature 0: the same float32 softmax as keras-hub's
+``GreedySampler`` and its argmax, the first best token), temperature, top-k and top-p, with a
+per-slot PRNG key derived from the request's seed and split once per token (same seed and
+prompt, same text, whatever else is in the batch). The sort that top-k/top-p need and the key
+splits only run when some running slot samples (``lax.cond`` on the batch).
 
 Compilations: ``warm_up()`` compiles every prefill bucket and every decode window; after it, no
 request compiles anything. ``Engine.compilations`` counts XLA compilations done on the
 engine's thread (a ``jax.monitoring`` listener), so a benchmark can show that none happen after
-warm-up. Compiled functions are shared by engines of the same model, slot count and steps.
+warm-up. Compiled functions are shared by engines of the same model and configuration.
 
 The model variables are passed to the jitted functions as arguments (stateless, as
 ``generate()`` does), so variables sharded with ``keras.distribution`` keep their shardings,
@@ -82,6 +90,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from inference.prefix_cache import NO_MATCH, PrefixCache
 from inference.streaming import (
     MIN_BUCKET,
     GenerationStats,
@@ -104,6 +113,11 @@ EngineStopReason = Literal["stop", "length", "cancelled", "error"]
 # per dispatch gave 5276 tokens/s against 4245 with 4 and 5063 with 16; a newly submitted
 # request waits at most one dispatch for its prefill, which also yields its first token.
 DEFAULT_STEPS_PER_DISPATCH = 8
+DEFAULT_PREFIX_CACHE_ROWS = 16
+PREFIX_BLOCK = 16  # Prefixes are cached and matched in blocks of this many tokens.
+# How long the decode thread waits for a new request after one ends (see _await_resubmission):
+# well under one dispatch (about 1 ms with the strong demo model on 2 CPU cores).
+RESUBMIT_GRACE_S = 0.0003
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _KEY_IMPL = "threefry2x32"  # Explicit, so the per-slot key layout (uint32[2]) never changes.
 
@@ -177,7 +191,6 @@ class Request:
         sampling: SamplingParams,
         stop_ids: frozenset[int],
         text: IncrementalText,
-        bucket: int,
         wake: Callable[[], None],
     ) -> None:
         self.prompt_ids = prompt_ids
@@ -189,7 +202,6 @@ class Request:
         self.error: BaseException | None = None
         self._stop_ids = stop_ids
         self._text = text
-        self._bucket = bucket
         self._wake = wake
         self._deltas: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._submitted = time.perf_counter()
@@ -255,6 +267,18 @@ class Request:
         self._deltas.put(_END)
 
 
+@dataclass
+class _DeviceState:
+    """What the decode thread keeps on the device: the model variables, the engine's layout of
+    its matmul weights (in-place families), the slot caches and state, the prefix pool."""
+
+    state: Any
+    cache: Any
+    slot_state: dict[str, Any]
+    pool: Any
+    weights: tuple[Any, ...]
+
+
 # A dispatched generate step: its token array [slots, steps], the slot owners when it was
 # dispatched, and how many of its steps ran.
 _Dispatch = tuple[Any, tuple[Request | None, ...], int]
@@ -302,24 +326,24 @@ def _sample(logits: Any, temperature: Any, top_k: Any, top_p: Any, keys: Any, gr
     """Next tokens int32[B] and advanced keys uint32[B, 2] for logits [B, V]; traced in jit."""
     import jax
     import jax.numpy as jnp
-    import keras
 
-    # Exactly GreedySampler's float32 softmax + argmax, so that near-ties resolve as generate().
+    # Exactly GreedySampler's float32 softmax, then its argmax (the first index of the largest
+    # probability) as a max and a min: XLA's CPU argmax, a variadic reduce, is slower.
     probabilities = greedy_sampler.compute_probabilities(logits)
-    greedy = keras.ops.cast(greedy_sampler.get_next_token(probabilities), "int32")
-
-    def split(key: Any) -> Any:
-        return jax.random.key_data(jax.random.split(jax.random.wrap_key_data(key, impl=_KEY_IMPL)))
-
-    pairs = jax.vmap(split)(keys)  # One split per token and slot: reproducible per request.
-    keys, subkeys = pairs[:, 0], pairs[:, 1]
+    vocabulary = probabilities.shape[-1]
+    best = jnp.max(probabilities, axis=-1, keepdims=True)
+    rank = jnp.arange(vocabulary, dtype=jnp.int32)[None, :]
+    greedy = jnp.min(jnp.where(probabilities == best, rank, vocabulary), axis=-1).astype(jnp.int32)
     sampling = temperature > 0
 
-    def sampled() -> Any:
+    def sampled() -> tuple[Any, Any]:
+        def split(key: Any) -> Any:
+            return jax.random.key_data(jax.random.split(jax.random.wrap_key_data(key, impl=_KEY_IMPL)))
+
+        pairs = jax.vmap(split)(keys)  # One split per token and slot: reproducible per request.
+        next_keys, subkeys = pairs[:, 0], pairs[:, 1]
         scaled = logits.astype(jnp.float32) / jnp.where(sampling, temperature, 1.0)[:, None]
-        vocabulary = scaled.shape[-1]
         descending = -jnp.sort(-scaled, axis=-1)
-        rank = jnp.arange(vocabulary)[None, :]
         k = jnp.where((top_k > 0) & (top_k < vocabulary), top_k, vocabulary)[:, None]
         in_top_k = rank < k
         descending = jnp.where(in_top_k, descending, -jnp.inf)
@@ -335,11 +359,13 @@ def _sample(logits: Any, temperature: Any, top_k: Any, top_p: Any, keys: Any, gr
         def draw(key: Any, row: Any) -> Any:
             return jax.random.categorical(jax.random.wrap_key_data(key, impl=_KEY_IMPL), row)
 
-        return jax.vmap(draw)(subkeys, filtered).astype(jnp.int32)
+        drawn = jax.vmap(draw)(subkeys, filtered).astype(jnp.int32)
+        return jnp.where(sampling, drawn, greedy), next_keys
 
-    # A real branch (not a select): all-greedy batches skip the sort.
-    drawn = jax.lax.cond(jnp.any(sampling), sampled, lambda: greedy)
-    return jnp.where(sampling, drawn, greedy), keys
+    # A real branch (not a select): an all-greedy batch skips the sort and the key splits. Keys
+    # only matter to sampling slots, and a batch with one takes the branch at every token, so
+    # each sampling request's key is still split once per token (same seed, same text).
+    return jax.lax.cond(jnp.any(sampling), sampled, lambda: (greedy, keys))
 
 
 def _in_place_decoder(lm: Any, context: int) -> tuple[Callable[..., Any], bool] | None:
@@ -362,14 +388,14 @@ def _in_place_decoder(lm: Any, context: int) -> tuple[Callable[..., Any], bool] 
             and not block.dropout
             for block in blocks
         ):
-            return _gemma_decode_step, True
+            return _gemma_forward, _gemma_weights, True
         return None
     # Vicuna (LlamaCausalLM) has the same blocks but no engine test yet: it keeps the generic step.
     llama_like = (keras_hub.models.Llama3CausalLM, keras_hub.models.MistralCausalLM)
     if type(lm) in llama_like and type(backbone) in (keras_hub.models.Llama3Backbone, keras_hub.models.MistralBackbone):
         window = getattr(backbone, "sliding_window", None)
         if (window is None or window >= context) and not getattr(backbone, "dropout", 0):
-            return _llama_decode_step, False
+            return _llama_forward, _no_weights, False
     return None
 
 
@@ -383,16 +409,64 @@ def _layer_caches(cache: Any, heads_first: bool) -> tuple[Any, ...]:
     return tuple(jnp.swapaxes(part, 1, 2) if heads_first else part for part in parts)
 
 
-def _gemma_decode_step(model: Any, tokens: Any, caches: tuple[Any, ...], positions: Any) -> tuple[Any, tuple[Any, ...]]:
-    """One token for every slot of a Gemma model, each at its own position; traced in jit.
+def _gemma_weights(model: Any) -> tuple[Any, ...]:
+    """Gemma's matmul weights laid out for plain 2-D matmuls, once per dispatch.
 
-    The same computation as ``GemmaCausalLM.call_with_cache`` (embedding scaled by
-    sqrt(hidden), per block: pre-attention norm, rotary query and key, attention over the cache
-    up to the slot's position, output projection, gated feed-forward; final norm, tied
-    logits), calling the model's own layers for everything but the cache. keras-hub's layers
-    slice the keys and values out of one stacked cache, update and restack it for every token,
-    which on a CPU costs more than the arithmetic; here each layer's keys and values are
-    separate arrays laid out ``[slots, kv_heads, positions, head_dim]``, written in place.
+    keras-hub's EinsumDense kernels are ``[heads, hidden, head_dim]`` (q/k/v) and the tied
+    embedding is ``[vocabulary, hidden]``: used as they are, XLA transposes them at every token.
+    Per block: q/k/v ``[hidden, (heads + 2 kv_heads) * head_dim]``, output ``[heads * head_dim,
+    hidden]``, both gates ``[hidden, 2 * ffw]``, the down projection; then the embedding's
+    transpose ``[hidden, vocabulary]``.
+    """
+    import jax.numpy as jnp
+    from keras import ops
+
+    def flat(kernel: Any) -> Any:  # [heads, hidden, head_dim] -> [hidden, heads * head_dim]
+        kernel = ops.convert_to_tensor(kernel)
+        return jnp.transpose(kernel, (1, 0, 2)).reshape(kernel.shape[1], -1)
+
+    backbone = model.backbone
+    weights = []
+    for block in backbone.transformer_layers:
+        attention = block.attention
+        qkv = jnp.concatenate(
+            [flat(attention.query_dense.kernel), flat(attention.key_dense.kernel), flat(attention.value_dense.kernel)],
+            axis=1,
+        )
+        output = ops.convert_to_tensor(attention.output_dense.kernel)
+        gates = jnp.concatenate(
+            [ops.convert_to_tensor(block.gating_ffw.kernel), ops.convert_to_tensor(block.gating_ffw_2.kernel)], axis=1
+        )
+        weights += [qkv, output.reshape(-1, output.shape[-1]), gates, ops.convert_to_tensor(block.ffw_linear.kernel)]
+    weights.append(jnp.transpose(ops.convert_to_tensor(backbone.token_embedding.embeddings)))
+    return tuple(weights)
+
+
+def _masked_softmax(logits: Any, mask: Any) -> Any:
+    """keras's ``Softmax`` layer with a mask, as keras-hub's attention calls it: masked logits
+    set to -1e9, softmax over the last axis. The layer also zeroes masked outputs afterwards,
+    which changes nothing when every row keeps a position (here, its own) and costs a pass."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.nn.softmax(jnp.where(mask, logits, -1e9), axis=-1)
+
+
+def _gemma_forward(
+    model: Any, tokens: Any, caches: tuple[Any, ...], starts: Any, weights: tuple[Any, ...]
+) -> tuple[Any, tuple[Any, ...]]:
+    """Logits ``[rows, tokens, vocabulary]`` for ``tokens [rows, T]`` of a Gemma model, row r's
+    tokens at positions ``starts[r]`` onwards, and the caches with their keys and values written.
+
+    One token for every slot (T = 1) is the decode step; T tokens of one row is a prefill chunk.
+    The same computation as ``GemmaCausalLM.call_with_cache`` (embedding scaled by sqrt(hidden),
+    per block: pre-attention norm, rotary query and key, attention over the cache up to each
+    token's position, output projection, gated feed-forward; final norm, tied logits), with the
+    model's own norms, rotary embedding and softmax, and its matmul weights as
+    ``_gemma_weights`` lays them out. keras-hub's layers slice the keys and values out of one
+    stacked cache, update and restack it for every token, which on a CPU costs more than the
+    arithmetic; here each layer's keys and values are separate arrays laid out ``[rows,
+    kv_heads, positions, head_dim]``, written in place. Traced in jit.
     """
     import jax
     import jax.numpy as jnp
@@ -400,82 +474,100 @@ def _gemma_decode_step(model: Any, tokens: Any, caches: tuple[Any, ...], positio
     from keras import ops
 
     backbone = model.backbone
-    x = backbone.token_embedding(tokens[:, None])
+    rows, length = tokens.shape
+    x = backbone.token_embedding(tokens)  # [rows, T, hidden]
     x = x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
-    slots = tokens.shape[0]
+    query_positions = starts[:, None] + jnp.arange(length)[None, :]  # [rows, T]
     updated = []
     for index, block in enumerate(backbone.transformer_layers):
         attention = block.attention
+        qkv_kernel, output_kernel, gates_kernel, down_kernel = weights[4 * index : 4 * index + 4]
+        heads, kv_heads, head_dim = attention.num_query_heads, attention.num_key_value_heads, attention.head_dim
         keys, values = caches[2 * index], caches[2 * index + 1]
 
-        def rope(t: Any, attention: Any = attention) -> Any:
-            return jax.vmap(lambda row, position: attention._apply_rope(row[None], position)[0])(t, positions)
+        def rope(t: Any, attention: Any = attention) -> Any:  # [rows, T, heads, head_dim]
+            return jax.vmap(lambda row, start: attention._apply_rope(row[None], start)[0])(t, starts)
 
         normalized = block.pre_attention_norm(x)
-        query = rope(attention.query_dense(normalized))  # [slots, 1, heads, head_dim]
-        key = rope(attention.key_dense(normalized))  # [slots, 1, kv_heads, head_dim]
-        value = attention.value_dense(normalized)
+        qkv = jnp.dot(normalized, qkv_kernel)
+        query = rope(qkv[..., : heads * head_dim].reshape(rows, length, heads, head_dim))
+        key = rope(qkv[..., heads * head_dim : (heads + kv_heads) * head_dim].reshape(rows, length, kv_heads, head_dim))
+        value = qkv[..., (heads + kv_heads) * head_dim :].reshape(rows, length, kv_heads, head_dim)
 
-        def write(cache: Any, update: Any, position: Any) -> Any:
-            return jax.lax.dynamic_update_slice(cache, jnp.swapaxes(update, 0, 1), (0, position, 0))
+        def write(cache: Any, update: Any, start: Any) -> Any:  # [kv_heads, positions, head_dim]
+            return jax.lax.dynamic_update_slice(cache, jnp.swapaxes(update, 0, 1), (0, start, 0))
 
-        keys = jax.vmap(write)(keys, key, positions)
-        values = jax.vmap(write)(values, value, positions)
+        keys = jax.vmap(write)(keys, key, starts)
+        values = jax.vmap(write)(values, value, starts)
         updated += [keys, values]
 
         # GemmaAttention._compute_attention, with the cache's heads-first layout.
         if attention.query_head_dim_normalize:
-            normalization = 1 / np.sqrt(attention.head_dim)
+            normalization = 1 / np.sqrt(head_dim)
         else:
-            normalization = 1 / np.sqrt(attention.hidden_dim // attention.num_query_heads)
+            normalization = 1 / np.sqrt(attention.hidden_dim // heads)
         query = query * ops.cast(normalization, query.dtype)
-        groups = attention.num_query_heads // attention.num_key_value_heads
-        query = ops.reshape(query, (slots, 1, attention.num_key_value_heads, groups, attention.head_dim))
-        logits = jnp.einsum("btkgh,bksh->bkgts", query, keys)
-        mask = (jnp.arange(keys.shape[2])[None, :] <= positions[:, None])[:, None, None, None, :]
-        probabilities = ops.cast(attention.softmax(logits, mask=mask), logits.dtype)
-        attended = jnp.einsum("bkgts,bksh->btkgh", probabilities, values)
-        attended = ops.reshape(attended, (slots, 1, attention.num_query_heads, attention.head_dim))
-        attended = attention.output_dense(attended)
+        groups = heads // kv_heads
+        mask = jnp.arange(keys.shape[2])[None, None, :] <= query_positions[:, :, None]  # [rows, T, positions]
+        if length == 1:  # The decode step: simpler contractions, measurably faster on a CPU.
+            query = ops.reshape(query, (rows, kv_heads, groups, head_dim))
+            probabilities = _masked_softmax(jnp.einsum("bkgh,bksh->bkgs", query, keys), mask[:, :, None])
+            attended = jnp.einsum("bkgs,bksh->bkgh", probabilities, values)
+        else:
+            # Logits laid out [rows, kv_heads, T, groups, positions]: what the matmul produces,
+            # positions last for the softmax (other orders cost a transpose of all the logits).
+            query = ops.reshape(query, (rows, length, kv_heads, groups, head_dim))
+            probabilities = _masked_softmax(jnp.einsum("btkgh,bksh->bktgs", query, keys), mask[:, None, :, None])
+            attended = jnp.einsum("bktgs,bksh->btkgh", probabilities, values)
+        attended = jnp.dot(attended.reshape(rows, length, heads * head_dim), output_kernel)
 
         if block.use_post_attention_norm:
             attended = block.post_attention_norm(attended)
         attention_x = x + attended
         normalized = block.pre_ffw_norm(attention_x)
-        hidden = keras.activations.gelu(block.gating_ffw(normalized), approximate=True) * block.gating_ffw_2(normalized)
-        hidden = block.ffw_linear(hidden)
+        gates = jnp.dot(normalized, gates_kernel)
+        width = gates.shape[-1] // 2
+        hidden = keras.activations.gelu(gates[..., :width], approximate=True) * gates[..., width:]
+        hidden = jnp.dot(hidden, down_kernel)
         if block.use_post_ffw_norm:
             hidden = block.post_ffw_norm(hidden)
         x = hidden + attention_x
     x = backbone.layer_norm(x)
-    logits = backbone.token_embedding(x, reverse=True)
-    return logits[:, 0], tuple(updated)
+    return jnp.dot(x, weights[-1]), tuple(updated)
 
 
-def _llama_decode_step(model: Any, tokens: Any, caches: tuple[Any, ...], positions: Any) -> tuple[Any, tuple[Any, ...]]:
-    """One token for every slot of a Llama 3 or Mistral model, each at its own position.
+def _no_weights(model: Any) -> tuple[Any, ...]:
+    return ()
+
+
+def _llama_forward(
+    model: Any, tokens: Any, caches: tuple[Any, ...], starts: Any, weights: tuple[Any, ...]
+) -> tuple[Any, tuple[Any, ...]]:
+    """``_gemma_forward`` for a Llama 3 or Mistral model.
 
     ``call_with_cache`` of those families, block by block, with the model's own layers
     (including the attention's own ``_compute_attention``, so the arithmetic is the same), but
-    each layer's keys and values are separate ``[slots, positions, kv_heads, head_dim]`` arrays
-    written in place (see ``_gemma_decode_step``).
+    each layer's keys and values are separate ``[rows, positions, kv_heads, head_dim]`` arrays
+    written in place.
     """
     import jax
     import jax.numpy as jnp
     from keras import ops
 
     backbone = model.backbone
-    x = backbone.token_embedding(tokens[:, None])
+    length = tokens.shape[1]
+    x = backbone.token_embedding(tokens)
+    query_positions = starts[:, None] + jnp.arange(length)[None, :]  # [rows, T]
     updated = []
     for index, block in enumerate(backbone.transformer_layers):
         attention = block._self_attention_layer
         keys, values = caches[2 * index], caches[2 * index + 1]
 
         def rope(t: Any, attention: Any = attention) -> Any:
-            def one(row: Any, position: Any) -> Any:
-                return attention.rotary_embedding_layer(row[None], start_index=position)[0]
+            def one(row: Any, start: Any) -> Any:
+                return attention.rotary_embedding_layer(row[None], start_index=start)[0]
 
-            return jax.vmap(one)(t, positions)
+            return jax.vmap(one)(t, starts)
 
         residual = x
         normalized = block._self_attention_layernorm(x)
@@ -483,14 +575,14 @@ def _llama_decode_step(model: Any, tokens: Any, caches: tuple[Any, ...], positio
         key = rope(attention._key_dense(normalized))
         value = attention._value_dense(normalized)
 
-        def write(cache: Any, update: Any, position: Any) -> Any:
-            return jax.lax.dynamic_update_slice(cache, update, (position, 0, 0))
+        def write(cache: Any, update: Any, start: Any) -> Any:
+            return jax.lax.dynamic_update_slice(cache, update, (start, 0, 0))
 
-        keys = jax.vmap(write)(keys, key, positions)
-        values = jax.vmap(write)(values, value, positions)
+        keys = jax.vmap(write)(keys, key, starts)
+        values = jax.vmap(write)(values, value, starts)
         updated += [keys, values]
         groups = getattr(attention, "num_key_value_groups", None) or attention._num_key_value_groups
-        mask = (jnp.arange(keys.shape[1])[None, :] <= positions[:, None])[:, None, :]  # [slots, 1, positions]
+        mask = jnp.arange(keys.shape[1])[None, None, :] <= query_positions[:, :, None]  # [rows, T, positions]
         attended = attention._compute_attention(
             query,
             ops.repeat(keys, repeats=groups, axis=2),
@@ -510,18 +602,19 @@ def _llama_decode_step(model: Any, tokens: Any, caches: tuple[Any, ...], positio
             + residual
         )
     x = backbone.layer_norm(x)
-    logits = backbone.token_embedding(x, reverse=True)
-    return logits[:, 0], tuple(updated)
+    return backbone.token_embedding(x, reverse=True), tuple(updated)
 
 
 class _Programs:
     """The jitted init, prefill(+insert) and generate functions for one model and configuration.
 
-    Shared by every Engine with the same (slots, steps per dispatch, context), so a second
-    engine of the same model compiles nothing new.
+    Shared by every Engine with the same (slots, steps per dispatch, context, prefix rows and
+    capacity), so a second engine of the same model compiles nothing new.
     """
 
-    def __init__(self, lm: keras_hub.models.CausalLM, slots: int, steps: int, context: int) -> None:
+    def __init__(
+        self, lm: keras_hub.models.CausalLM, slots: int, steps: int, context: int, prefix_rows: int, capacity: int
+    ) -> None:
         import jax
         import jax.numpy as jnp
         import keras_hub
@@ -551,26 +644,38 @@ class _Programs:
         if len(length_axes) != 1:
             raise TypeError(f"Cannot find the sequence axis of {type(lm).__name__}'s cache {one.shape}.")
         seq_axis = length_axes[0] + 1  # In the engine's cache, after the slot axis.
-        # Gemma gets a decode step of the engine's own that updates the cache in place (see
-        # _gemma_decode_step); other families go through keras-hub's call_with_cache.
+        # Gemma, Llama 3 and Mistral get a forward pass of the engine's own that updates per-layer
+        # caches in place (see _gemma_forward); other families go through keras-hub's
+        # call_with_cache and _build_cache.
         keras_hub_layout = one.shape == (1, lm.backbone.num_layers, 2, 2, *one.shape[4:])
         decoder = _in_place_decoder(lm, context) if keras_hub_layout else None
-        in_place = decoder is not None
-        decode_step, heads_first = decoder or (None, False)
+        self.in_place = in_place = decoder is not None
+        forward, prepare, heads_first = decoder or (None, None, False)
         position_axis = 2 if heads_first else 1  # Of a per-layer cache [slots, ...].
         cache_shape = jax.ShapeDtypeStruct(
             tuple(context if i == length_axes[0] else n for i, n in enumerate(one.shape)), one.dtype
         )  # [1, layers, 2, context, kv_heads, head_dim] for keras-hub's decoders.
+        # The prefix pool: `prefix_rows` rows and a scratch row that prefills without a row to
+        # fill write to (so that writing is unconditional).
+        self.scratch_row = prefix_rows
 
-        def init(state: Any) -> tuple[Any, dict[str, Any]]:
-            # Takes the variables only so that the arrays land on the devices they live on.
+        def layer_parts(rows: int, length: int) -> tuple[Any, ...]:
+            _, layers, _, _, kv_heads, head_dim = cache_shape.shape
+            part = (rows, kv_heads, length, head_dim) if heads_first else (rows, length, kv_heads, head_dim)
+            return tuple(jnp.zeros(part, cache_shape.dtype) for _ in range(2 * layers))
+
+        def init(state: Any) -> tuple[Any, dict[str, Any], Any, Any]:
+            # Takes the variables so that the arrays land on the devices they live on.
             self.traces["init"] += 1
             if in_place:  # Per layer, keys and values (see _layer_caches).
-                _, layers, _, _, kv_heads, head_dim = cache_shape.shape
-                part = (slots, kv_heads, context, head_dim) if heads_first else (slots, context, kv_heads, head_dim)
-                cache: Any = tuple(jnp.zeros(part, cache_shape.dtype) for _ in range(2 * layers))
+                cache: Any = layer_parts(slots, context)
+                pool: Any = layer_parts(prefix_rows + 1, capacity)
+                model, scope = stateless(state)
+                with scope:
+                    weights = prepare(model)
             else:
                 cache = jnp.zeros((slots, *cache_shape.shape), cache_shape.dtype)
+                pool, weights = None, ()
             slot_state = {
                 "tokens": jnp.zeros((slots,), jnp.int32),
                 "positions": jnp.zeros((slots,), jnp.int32),
@@ -579,7 +684,20 @@ class _Programs:
                 "top_k": jnp.zeros((slots,), jnp.int32),
                 "top_p": jnp.ones((slots,), jnp.float32),
             }
-            return cache, slot_state
+            return cache, slot_state, pool, weights
+
+        def resume(slot_state: dict[str, Any], slot: Any, first: Any, length: Any, key: Any, *params: Any) -> Any:
+            # The slot resumes with the first new token, at the index after the prompt.
+            temperature, top_k, top_p = params
+            updates = {
+                "tokens": first[0],
+                "positions": length,
+                "keys": key[0],
+                "temperature": temperature,
+                "top_k": top_k,
+                "top_p": top_p,
+            }
+            return {name: value.at[slot].set(updates[name]) for name, value in slot_state.items()}
 
         def prefill(
             state: Any,
@@ -593,6 +711,7 @@ class _Programs:
             top_p: Any,
             key: Any,
         ) -> tuple[Any, dict[str, Any], Any]:
+            """keras-hub's own prefill (families without an in-place forward)."""
             self.traces[f"prefill[{token_ids.shape[1]}]"] += 1
             model, scope = stateless(state)
             with scope:
@@ -607,29 +726,75 @@ class _Programs:
             )
             # Insert: the prompt's cache at the start of the slot's. Whatever an earlier request
             # left beyond the prompt is masked by the causal mask until overwritten.
-            if in_place:
-                prompt_parts = _layer_caches(prompt_cache[None], heads_first)
-                cache = tuple(
-                    jax.lax.dynamic_update_slice(part, update.astype(part.dtype), (slot, 0, 0, 0))
-                    for part, update in zip(cache, prompt_parts, strict=True)
-                )
-            else:
-                start = (slot,) + (0,) * prompt_cache.ndim
-                cache = jax.lax.dynamic_update_slice(cache, prompt_cache[None].astype(cache.dtype), start)
-            # The slot resumes with the first new token, at the index after the prompt.
-            updates = {
-                "tokens": first[0],
-                "positions": length,
-                "keys": next_key[0],
-                "temperature": temperature,
-                "top_k": top_k,
-                "top_p": top_p,
-            }
-            slot_state = {name: value.at[slot].set(updates[name]) for name, value in slot_state.items()}
+            start = (slot,) + (0,) * prompt_cache.ndim
+            cache = jax.lax.dynamic_update_slice(cache, prompt_cache[None].astype(cache.dtype), start)
+            slot_state = resume(slot_state, slot, first, length, next_key, temperature, top_k, top_p)
             return cache, slot_state, first
 
+        def prefill_chunk(
+            state: Any,
+            weights: tuple[Any, ...],
+            cache: Any,
+            slot_state: dict[str, Any],
+            pool: Any,
+            chunk: Any,
+            last: Any,
+            start: Any,
+            length: Any,
+            slot: Any,
+            rows: Any,
+            temperature: Any,
+            top_k: Any,
+            top_p: Any,
+            key: Any,
+        ) -> tuple[Any, dict[str, Any], Any, Any]:
+            """Prefill after a cached prefix (in-place families).
+
+            The slot's first positions come from pool row ``rows[0]`` (its first ``start``
+            positions hold the prompt's cached prefix; 0 for none), ``chunk`` (the prompt's
+            tokens after it but the last, padded) runs at ``start`` onwards, then ``last`` at
+            ``length - 1`` as a one-token step, as keras-hub's generate_step computes the first
+            new token. The prompt's positions are then copied into the slot and into pool row
+            ``rows[1]`` (the scratch row if the host keeps no new prefix).
+            """
+            size = chunk.shape[1]
+            self.traces[f"prefill[{size}]"] += 1
+            # The positions the prefill touches: the host keeps start (at most the capacity) +
+            # size within the context, and the last token, at length - 1 <= start + size, fits.
+            span = min(capacity + size + 1, context)
+            kept = min(capacity, span)  # Pool positions the prefill can use or fill.
+            model, scope = stateless(state)
+            with scope:
+                local = []
+                for part in pool:
+                    row = jax.lax.dynamic_index_in_dim(part, rows[0], axis=0)  # [1, ..., capacity, ...]
+                    row = jax.lax.slice_in_dim(row, 0, kept, axis=position_axis)
+                    pad = [(0, 0)] * row.ndim
+                    pad[position_axis] = (0, span - kept)
+                    local.append(jnp.pad(row, pad))
+                _, local = forward(model, chunk, tuple(local), start[None], weights)
+                logits, local = forward(model, last[None, None], local, (length - 1)[None], weights)
+            first, next_key = _sample(
+                logits[:, 0], temperature[None], top_k[None], top_p[None], key[None], greedy_sampler
+            )
+            # Beyond the prompt, the slot gets padding's keys and values: masked until overwritten.
+            at_slot, at_row = [0] * local[0].ndim, [0] * local[0].ndim
+            at_slot[0], at_row[0] = slot, rows[1]
+            cache = tuple(
+                jax.lax.dynamic_update_slice(part, update, tuple(at_slot))
+                for part, update in zip(cache, local, strict=True)
+            )
+            pool = tuple(
+                jax.lax.dynamic_update_slice(
+                    part, jax.lax.slice_in_dim(update, 0, kept, axis=position_axis), tuple(at_row)
+                )
+                for part, update in zip(pool, local, strict=True)
+            )
+            slot_state = resume(slot_state, slot, first, length, next_key, temperature, top_k, top_p)
+            return cache, slot_state, pool, first
+
         def generate(
-            state: Any, cache: Any, slot_state: dict[str, Any], active: Any, count: Any, window: int
+            state: Any, weights: tuple[Any, ...], cache: Any, slot_state: dict[str, Any], active: Any, window: int
         ) -> tuple[Any, dict[str, Any], Any]:
             self.traces[f"generate[{window}]"] += 1
             model, scope = stateless(state)
@@ -648,7 +813,8 @@ class _Programs:
                 # below it); their writes are never read.
                 clamped = jnp.minimum(positions, limit - 1)
                 if in_place:
-                    logits, cache = decode_step(model, tokens, cache, clamped)
+                    logits, cache = forward(model, tokens[:, None], cache, clamped, weights)
+                    logits = logits[:, 0]
                 else:
                     logits, cache = all_slots(tokens, cache, clamped)
                 tokens, keys = _sample(
@@ -675,12 +841,11 @@ class _Programs:
             out = jnp.zeros((slots, steps), jnp.int32)
             carry = (view, slot_state["tokens"], slot_state["positions"], slot_state["keys"], out)
             with scope:
-                # `count` (1..steps) is traced: a short dispatch needs no compilation of its own.
-                view, tokens, positions, keys, out = jax.lax.fori_loop(0, count, body, carry)
+                view, tokens, positions, keys, out = jax.lax.fori_loop(0, steps, body, carry)
             if in_place:
                 # Only the positions this dispatch wrote go back: per slot, `steps` positions
                 # from where it started (dynamic_slice clamps the start so that they fit in
-                # the window; the host picked a window that holds start + count).
+                # the window; the host picked a window that holds start + steps).
                 chunk = min(steps, limit)
                 starts = slot_state["positions"]
 
@@ -704,33 +869,39 @@ class _Programs:
             return cache, slot_state, out
 
         self.init = jax.jit(init)
+        # One compilation per prefill length (bucket).
         self.prefill = jax.jit(prefill, donate_argnums=(1, 2))
+        # One compilation per chunk length.
+        self.prefill_chunk = jax.jit(prefill_chunk, donate_argnums=(2, 3, 4))
         # One compilation per decode window.
-        self.generate = jax.jit(generate, donate_argnums=(1, 2), static_argnums=(5,))
+        self.generate = jax.jit(generate, donate_argnums=(2, 3), static_argnums=(5,))
 
 
-_programs: weakref.WeakKeyDictionary[Any, dict[tuple[int, int, int], _Programs]] = weakref.WeakKeyDictionary()
+_programs: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], _Programs]] = weakref.WeakKeyDictionary()
 _programs_lock = threading.Lock()
 
 
-def _programs_for(lm: keras_hub.models.CausalLM, slots: int, steps: int, context: int) -> _Programs:
+def _programs_for(
+    lm: keras_hub.models.CausalLM, slots: int, steps: int, context: int, prefix_rows: int, capacity: int
+) -> _Programs:
     with _programs_lock:
         per_model = _programs.setdefault(lm, {})
-        key = (slots, steps, context)
+        key = (slots, steps, context, prefix_rows, capacity)
         if key not in per_model:
-            per_model[key] = _Programs(lm, slots, steps, context)
+            per_model[key] = _Programs(lm, slots, steps, context, prefix_rows, capacity)
         return per_model[key]
 
 
-def default_buckets(context: int) -> tuple[int, ...]:
+def default_buckets(context: int, smallest: int = MIN_BUCKET) -> tuple[int, ...]:
     """Prefill lengths: 64, 96, 128, 192, 256, 384, ... (two per octave), capped by the context.
 
     Prefill cost grows faster than linearly with the padded length (attention), and a prefill
     shape compiles in well under a second, so two buckets per octave (at most a third of a
     prefill wasted on padding) are worth their compilations. The context itself is always one.
+    With a prefix cache the chunks after a cached prefix are short: they start at 16.
     """
     buckets = []
-    bucket = MIN_BUCKET
+    bucket = smallest
     while bucket < context:
         buckets.append(bucket)
         if bucket * 3 // 2 < context:
@@ -770,6 +941,12 @@ class Engine:
     that leaves room for one new token is served. ``steps_per_dispatch``: tokens per slot per
     jitted call. Each bucket and each window is one compilation, all done by ``warm_up()``.
 
+    ``prefix_cache_rows`` prompt prefixes of up to ``prefix_cache_tokens`` tokens (default half
+    the context, at most 1024) are kept on the device (see ``inference.prefix_cache``): a prompt
+    that starts like a recent one (same template and system prompt, or the same dialog one turn
+    later) is prefilled from where the cached prefix ends. 0 rows turns it off; families without
+    an in-place forward pass (see ``_in_place_decoder``) always prefill whole prompts.
+
     Use it as a context manager or call ``shutdown()``; the decode thread starts on ``start()``,
     ``warm_up()`` or the first ``submit()``. All public methods are thread-safe.
     """
@@ -782,6 +959,8 @@ class Engine:
         buckets: Sequence[int] | None = None,
         windows: Sequence[int] | None = None,
         steps_per_dispatch: int = DEFAULT_STEPS_PER_DISPATCH,
+        prefix_cache_rows: int = DEFAULT_PREFIX_CACHE_ROWS,
+        prefix_cache_tokens: int | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}.")
@@ -790,14 +969,23 @@ class Engine:
         self.lm = lm
         self.slots = slots
         self.steps_per_dispatch = steps_per_dispatch
+        if prefix_cache_rows < 0:
+            raise ValueError(f"prefix_cache_rows must be at least 0, got {prefix_cache_rows}.")
         self.context_length = context_length(lm)
         context = self.context_length
-        self.buckets = _sizes("buckets", buckets, default_buckets(context), context)
+        capacity = min(context // 2, 1024) if prefix_cache_tokens is None else prefix_cache_tokens
+        if not PREFIX_BLOCK <= capacity <= context // 2:
+            raise ValueError(f"prefix_cache_tokens must be within {PREFIX_BLOCK}..{context // 2}, got {capacity}.")
+        capacity -= capacity % PREFIX_BLOCK
+        self._programs = _programs_for(lm, slots, steps_per_dispatch, context, prefix_cache_rows, capacity)
+        self.in_place = self._programs.in_place
+        self.prefix_cache = PrefixCache(prefix_cache_rows if self.in_place else 0, capacity, PREFIX_BLOCK)
+        smallest = PREFIX_BLOCK if self.in_place else MIN_BUCKET
+        self.buckets = _sizes("buckets", buckets, default_buckets(context, smallest), context)
         self.windows = _sizes("windows", windows, default_windows(context), context)
         self._tokenizer = lm.preprocessor.tokenizer
         pad = getattr(self._tokenizer, "pad_token_id", None)
         self._pad_id = int(pad) if pad is not None else 0
-        self._programs = _programs_for(lm, slots, steps_per_dispatch, self.context_length)
         _install_compile_listener()
         self._compilations = 0
         # Most requests decoded together so far: shows that concurrent callers shared a batch.
@@ -811,10 +999,11 @@ class Engine:
         self._closing = False
         self._closed = False
         self._failure: BaseException | None = None
-        self._device: tuple[Any, Any, Any] | None = None  # (variables, cache, slot state)
+        self._device: _DeviceState | None = None
         # Small per-dispatch arguments already on the device, re-sent only when they change:
         # a NumPy argument costs a host-to-device transfer on every call (~70 us a dispatch).
         self._inputs: dict[Any, Any] = {}
+        self._freed = 0  # Slots freed in the current loop iteration.
 
     # --- Public API -------------------------------------------------------------------------
 
@@ -907,7 +1096,6 @@ class Engine:
             sampling=sampling,
             stop_ids=stop_ids,
             text=IncrementalText(self._tokenizer, stop_strings),
-            bucket=next(b for b in self.buckets if b >= len(prompt_ids)),
             wake=self._wake,
         )
         with self._cond:
@@ -965,8 +1153,8 @@ class Engine:
 
     def _reset_device(self) -> None:
         state = _model_state(self.lm)
-        cache, slot_state = self._programs.init(state)
-        self._device = (state, cache, slot_state)
+        self._device = _DeviceState(state, *self._programs.init(state))
+        self.prefix_cache.clear()
 
     def _run(self) -> None:
         """The decode thread: admit, dispatch, process, until shutdown."""
@@ -1003,7 +1191,10 @@ class Engine:
                 for request in cancelled:
                     request._end("cancelled")
                 try:
+                    self._freed = 0
                     in_flight = self._iterate(admitted, free, jobs, in_flight)
+                    if self._freed and in_flight is not None:
+                        self._await_resubmission()
                 except Exception as exc:  # Fail what was running, keep serving the queue.
                     logger.exception("Engine decode step failed")
                     in_flight = None
@@ -1037,24 +1228,12 @@ class Engine:
         in_flight: _Dispatch | None,
     ) -> _Dispatch | None:
         """One loop iteration; returns the dispatch whose tokens are not processed yet."""
-        programs = self._programs
-        assert self._device is not None
-        state, cache, slot_state = self._device
         for job in jobs:  # On an idle engine: compile every shape, with dummy inputs.
             inactive = self._input((False,) * self.slots, np.bool_)
             for bucket in job.buckets:
-                token_ids = np.full((1, bucket), self._pad_id, dtype=np.int32)
-                cache, slot_state, first = programs.prefill(
-                    state, cache, slot_state, token_ids, np.int32(1), np.int32(0), *_slot_params(GREEDY)
-                )
-                self._device = (state, cache, slot_state)
-                np.asarray(first)
+                np.asarray(self._prefill([self._pad_id], 0, GREEDY, bucket=bucket))
             for window in job.windows:
-                cache, slot_state, out = programs.generate(
-                    state, cache, slot_state, inactive, self._input(self.steps_per_dispatch, np.int32), window
-                )
-                self._device = (state, cache, slot_state)
-                np.asarray(out)
+                np.asarray(self._generate(inactive, window))
             job.done.set()
 
         first_tokens: list[tuple[Request, Any]] = []
@@ -1063,19 +1242,7 @@ class Engine:
             self.peak_active_slots = max(self.peak_active_slots, self.active_slots)
             request._slot = slot
             request._position = len(request.prompt_ids)  # Index of the next step.
-            token_ids = np.full((1, request._bucket), self._pad_id, dtype=np.int32)
-            token_ids[0, : len(request.prompt_ids)] = request.prompt_ids
-            cache, slot_state, first = programs.prefill(
-                state,
-                cache,
-                slot_state,
-                token_ids,
-                np.int32(len(request.prompt_ids)),
-                np.int32(slot),
-                *_slot_params(request.sampling),
-            )
-            self._device = (state, cache, slot_state)
-            first_tokens.append((request, first))
+            first_tokens.append((request, self._prefill(request.prompt_ids, slot, request.sampling)))
 
         dispatched = None
         owners = tuple(self._slots)
@@ -1087,11 +1254,7 @@ class Engine:
             window = next((w for w in self.windows if w >= needed), self.context_length)
             for request in running:
                 request._position += count
-            active = self._input(tuple(r is not None for r in owners), np.bool_)
-            cache, slot_state, out = programs.generate(
-                state, cache, slot_state, active, self._input(count, np.int32), window
-            )
-            self._device = (state, cache, slot_state)
+            out = self._generate(self._input(tuple(r is not None for r in owners), np.bool_), window)
             dispatched = (out, owners, count)
 
         # Host work below overlaps the dispatched step (JAX dispatches asynchronously).
@@ -1106,6 +1269,60 @@ class Engine:
             else:
                 self._accept(request, [int(np.asarray(first)[0])])
         return dispatched
+
+    def _generate(self, active: Any, window: int) -> Any:
+        """Dispatch one decode step of every slot; returns its tokens [slots, steps] (on the device)."""
+        device = self._device
+        assert device is not None
+        device.cache, device.slot_state, out = self._programs.generate(
+            device.state, device.weights, device.cache, device.slot_state, active, window
+        )
+        return out
+
+    def _prefill(self, prompt_ids: list[int], slot: int, sampling: SamplingParams, bucket: int | None = None) -> Any:
+        """Dispatch a prompt's prefill into ``slot``; returns its first new token (on the device).
+
+        In-place families start from the longest cached prefix (leaving at least the last
+        token to run) and keep the prompt's prefix for later prompts. ``bucket`` forces a
+        prefill length (warm-up: a one-token prompt, nothing cached).
+        """
+        programs = self._programs
+        device = self._device
+        assert device is not None
+        length = len(prompt_ids)
+        params = _slot_params(sampling)
+        if not self.in_place:
+            bucket = bucket or next(b for b in self.buckets if b >= length)
+            token_ids = np.full((1, bucket), self._pad_id, dtype=np.int32)
+            token_ids[0, :length] = prompt_ids
+            device.cache, device.slot_state, first = programs.prefill(
+                device.state, device.cache, device.slot_state, token_ids, np.int32(length), np.int32(slot), *params
+            )
+            return first
+        match = NO_MATCH if bucket else self.prefix_cache.lookup(prompt_ids, limit=length - 1)
+        size = bucket or next(b for b in self.buckets if b >= max(length - 1 - match.length, 1))
+        if match.length + size > self.context_length:  # The chunk would not fit after the prefix.
+            match = NO_MATCH
+            size = next(b for b in self.buckets if b >= max(length - 1, 1))
+        row = None if bucket else self.prefix_cache.store(prompt_ids, match)
+        chunk = np.full((1, size), self._pad_id, dtype=np.int32)
+        chunk[0, : length - 1 - match.length] = prompt_ids[match.length : length - 1]
+        rows = np.array([match.entry, programs.scratch_row if row is None else row], dtype=np.int32)
+        device.cache, device.slot_state, device.pool, first = programs.prefill_chunk(
+            device.state,
+            device.weights,
+            device.cache,
+            device.slot_state,
+            device.pool,
+            chunk,
+            np.int32(prompt_ids[-1]),
+            np.int32(match.length),
+            np.int32(length),
+            np.int32(slot),
+            rows,
+            *params,
+        )
+        return first
 
     def _input(self, value: Any, dtype: type) -> Any:
         """``value`` as a device array, kept for reuse (a step count, the last active mask)."""
@@ -1161,6 +1378,18 @@ class Engine:
     def _release(self, request: Request) -> None:
         if request._slot is not None and self._slots[request._slot] is request:
             self._slots[request._slot] = None
+            self._freed += 1
+
+    def _await_resubmission(self) -> None:
+        """Give the readers of requests that just ended a moment to submit their next one.
+
+        A caller often submits its next request as soon as one ends (the next turn of a
+        dialog, a worker's next task); without this it would only be seen after the dispatch
+        that is already queued, so its slot would sit idle for one more dispatch. The wait
+        costs no device time: it ends well before the dispatch in flight does.
+        """
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending or self._jobs or self._closing, timeout=RESUBMIT_GRACE_S)
 
 
 def _slot_params(sampling: SamplingParams) -> tuple[Any, ...]:

@@ -16,6 +16,10 @@ Layouts per family (variable paths and shapes read from keras-hub 0.32's sources
 * ``llama3`` / ``vicuna`` (``Llama3Backbone`` / ``LlamaBackbone``): ``LlamaBackbone.get_layout_map``
   with the q/k/v kernel layout fixed, as the original Keras chatbot arena did. See
   ``_LLAMA_QKV_KERNEL``.
+* every family: a key/value head count the model axis does not divide (multi-query attention,
+  as Gemma 2B's single key/value head and the strong demo model) keeps those kernels whole on
+  every device, as Megatron-style tensor parallelism does with a shared key/value head: each
+  device computes the shared keys and values itself, the query heads stay split.
 * ``mistral``: keras-hub has no ``MistralBackbone.get_layout_map``; its decoder uses the very
   same variable paths and kernel shapes as Llama (``transformer_layer_N/self_attention/...``,
   ``feedforward_{intermediate,gate,output}_dense``), so it gets the fixed Llama map, written
@@ -32,9 +36,9 @@ whose message names no variable). ``load_sharded_causal_lm`` checks every variab
 layout as it is created and raises :class:`ShardingError` naming the variable, the dimension
 (e.g. ``num_key_value_heads``) and the mesh axis instead. Real checkpoints have padded
 vocabularies (Gemma 256000, Llama 3 128256, Mistral 32768) and head counts that are powers of
-two, so a model axis of 2, 4 or 8 fits them, as it fits the trained demo presets (8 query and
-key/value heads, hidden 128, vocabulary 1024); the tiny test presets (4 query heads) do not
-divide by 8.
+two, so a model axis of 2, 4 or 8 fits them, as it fits the trained demo presets (8 query heads,
+8 key/value heads or one shared one, hidden 128, vocabulary 1024); the tiny test presets (4
+query heads) do not divide by 8.
 
 Simulating devices on a CPU: ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` must be in
 the environment *before jax is imported* (jax reads it once, at backend initialisation).
@@ -211,6 +215,22 @@ def check_divisible(
             )
 
 
+def replicate_shared_kv_heads(
+    family: str, path: str, shape: Sequence[int], axes: Sequence[Any], mesh_sizes: dict[str, int]
+) -> tuple[Any, ...]:
+    """``axes`` with a key/value head dimension its mesh axes do not divide left unsplit.
+
+    With fewer key/value heads than devices (multi-query attention) the heads cannot be split:
+    every device keeps them whole and computes the shared keys and values itself.
+    """
+    replicated = list(axes)
+    for axis, (size, entry) in enumerate(zip(shape, axes, strict=False)):
+        parts = math.prod(mesh_sizes[name] for name in _spec_axes(entry))
+        if parts > 1 and size % parts and _dimension_name(family, path, axis) == "num_key_value_heads":
+            replicated[axis] = None
+    return tuple(replicated)
+
+
 class _CheckedModelParallel(keras.distribution.ModelParallel):
     """``ModelParallel`` that names the offending variable/dimension instead of JAX's bare error."""
 
@@ -221,6 +241,9 @@ class _CheckedModelParallel(keras.distribution.ModelParallel):
 
     def get_variable_layout(self, variable: Any) -> Any:
         layout = super().get_variable_layout(variable)
+        axes = replicate_shared_kv_heads(self._family, variable.path, variable.shape, layout.axes, self._mesh_sizes)
+        if axes != tuple(layout.axes):
+            layout = keras.distribution.TensorLayout(axes, self.device_mesh)
         check_divisible(self._family, variable.path, variable.shape, layout.axes, self._mesh_sizes)
         return layout
 

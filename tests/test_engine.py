@@ -174,6 +174,47 @@ def test_requests_joining_mid_flight_produce_their_solo_text(
     wait_for_free_slots(engine)
 
 
+# --- Prefix cache --------------------------------------------------------------------------
+
+
+def test_a_dialog_continues_from_its_cached_prefix(
+    engine: Engine, lm: keras_hub.models.CausalLM, preset: PresetInfo, prompts: list[str], references: list[str]
+) -> None:
+    """The next turn of a dialog reuses the cached keys and values of the turn before and still
+    produces exactly what generate() produces for the whole prompt."""
+    turns = [ChatTurn("user", REQUESTS[0]), ChatTurn("assistant", references[0]), ChatTurn("user", REQUESTS[1])]
+    follow_up = render_prompt(preset.family, SYSTEM_PROMPT, turns)
+    length = len(encode_prompt(lm, follow_up))
+    tokenizer = lm.preprocessor.tokenizer
+    stops = stop_strings(preset.family)
+    stop_ids = tuple(sorted({tokenizer.token_to_id(s) for s in stops} | {tokenizer.end_token_id}))
+    start = tokenizer.start_token if lm.preprocessor.add_start_token else ""
+    expected = lm.generate(
+        follow_up.removeprefix(start), max_length=length + NEW_TOKENS, stop_token_ids=stop_ids, strip_prompt=True
+    )
+    for stop in stops:
+        expected = expected.removesuffix(stop)
+
+    collect(engine.submit(prompts[0], max_new_tokens=5))  # The first turn: its prefix is cached.
+    hits, reused = engine.prefix_cache.hits, engine.prefix_cache.reused_tokens
+    request = submit_greedy(engine, lm, preset.family, follow_up, length + NEW_TOKENS)
+    assert collect(request) == expected
+    assert engine.prefix_cache.hits == hits + 1
+    # At least the system prompt and the first request came from the cache.
+    first_turn = len(encode_prompt(lm, prompts[0]))
+    assert engine.prefix_cache.reused_tokens - reused >= first_turn - first_turn % 16 - 16
+    wait_for_free_slots(engine)
+
+
+def test_without_a_prefix_cache_the_text_is_the_same(
+    lm: keras_hub.models.CausalLM, preset: PresetInfo, prompts: list[str], references: list[str], max_length: int
+) -> None:
+    with Engine(lm, slots=SLOTS, buckets=BUCKETS, windows=WINDOWS, prefix_cache_rows=0) as uncached:
+        texts = [collect(submit_greedy(uncached, lm, preset.family, p, max_length)) for p in prompts]
+        assert uncached.prefix_cache.hits == 0
+    assert texts == references
+
+
 def test_more_requests_than_slots_all_complete(
     engine: Engine,
     lm: keras_hub.models.CausalLM,

@@ -26,6 +26,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 PRESETS = REPO / "tests" / "fixtures" / "presets"
+STRONG_PRESET = REPO / "inference" / "presets" / "gemma-calendar"
 FAMILIES = ("gemma", "llama3", "mistral", "vicuna")
 DEVICES = 8
 PROMPT = "Add a meeting with Omar"
@@ -127,13 +128,17 @@ def _generate(lm: Any) -> str:
 
 
 def _check_family(family: str, work: Path) -> dict[str, Any]:
+    preset = work / family
+    _tiny_causal_lm(family, work).save_to_preset(str(preset))
+    return _check_preset(preset, family)
+
+
+def _check_preset(preset: Path, family: str) -> dict[str, Any]:
     import keras_hub
 
     from inference import sharding
 
     started = time.monotonic()
-    preset = work / family
-    _tiny_causal_lm(family, work).save_to_preset(str(preset))
     reference = _generate(keras_hub.models.CausalLM.from_preset(str(preset)))  # unsharded, device 0
     lm = sharding.load_sharded_causal_lm(str(preset), family=family)
     variables = {
@@ -195,6 +200,8 @@ def _worker(out: Path) -> None:
     )
     for family in FAMILIES:
         results[family] = _capture(lambda family=family: _check_family(family, out))
+    # The strong demo model: 8 query heads and one shared key/value head (multi-query).
+    results["strong_gemma"] = _capture(lambda: _check_preset(STRONG_PRESET, "gemma"))
     (out / "results.json").write_text(json.dumps(results, indent=1))
 
 
@@ -283,6 +290,17 @@ def test_sharded_greedy_generation_matches_unsharded(results: dict[str, Any], fa
     result = _ok(results, family)
     assert result["sharded"].startswith(PROMPT)
     assert len(result["sharded"]) > len(PROMPT)
+    assert result["sharded"] == result["reference"]
+
+
+def test_a_shared_key_value_head_stays_whole_on_every_device(results: dict[str, Any]) -> None:
+    result = _ok(results, "strong_gemma")
+    rows = {row["path"].split("/", 1)[-1]: row for row in result["rows"]}
+    query, key, value = (rows[f"attention/{name}/kernel"] for name in ("query", "key", "value"))
+    assert key["shape"][0] == value["shape"][0] == 1  # One key/value head...
+    assert key["shard_shape"] == key["shape"] and value["shard_shape"] == value["shape"]  # ...on every device,
+    assert key["devices"] == value["devices"] == DEVICES
+    assert query["shard_shape"][0] == query["shape"][0] // DEVICES  # while the query heads are split.
     assert result["sharded"] == result["reference"]
 
 

@@ -43,7 +43,7 @@ class Command(BaseCommand):
             "--only",
             action="append",
             metavar="NAME",
-            help="Train only this preset (repeatable); QUALITY.md is then left as it is.",
+            help="Train only this preset (repeatable); QUALITY.md still lists every trained preset in the folder.",
         )
         parser.add_argument("--eval-n", type=int, default=100, help="Held-out items per evaluation set (default 100).")
 
