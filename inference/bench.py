@@ -23,6 +23,13 @@ What is measured, and why it is a like-for-like comparison:
   ``recompiles_after_warmup`` = XLA compilations by the engine after ``warm_up()``;
   ``outputs_consistent`` = every level produced, prompt by prompt, the same text as level 1
   (greedy decoding must not depend on what else is in the batch).
+* Rounds: serial ``generate()`` and every engine level run in turn, ``repeats`` times, and each
+  path's figures pool its rounds (all requests, all wall time), so that a passing slowdown of
+  a shared machine weighs on every path alike rather than on whichever ran during it.
+* The engine's prefix cache is on (as in serving): the prompts share the chat template and the
+  system prompt, which the engine prefills once and ``generate()`` prefills for every prompt.
+  The result says how many prompt tokens came from the cache; ``--no-prefix-cache`` measures
+  the engine without it.
 
 Timings depend on the machine and on whatever else runs on it; the result records the CPU count.
 """
@@ -151,9 +158,22 @@ def _summary(
     }
 
 
-def _bench_serial_generate(
-    lm: Any, prompts: Sequence[str], prompt_lengths: Sequence[int], max_length: int
-) -> dict[str, Any]:
+class _Samples:
+    """One path's measurements, pooled over the repeats: per request and total wall time."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.ttfts: list[float] = []
+        self.rates: list[float] = []
+        self.wall_s = 0.0
+        self.compilations = 0  # The engine's, while this path ran.
+
+    def summary(self) -> dict[str, Any]:
+        return _summary(self.tokens, self.ttfts, self.rates, self.wall_s)
+
+
+def _serial_generate(lm: Any, max_length: int) -> Callable[[str], None]:
+    """``generate()`` of one prompt at ``max_length``, compiled (untimed) by a first call."""
     # generate() would add a second start token to a prompt that already has one (Llama 3's
     # template): strip its text, as the engine's encode_prompt does, so both see the same ids.
     start = getattr(lm.preprocessor.tokenizer, "start_token", None)
@@ -163,23 +183,31 @@ def _bench_serial_generate(
             prompt = prompt.removeprefix(start)
         lm.generate(prompt, max_length=max_length, stop_token_ids=None)
 
-    generate(prompts[0])  # Compiles generate() for this max_length; untimed.
-    tokens, latencies = [], []
+    return generate
+
+
+def _bench_serial_generate(
+    generate: Callable[[str], None],
+    prompts: Sequence[str],
+    prompt_lengths: Sequence[int],
+    max_length: int,
+    samples: _Samples,
+) -> None:
     began = time.perf_counter()
     for prompt, length in zip(prompts, prompt_lengths, strict=True):
         started = time.perf_counter()
         generate(prompt)
-        latencies.append(time.perf_counter() - started)
-        tokens.append(max_length - length)  # No stop tokens: it always runs to max_length.
-    wall = time.perf_counter() - began
-    result = _summary(tokens, latencies, [t / s for t, s in zip(tokens, latencies, strict=True)], wall)
-    result["note"] = "generate() does not stream: TTFT is the whole latency"
-    return result
+        latency = time.perf_counter() - started
+        tokens = max_length - length  # No stop tokens: it always runs to max_length.
+        samples.tokens.append(tokens)
+        samples.ttfts.append(latency)
+        samples.rates.append(tokens / latency)
+    samples.wall_s += time.perf_counter() - began
 
 
 def _bench_engine_level(
-    engine: Any, prompts: Sequence[str], new_tokens: Sequence[int], concurrency: int
-) -> tuple[dict[str, Any], list[str]]:
+    engine: Any, prompts: Sequence[str], new_tokens: Sequence[int], concurrency: int, samples: _Samples
+) -> list[str]:
     texts: list[str] = [""] * len(prompts)
     ttfts: list[float] = []
     rates: list[float] = []
@@ -210,13 +238,14 @@ def _bench_engine_level(
         thread.start()
     for thread in threads:
         thread.join()
-    wall = time.perf_counter() - began
+    samples.wall_s += time.perf_counter() - began
+    samples.compilations += engine.compilations - compilations
     if errors:
         raise errors[0]
-    result = _summary(tokens, ttfts, rates, wall)
-    result["concurrency"] = concurrency
-    result["compilations"] = engine.compilations - compilations
-    return result, texts
+    samples.tokens += tokens
+    samples.ttfts += ttfts
+    samples.rates += rates
+    return texts
 
 
 def run_bench(
@@ -227,14 +256,21 @@ def run_bench(
     concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
     slots: int = 8,
     steps_per_dispatch: int | None = None,
+    repeats: int = 3,
+    prefix_cache: bool = True,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run both paths on one preset and return the figures as a JSON-serialisable dict."""
-    from inference.engine import DEFAULT_STEPS_PER_DISPATCH, Engine
+    """Run both paths on one preset and return the figures as a JSON-serialisable dict.
+
+    The whole set of prompts goes through serial ``generate()`` and then through the engine at
+    each concurrency level, ``repeats`` times in turn, and each path's figures pool its
+    repeats: a passing slowdown of a shared machine then weighs on every path alike.
+    """
+    from inference.engine import DEFAULT_PREFIX_CACHE_ROWS, DEFAULT_STEPS_PER_DISPATCH, Engine
     from inference.streaming import context_length, encode_prompt
 
-    if prompts < 1 or max_new_tokens < 1:
-        raise ValueError("prompts and max_new_tokens must be at least 1.")
+    if prompts < 1 or max_new_tokens < 1 or repeats < 1:
+        raise ValueError("prompts, max_new_tokens and repeats must be at least 1.")
     if not concurrency or any(c < 1 for c in concurrency):
         raise ValueError(f"Concurrency levels must be positive, got {list(concurrency)}.")
     say = progress or (lambda message: None)
@@ -248,12 +284,13 @@ def run_bench(
         raise ValueError(f"The longest prompt ({max(lengths)} tokens) leaves no room in the context.")
     new_tokens = [max_length - n for n in lengths]
 
-    say(f"serial generate(): {prompts} prompts, max_length {max_length}")
-    serial = _bench_serial_generate(lm, texts, lengths, max_length)
-
+    generate = _serial_generate(lm, max_length)
+    generate(texts[0])  # Compiles generate() for this max_length; untimed.
     steps = steps_per_dispatch or DEFAULT_STEPS_PER_DISPATCH
-    engine = Engine(lm, slots=slots, steps_per_dispatch=steps)
-    levels: list[dict[str, Any]] = []
+    rows = DEFAULT_PREFIX_CACHE_ROWS if prefix_cache else 0
+    engine = Engine(lm, slots=slots, steps_per_dispatch=steps, prefix_cache_rows=rows)
+    serial = _Samples()
+    engine_samples = {level: _Samples() for level in concurrency}
     consistent = True
     try:
         began = time.perf_counter()
@@ -261,18 +298,32 @@ def run_bench(
         warmup_s = time.perf_counter() - began
         after_warmup = engine.compilations
         reference: list[str] | None = None
-        for level in concurrency:
-            say(f"engine: concurrency {level}")
-            result, outputs = _bench_engine_level(engine, texts, new_tokens, level)
-            levels.append(result)
-            reference = reference or outputs
-            consistent = consistent and outputs == reference
+        for repeat in range(1, repeats + 1):
+            say(f"round {repeat}/{repeats}: serial generate(), {prompts} prompts, max_length {max_length}")
+            _bench_serial_generate(generate, texts, lengths, max_length, serial)
+            for level in concurrency:
+                say(f"round {repeat}/{repeats}: engine, concurrency {level}")
+                outputs = _bench_engine_level(engine, texts, new_tokens, level, engine_samples[level])
+                reference = reference or outputs
+                consistent = consistent and outputs == reference
         recompiles = engine.compilations - after_warmup
+        prefix_stats = {
+            "rows": engine.prefix_cache.entries,
+            "hits": engine.prefix_cache.hits,
+            "reused_tokens": engine.prefix_cache.reused_tokens,
+            "prompt_tokens": sum(lengths) * repeats * len(concurrency),
+        }
     finally:
         engine.shutdown()
 
+    levels = []
+    for level, samples in engine_samples.items():
+        levels.append({**samples.summary(), "concurrency": level, "compilations": samples.compilations})
+    serial_summary = serial.summary()
+    serial_summary["note"] = "generate() does not stream: TTFT is the whole latency"
+
     by_level = {level["concurrency"]: level for level in levels}
-    serial_rate = serial["aggregate_tokens_per_s"]
+    serial_rate = serial_summary["aggregate_tokens_per_s"]
     speedup_8 = by_level[8]["aggregate_tokens_per_s"] / serial_rate if 8 in by_level and serial_rate else None
     ttft_ratio_8 = (
         by_level[8]["ttft_p50_s"] / by_level[1]["ttft_p50_s"]
@@ -290,15 +341,27 @@ def run_bench(
         "tokens_per_prompt_max": max(new_tokens),
         "slots": slots,
         "steps_per_dispatch": steps,
+        "repeats": repeats,
         "cpu_count": os.cpu_count(),
-        "serial_generate": serial,
+        "serial_generate": serial_summary,
         "engine_warmup_s": warmup_s,
+        "prefix_cache": prefix_stats,
         "engine": levels,
         "speedup_8": speedup_8,
         "ttft_ratio_8": ttft_ratio_8,
         "recompiles_after_warmup": recompiles,
         "outputs_consistent": consistent,
     }
+
+
+def _prefix_line(stats: dict[str, Any]) -> str:
+    if not stats["rows"]:
+        return "prefix cache: off"
+    share = stats["reused_tokens"] / stats["prompt_tokens"] if stats["prompt_tokens"] else 0.0
+    return (
+        f"prefix cache: {stats['hits']} hits, {stats['reused_tokens']} of {stats['prompt_tokens']} prompt "
+        f"tokens ({share:.0%}) not prefilled again"
+    )
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -310,7 +373,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"preset {result['preset']} ({result['family']}); {result['prompts']} prompts of "
         f"{result['prompt_tokens_min']}-{result['prompt_tokens_max']} tokens, "
         f"{result['tokens_per_prompt_min']}-{result['tokens_per_prompt_max']} new tokens each; "
-        f"{result['slots']} slots, {result['steps_per_dispatch']} steps/dispatch; {result['cpu_count']} CPUs",
+        f"{result['slots']} slots, {result['steps_per_dispatch']} steps/dispatch; {result['repeats']} rounds "
+        f"pooled; {result['cpu_count']} CPUs",
         header,
         "-" * len(header),
     ]
@@ -332,6 +396,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"speedup_8 (engine x8 / serial generate()): {speedup:.2f}" if speedup else "speedup_8: n/a (no level 8)",
         f"ttft_ratio_8 (TTFT p50 x8 / x1): {ratio:.2f}" if ratio else "ttft_ratio_8: n/a",
         f"recompiles after warm-up: {result['recompiles_after_warmup']} (warm-up {result['engine_warmup_s']:.1f} s)",
+        _prefix_line(result["prefix_cache"]),
         f"outputs identical across concurrency levels: {result['outputs_consistent']}",
     ]
     return "\n".join(lines)

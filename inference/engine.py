@@ -737,28 +737,27 @@ class _Programs:
             cache: Any,
             slot_state: dict[str, Any],
             pool: Any,
-            chunk: Any,
-            last: Any,
-            start: Any,
-            length: Any,
-            slot: Any,
-            rows: Any,
-            temperature: Any,
-            top_k: Any,
-            top_p: Any,
-            key: Any,
+            integers: Any,
+            reals: Any,
         ) -> tuple[Any, dict[str, Any], Any, Any]:
             """Prefill after a cached prefix (in-place families).
 
-            The slot's first positions come from pool row ``rows[0]`` (its first ``start``
-            positions hold the prompt's cached prefix; 0 for none), ``chunk`` (the prompt's
-            tokens after it but the last, padded) runs at ``start`` onwards, then ``last`` at
-            ``length - 1`` as a one-token step, as keras-hub's generate_step computes the first
-            new token. The prompt's positions are then copied into the slot and into pool row
-            ``rows[1]`` (the scratch row if the host keeps no new prefix).
+            ``integers`` (uint32, see ``_chunk_arguments``: one transfer instead of ten) holds
+            the chunk, then ``last``, ``start``, ``length``, ``slot``, the pool rows to read and
+            to write, ``top_k`` and the PRNG key; ``reals`` the temperature and top-p. The slot's
+            first positions come from the row read (its first ``start`` positions hold the
+            prompt's cached prefix; 0 for none), the chunk (the prompt's tokens after it but the
+            last, padded) runs at ``start`` onwards, then ``last`` at ``length - 1`` as a
+            one-token step, as keras-hub's generate_step computes the first new token. The
+            prompt's positions are then copied into the slot and into the row written (the
+            scratch row if the host keeps no new prefix).
             """
-            size = chunk.shape[1]
+            size = integers.shape[0] - _CHUNK_FIELDS
             self.traces[f"prefill[{size}]"] += 1
+            fields = integers[size:]
+            chunk = integers[None, :size].astype(jnp.int32)
+            last, start, length, slot, read_row, write_row, top_k = (fields[i].astype(jnp.int32) for i in range(7))
+            key, (temperature, top_p) = fields[7:9], (reals[0], reals[1])
             # The positions the prefill touches: the host keeps start (at most the capacity) +
             # size within the context, and the last token, at length - 1 <= start + size, fits.
             span = min(capacity + size + 1, context)
@@ -767,7 +766,7 @@ class _Programs:
             with scope:
                 local = []
                 for part in pool:
-                    row = jax.lax.dynamic_index_in_dim(part, rows[0], axis=0)  # [1, ..., capacity, ...]
+                    row = jax.lax.dynamic_index_in_dim(part, read_row, axis=0)  # [1, ..., capacity, ...]
                     row = jax.lax.slice_in_dim(row, 0, kept, axis=position_axis)
                     pad = [(0, 0)] * row.ndim
                     pad[position_axis] = (0, span - kept)
@@ -779,7 +778,7 @@ class _Programs:
             )
             # Beyond the prompt, the slot gets padding's keys and values: masked until overwritten.
             at_slot, at_row = [0] * local[0].ndim, [0] * local[0].ndim
-            at_slot[0], at_row[0] = slot, rows[1]
+            at_slot[0], at_row[0] = slot, write_row
             cache = tuple(
                 jax.lax.dynamic_update_slice(part, update, tuple(at_slot))
                 for part, update in zip(cache, local, strict=True)
@@ -1257,17 +1256,18 @@ class Engine:
             out = self._generate(self._input(tuple(r is not None for r in owners), np.bool_), window)
             dispatched = (out, owners, count)
 
-        # Host work below overlaps the dispatched step (JAX dispatches asynchronously).
-        if in_flight is not None:
-            self._process(*in_flight)
-        # Prefill sampled each new request's first token: it reaches the reader now, before the
-        # dispatch above (which already continues from it) is done.
+        # Host work below overlaps the dispatched step (JAX dispatches asynchronously). Prefill
+        # sampled each new request's first token: it reaches the reader first (the device ran
+        # the prefills right after the dispatch in flight), before that dispatch's tokens are
+        # turned into text and without waiting for the dispatch above, which continues from it.
         for request, first in first_tokens:
             if request._cancel_requested:
                 self._release(request)
                 request._end("cancelled")
             else:
                 self._accept(request, [int(np.asarray(first)[0])])
+        if in_flight is not None:
+            self._process(*in_flight)
         return dispatched
 
     def _generate(self, active: Any, window: int) -> Any:
@@ -1305,22 +1305,27 @@ class Engine:
             match = NO_MATCH
             size = next(b for b in self.buckets if b >= max(length - 1, 1))
         row = None if bucket else self.prefix_cache.store(prompt_ids, match)
-        chunk = np.full((1, size), self._pad_id, dtype=np.int32)
-        chunk[0, : length - 1 - match.length] = prompt_ids[match.length : length - 1]
-        rows = np.array([match.entry, programs.scratch_row if row is None else row], dtype=np.int32)
+        integers = np.full(size + _CHUNK_FIELDS, self._pad_id, dtype=np.uint32)
+        integers[: length - 1 - match.length] = prompt_ids[match.length : length - 1]
+        temperature, top_k, top_p, key = params
+        integers[size:] = (
+            prompt_ids[-1],
+            match.length,
+            length,
+            slot,
+            match.entry,
+            programs.scratch_row if row is None else row,
+            top_k,
+            *key,
+        )
         device.cache, device.slot_state, device.pool, first = programs.prefill_chunk(
             device.state,
             device.weights,
             device.cache,
             device.slot_state,
             device.pool,
-            chunk,
-            np.int32(prompt_ids[-1]),
-            np.int32(match.length),
-            np.int32(length),
-            np.int32(slot),
-            rows,
-            *params,
+            integers,
+            np.array([temperature, top_p], dtype=np.float32),
         )
         return first
 
@@ -1390,6 +1395,11 @@ class Engine:
         """
         with self._cond:
             self._cond.wait_for(lambda: self._pending or self._jobs or self._closing, timeout=RESUBMIT_GRACE_S)
+
+
+# After the chunk in prefill_chunk's integer argument: last, start, length, slot, the pool rows
+# read and written, top_k and the two words of the PRNG key.
+_CHUNK_FIELDS = 9
 
 
 def _slot_params(sampling: SamplingParams) -> tuple[Any, ...]:

@@ -20,7 +20,7 @@ from inference.registry import read_preset
 REPO = Path(__file__).resolve().parents[1]
 PRESET = REPO / "tests" / "fixtures" / "presets" / "tiny-gemma"
 PRESETS_DIR = REPO / "inference" / "presets"
-SIZES = {"prompts": 2, "max_new_tokens": 8, "concurrency": (1, 2), "slots": 2}
+SIZES = {"prompts": 2, "max_new_tokens": 8, "concurrency": (1, 2), "slots": 2, "repeats": 2}
 FIGURES = ("aggregate_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "stream_tokens_per_s_p50", "wall_s")
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
 
@@ -28,6 +28,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't
 def check_result(result: dict[str, Any]) -> None:
     json.dumps(result)  # Serialisable as it is.
     assert result["family"] == "gemma" and result["prompts"] == 2 and result["slots"] == 2
+    assert result["repeats"] == 2
     assert "speedup_8" in result and result["speedup_8"] is None  # No level 8 in this run.
     assert result["recompiles_after_warmup"] == 0
     assert result["outputs_consistent"] is True
@@ -36,11 +37,15 @@ def check_result(result: dict[str, Any]) -> None:
     levels = result["engine"]
     assert [level["concurrency"] for level in levels] == [1, 2]
     for figures in (serial, *levels):
-        assert figures["requests"] == 2
+        assert figures["requests"] == 4  # Two prompts, two rounds, pooled.
         assert figures["tokens"] == serial["tokens"] > 0  # Exactly the same work in both paths.
         assert all(figures[name] > 0 for name in FIGURES), figures
         assert figures["ttft_p50_s"] <= figures["ttft_p95_s"]
     assert all(level["compilations"] == 0 for level in levels)
+    # The two prompts share the chat template and system prompt: later prefills start from it.
+    cache = result["prefix_cache"]
+    assert cache["rows"] > 0 and cache["hits"] > 0
+    assert 0 < cache["reused_tokens"] < cache["prompt_tokens"]
 
 
 def test_run_bench_small() -> None:
@@ -54,7 +59,7 @@ def test_bench_engine_command_json() -> None:
     out = io.StringIO()
     call_command(
         "bench_engine", "--preset", str(PRESET), "--prompts", "2", "--max-new-tokens", "8",
-        "--concurrency", "1,2", "--slots", "2", "--json", stdout=out,
+        "--concurrency", "1,2", "--slots", "2", "--repeats", "2", "--json", stdout=out,
     )  # fmt: skip
     check_result(json.loads(out.getvalue()))
 

@@ -30,6 +30,12 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", default="1,4,8,16", help="Comma-separated client counts.")
         parser.add_argument("--slots", type=int, default=8, help="Engine decode slots.")
         parser.add_argument("--steps-per-dispatch", type=int, default=None, help="Engine tokens per dispatch.")
+        parser.add_argument(
+            "--repeats", type=int, default=3, help="Rounds of every path, taken in turn and pooled (default 3)."
+        )
+        parser.add_argument(
+            "--no-prefix-cache", action="store_true", help="Run the engine without its prefix cache (for comparison)."
+        )
         parser.add_argument("--json", action="store_true", help="Print one JSON object instead of a table.")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -47,6 +53,8 @@ class Command(BaseCommand):
                 concurrency=_levels(options["concurrency"]),
                 slots=options["slots"],
                 steps_per_dispatch=options["steps_per_dispatch"],
+                repeats=options["repeats"],
+                prefix_cache=not options["no_prefix_cache"],
                 progress=None if options["json"] else lambda message: self.stderr.write(message),
             )
         except ValueError as exc:
