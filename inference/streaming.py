@@ -39,7 +39,9 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
+import codecs
 import itertools
+import random
 import threading
 import time
 import weakref
@@ -122,10 +124,65 @@ def encode_prompt(lm: keras_hub.models.CausalLM, prompt: str) -> list[int]:
     add_start = bool(getattr(preprocessor, "add_start_token", False)) and start_token is not None
     if add_start and prompt.startswith(start_token):
         prompt = prompt[len(start_token) :]
-    ids = [int(i) for i in np.asarray(tokenizer([prompt])[0]).reshape(-1)] if prompt else []
+    ids = _encoder(tokenizer)(prompt) if prompt else []
     if add_start:
         ids.insert(0, int(tokenizer.start_token_id))
     return ids
+
+
+def _public_encode(tokenizer: Any) -> Callable[[str], list[int]]:
+    def encode(text: str) -> list[int]:
+        return [int(i) for i in np.asarray(tokenizer([text])[0]).reshape(-1)]
+
+    return encode
+
+
+# Texts an encoder must tokenize exactly as the tokenizer does before it replaces it: chat
+# markers of every family, digits, punctuation, spaces, accents, an emoji.
+_ENCODE_PROBES = (
+    "Add a meeting with Fred on Nov 11 at 5PM",
+    "<start_of_turn>user\nHi there!<end_of_turn>\n<start_of_turn>model\n",
+    "<|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>",
+    "[INST] Cancel it. [/INST]",
+    '  action.add_calendar_entry("Yoga", date="2024-03-05", time="19:30", duration=60*2)  ',
+    "Café à 20h — naïve résumé 😀\n\n\tx",
+)
+
+
+def _sentencepiece_encode(tokenizer: Any) -> Callable[[str], list[int]] | None:
+    """SentencePiece's own ``EncodeAsIds`` behind a keras-hub tokenizer, when it is exact.
+
+    keras-hub's public call goes through SentencePiece's batch API and keras tensors: ~250 us a
+    prompt, against ~30 us, and a submitting thread holds the GIL for much of it, which the
+    engine's decode thread then waits for. None where a probe disagrees or anything surprises.
+    """
+    initialise = getattr(tokenizer, "_maybe_initialized_spm", None)
+    use_tf = getattr(tokenizer, "_use_tf_workflow", None)
+    if initialise is None or use_tf is None:
+        return None
+    try:
+        if use_tf():
+            return None
+        initialise()
+        encode_ids = tokenizer._sentence_piece_spm.EncodeAsIds
+        public = _public_encode(tokenizer)
+        if all(list(encode_ids(text)) == public(text) for text in _ENCODE_PROBES):
+            return encode_ids
+    except Exception:  # A private API moved: fall back to the public one.
+        return None
+    return None
+
+
+_fast_encoders: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _encoder(tokenizer: Any) -> Callable[[str], list[int]]:
+    """The fastest exact encoder of one text into ids; probed once per tokenizer."""
+    with _fast_decoders_lock:
+        encode = _fast_encoders.get(tokenizer)
+        if encode is None:
+            encode = _fast_encoders[tokenizer] = _sentencepiece_encode(tokenizer) or False
+    return encode or _public_encode(tokenizer)
 
 
 def _single_token_id(tokenizer: Any, text: str) -> int | None:
@@ -136,8 +193,8 @@ def _single_token_id(tokenizer: Any, text: str) -> int | None:
             return token_id
     except (ValueError, KeyError, TypeError):
         pass
-    ids = np.asarray(tokenizer([text])[0]).reshape(-1)
-    return int(ids[0]) if ids.size == 1 else None
+    ids = _encoder(tokenizer)(text)
+    return ids[0] if len(ids) == 1 else None
 
 
 def stop_token_ids(tokenizer: Any, stop_strings: Sequence[str] = ()) -> frozenset[int]:
@@ -157,14 +214,66 @@ def stop_token_ids(tokenizer: Any, stop_strings: Sequence[str] = ()) -> frozense
     return frozenset(ids)
 
 
+# SentencePiece shows every byte of an invalid UTF-8 sequence as U+FFFD (Python's "replace"
+# shows one per maximal invalid subsequence).
+_EVERY_BAD_BYTE = "fix-arena-every-bad-byte"
+codecs.register_error(_EVERY_BAD_BYTE, lambda error: (REPLACEMENT_CHAR * (error.end - error.start), error.end))
+
+
+class _PieceTableDecoder:
+    """SentencePiece decoding in Python, from the model's table of pieces.
+
+    ``DecodeIds`` releases the GIL: in a process where other threads are runnable (the engine's
+    readers, a worker's publishers), each call then waits for the GIL to come back, up to the
+    interpreter's switch interval (measured: 5 us alone, over 1 ms beside one busy thread). Ids
+    are pieces laid end to end, "▁" standing for a space, byte pieces ("<0x0A>") for raw bytes,
+    control pieces for nothing, the unknown piece for " ⁇ "; the model may drop the space the
+    first piece begins with. Only used where it gives exactly ``DecodeIds``'s text on a probe.
+    """
+
+    def __init__(self, processor: Any) -> None:
+        pieces = []
+        for index in range(processor.GetPieceSize()):
+            piece = processor.IdToPiece(index)
+            if processor.IsControl(index):
+                pieces.append(b"")
+            elif processor.IsByte(index):
+                pieces.append(bytes([int(piece[3:-1], 16)]))
+            elif processor.IsUnknown(index):
+                pieces.append(" \u2047 ".encode())
+            else:
+                pieces.append(piece.replace("\u2581", " ").encode())
+        self._pieces = pieces
+        # Whether the model drops the space its first piece begins with (add_dummy_prefix).
+        spaced = next(i for i, piece in enumerate(pieces) if piece.startswith(b" ") and len(piece) > 1)
+        self._strip_first_space = not processor.DecodeIds([spaced]).startswith(" ")
+
+    def __call__(self, ids: list[int]) -> str:
+        pieces = self._pieces
+        text = b"".join([pieces[i] for i in ids]).decode("utf-8", errors=_EVERY_BAD_BYTE)
+        if self._strip_first_space and text.startswith(" ") and pieces[ids[0]].startswith(b" "):
+            return text[1:]
+        return text
+
+
+def _probe_ids(vocabulary: int, seed: int = 0) -> list[list[int]]:
+    """Id sequences that exercise a decoder: every id alone, and random runs of ids."""
+    rng = random.Random(seed)
+    runs = [[i] for i in range(vocabulary)]
+    runs += [[rng.randrange(vocabulary) for _ in range(rng.randrange(2, 40))] for _ in range(300)]
+    return runs
+
+
 def _sentencepiece_decode(tokenizer: Any) -> Callable[[list[int]], str] | None:
-    """SentencePiece's own ``DecodeIds`` behind a keras-hub tokenizer, when it is safe to use.
+    """A fast exact decoder for a keras-hub SentencePiece tokenizer, when it is safe to use.
 
     Without TensorFlow, keras-hub's SentencePieceTokenizer always decodes through
     SentencePiece's *batch* API, which hands the work to a thread pool: ~60 us per call even for
-    a few ids, against ~5 us for ``DecodeIds`` on the same list. Incremental detokenisation
-    decodes once per token (or per dispatch and stream), so that difference is the host cost
-    of a step. None (use the public ``detokenize``) for other tokenizers, or any surprise.
+    a few ids. ``DecodeIds`` takes ~5 us but releases the GIL (see _PieceTableDecoder), which
+    gives the same text without releasing it when a probe of every id and random runs of ids
+    agree. Incremental detokenisation decodes once per token (or per dispatch and stream), so
+    this is the host cost of a step. None (use the public ``detokenize``) for other tokenizers,
+    or any surprise.
     """
     initialise = getattr(tokenizer, "_maybe_initialized_spm", None)
     use_tf = getattr(tokenizer, "_use_tf_workflow", None)
@@ -174,10 +283,14 @@ def _sentencepiece_decode(tokenizer: Any) -> Callable[[list[int]], str] | None:
         if use_tf():
             return None
         initialise()
-        decode_ids = tokenizer._sentence_piece_spm.DecodeIds
+        processor = tokenizer._sentence_piece_spm
+        decode_ids = processor.DecodeIds
         probe = list(range(min(int(tokenizer.vocabulary_size()), 64)))
         if decode_ids(probe) != tokenizer.detokenize(probe):
             return None
+        table = _PieceTableDecoder(processor)
+        if all(table(ids) == decode_ids(ids) for ids in _probe_ids(processor.GetPieceSize())):
+            return table
     except Exception:  # A private API moved: fall back to the public one.
         return None
     return decode_ids

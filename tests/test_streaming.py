@@ -322,6 +322,37 @@ def test_partial_stop_string_is_held_back(presets_dir: Path, monkeypatch: pytest
     assert generation.stop_reason == "stop"
 
 
+# --- Fast tokenizer paths -------------------------------------------------------------------
+
+BUNDLED = REPO_ROOT / "inference" / "presets"
+
+
+@pytest.mark.parametrize("name", ["gemma-calendar", "mistral-calendar"])
+def test_sentencepiece_fast_paths_equal_the_public_ones(name: str) -> None:
+    """The engine's encoder and decoder (SentencePiece directly, and a piece table that keeps
+    the GIL) give exactly what the keras-hub tokenizer gives, on calendar dialogs."""
+    from inference.demo_models import calendar_corpus
+
+    tokenizer = keras_hub.models.CausalLM.from_preset(str(BUNDLED / name)).preprocessor.tokenizer
+    encode, decode = streaming._encoder(tokenizer), streaming._detokenizer(tokenizer)
+    assert isinstance(decode, streaming._PieceTableDecoder)
+    assert encode == tokenizer._sentence_piece_spm.EncodeAsIds
+    family = name.split("-")[0]
+    for text in calendar_corpus(family, seed=5, size=40):
+        ids = [int(i) for i in np.asarray(tokenizer([text])[0]).reshape(-1)]
+        assert list(encode(text)) == ids
+        assert decode(ids) == tokenizer.detokenize(ids)
+        assert decode(ids[3:17]) == tokenizer.detokenize(ids[3:17])  # A slice starting mid-text.
+
+
+def test_piece_table_decoder_shows_every_bad_byte(presets_dir: Path) -> None:
+    tokenizer = load_causal_lm(str(presets_dir / "tiny-gemma")).preprocessor.tokenizer
+    decode = streaming._detokenizer(tokenizer)
+    # "é" is C3 A9: C3 alone, or followed by a byte that cannot continue it, is invalid.
+    ids = [tokenizer.token_to_id(piece) for piece in ("A", "<0xC3>", "<0xC3>", "<0xA9>", "<0xE6>", "<0x84>", "B")]
+    assert decode(ids) == tokenizer._sentence_piece_spm.DecodeIds(ids) == "A\ufffd\u00e9\ufffd\ufffdB"
+
+
 # --- Loading, compilation, imports ---------------------------------------------------------
 
 
