@@ -149,6 +149,17 @@ _ENCODE_PROBES = (
 )
 
 
+def _sentencepiece_processor(tokenizer: Any) -> Any:
+    """The SentencePiece processor inside a keras-hub tokenizer that has one (no TensorFlow), or
+    None. keras-hub private API: callers catch any surprise and fall back to the public one."""
+    initialise = getattr(tokenizer, "_maybe_initialized_spm", None)
+    use_tf = getattr(tokenizer, "_use_tf_workflow", None)
+    if initialise is None or use_tf is None or use_tf():
+        return None
+    initialise()
+    return tokenizer._sentence_piece_spm
+
+
 def _sentencepiece_encode(tokenizer: Any) -> Callable[[str], list[int]] | None:
     """SentencePiece's own ``EncodeAsIds`` behind a keras-hub tokenizer, when it is exact.
 
@@ -156,15 +167,11 @@ def _sentencepiece_encode(tokenizer: Any) -> Callable[[str], list[int]] | None:
     prompt, against ~30 us, and a submitting thread holds the GIL for much of it, which the
     engine's decode thread then waits for. None where a probe disagrees or anything surprises.
     """
-    initialise = getattr(tokenizer, "_maybe_initialized_spm", None)
-    use_tf = getattr(tokenizer, "_use_tf_workflow", None)
-    if initialise is None or use_tf is None:
-        return None
     try:
-        if use_tf():
+        processor = _sentencepiece_processor(tokenizer)
+        if processor is None:
             return None
-        initialise()
-        encode_ids = tokenizer._sentence_piece_spm.EncodeAsIds
+        encode_ids = processor.EncodeAsIds
         public = _public_encode(tokenizer)
         if all(list(encode_ids(text)) == public(text) for text in _ENCODE_PROBES):
             return encode_ids
@@ -275,15 +282,10 @@ def _sentencepiece_decode(tokenizer: Any) -> Callable[[list[int]], str] | None:
     this is the host cost of a step. None (use the public ``detokenize``) for other tokenizers,
     or any surprise.
     """
-    initialise = getattr(tokenizer, "_maybe_initialized_spm", None)
-    use_tf = getattr(tokenizer, "_use_tf_workflow", None)
-    if initialise is None or use_tf is None:
-        return None
     try:
-        if use_tf():
+        processor = _sentencepiece_processor(tokenizer)
+        if processor is None:
             return None
-        initialise()
-        processor = tokenizer._sentence_piece_spm
         decode_ids = processor.DecodeIds
         probe = list(range(min(int(tokenizer.vocabulary_size()), 64)))
         if decode_ids(probe) != tokenizer.detokenize(probe):
