@@ -368,13 +368,17 @@ def _sample(logits: Any, temperature: Any, top_k: Any, top_p: Any, keys: Any, gr
     return jax.lax.cond(jnp.any(sampling), sampled, lambda: (greedy, keys))
 
 
-def _in_place_decoder(lm: Any, context: int) -> tuple[Callable[..., Any], bool] | None:
-    """The engine's own decode step for ``lm`` and whether its caches are heads-first, or None.
+_InPlaceDecoder = tuple[Callable[..., Any], Callable[[Any], tuple[Any, ...]], bool]
 
-    Only where the step computes exactly what ``lm.call_with_cache`` does: Gemma without
-    sliding windows or soft caps (``_gemma_decode_step``, caches ``[slots, kv_heads, positions,
+
+def _in_place_decoder(lm: Any, context: int) -> _InPlaceDecoder | None:
+    """The engine's own forward pass for ``lm``, the function that lays out its matmul weights
+    for it, and whether its caches are heads-first; None where there is none.
+
+    Only where the pass computes exactly what ``lm.call_with_cache`` does: Gemma without
+    sliding windows or soft caps (``_gemma_forward``, caches ``[slots, kv_heads, positions,
     head_dim]``), and Llama 3 / Mistral decoders whose sliding window, if any, covers
-    the context (``_llama_decode_step``, caches ``[slots, positions, kv_heads, head_dim]``, the
+    the context (``_llama_forward``, caches ``[slots, positions, kv_heads, head_dim]``, the
     layout their attention's own ``_compute_attention`` takes).
     """
     import keras_hub
@@ -399,18 +403,8 @@ def _in_place_decoder(lm: Any, context: int) -> tuple[Callable[..., Any], bool] 
     return None
 
 
-def _layer_caches(cache: Any, heads_first: bool) -> tuple[Any, ...]:
-    """keras-hub caches ``[slots, 1, layers, 2, length, kv_heads, head_dim]`` as a flat tuple
-    (keys, values, per layer) of ``[slots, length, kv_heads, head_dim]`` arrays, or of
-    ``[slots, kv_heads, length, head_dim]`` ones if ``heads_first``."""
-    import jax.numpy as jnp
-
-    parts = (cache[:, 0, layer, kind] for layer in range(cache.shape[2]) for kind in (0, 1))
-    return tuple(jnp.swapaxes(part, 1, 2) if heads_first else part for part in parts)
-
-
 def _gemma_weights(model: Any) -> tuple[Any, ...]:
-    """Gemma's matmul weights laid out for plain 2-D matmuls, once per dispatch.
+    """Gemma's matmul weights laid out for plain 2-D matmuls (once per engine: a copy of them).
 
     keras-hub's EinsumDense kernels are ``[heads, hidden, head_dim]`` (q/k/v) and the tied
     embedding is ``[vocabulary, hidden]``: used as they are, XLA transposes them at every token.
@@ -537,6 +531,7 @@ def _gemma_forward(
 
 
 def _no_weights(model: Any) -> tuple[Any, ...]:
+    """Llama 3 and Mistral use their layers' own kernels."""
     return ()
 
 
@@ -667,7 +662,7 @@ class _Programs:
         def init(state: Any) -> tuple[Any, dict[str, Any], Any, Any]:
             # Takes the variables so that the arrays land on the devices they live on.
             self.traces["init"] += 1
-            if in_place:  # Per layer, keys and values (see _layer_caches).
+            if in_place:  # Per layer, keys and values.
                 cache: Any = layer_parts(slots, context)
                 pool: Any = layer_parts(prefix_rows + 1, capacity)
                 model, scope = stateless(state)
@@ -742,7 +737,7 @@ class _Programs:
         ) -> tuple[Any, dict[str, Any], Any, Any]:
             """Prefill after a cached prefix (in-place families).
 
-            ``integers`` (uint32, see ``_chunk_arguments``: one transfer instead of ten) holds
+            ``integers`` (uint32, filled by ``Engine._prefill``: one transfer instead of ten) holds
             the chunk, then ``last``, ``start``, ``length``, ``slot``, the pool rows to read and
             to write, ``top_k`` and the PRNG key; ``reals`` the temperature and top-p. The slot's
             first positions come from the row read (its first ``start`` positions hold the
