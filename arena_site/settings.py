@@ -159,6 +159,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 ARENA_MAX_PROMPT_CHARS = int(os.environ.get("ARENA_MAX_PROMPT_CHARS", "2000"))
 ARENA_MAX_FRAME_BYTES = int(os.environ.get("ARENA_MAX_FRAME_BYTES", "16384"))
 ARENA_MAX_TURNS = int(os.environ.get("ARENA_MAX_TURNS", "12"))
+# Battles, messages and votes per session and per address in a window (votes/rate_limits.py):
+# "action=per_session/per_address/window_seconds,..."; actions left out keep their defaults.
+ARENA_RATE_LIMITS = os.environ.get("ARENA_RATE_LIMITS", "")
 ARENA_MAX_NEW_TOKENS = int(os.environ.get("ARENA_MAX_NEW_TOKENS", "96"))
 # Deltas are flushed to the channel layer (and persisted) at most this often, in seconds.
 ARENA_DELTA_FLUSH_SECONDS = float(os.environ.get("ARENA_DELTA_FLUSH_SECONDS", "0.05"))

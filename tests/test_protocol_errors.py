@@ -139,3 +139,19 @@ def test_database_refuses_a_second_vote_row(db, demo_llms) -> None:
     Vote.objects.create(battle=battle, choice="a")
     with pytest.raises(IntegrityError), transaction.atomic():
         Vote.objects.create(battle=battle, choice="b")
+
+
+async def test_a_socket_from_another_origin_is_refused(voter_session) -> None:
+    """Cross-site websocket hijacking: a page on another site cannot open the voter's battle socket."""
+    from channels.testing import WebsocketCommunicator
+
+    from arena_site.asgi import application
+
+    headers = [
+        (b"cookie", f"{settings.SESSION_COOKIE_NAME}={voter_session.session_key}".encode()),
+        (b"origin", b"http://evil.example"),
+        (b"host", b"127.0.0.1"),
+    ]
+    foreign = WebsocketCommunicator(application, "/ws/battle/", headers=headers)
+    connected, _ = await foreign.connect(timeout=10)
+    assert not connected

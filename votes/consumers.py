@@ -7,12 +7,13 @@ and generation is handed to inference.dispatch. docs/protocol.md describes the f
 import json
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from inference.dispatch import enqueue_generations
-from votes import selectors, services
+from votes import rate_limits, selectors, services
 from votes.models import Battle
 from votes.protocol import (
     ArenaError,
@@ -33,11 +34,15 @@ from votes.protocol import (
 class BattleConsumer(AsyncWebsocketConsumer):
     battle: Battle | None
     voter_key: str
+    address: str | None
     group: str | None
 
     async def connect(self) -> None:
         self.battle = None
         self.group = None
+        # The peer's address (daphne --proxy-headers puts the client's there behind a proxy).
+        client = self.scope.get("client")
+        self.address = str(client[0]) if client else None
         await self.accept()
         session = self.scope.get("session")
         session_key = getattr(session, "session_key", None)
@@ -79,6 +84,7 @@ class BattleConsumer(AsyncWebsocketConsumer):
                     raise ArenaError("not_ready", "Send a prompt first: there is no battle yet.")
                 await self.send_state()
             elif isinstance(frame, VoteFrame):
+                await self.count("vote")
                 vote = await database_sync_to_async(services.cast_vote)(
                     battle=self.battle, choice=frame.choice, stage=frame.stage
                 )
@@ -86,11 +92,13 @@ class BattleConsumer(AsyncWebsocketConsumer):
                     {"type": "voted", "stage": vote.stage, "choice": vote.choice, "after_turn": vote.after_turn}
                 )
             elif isinstance(frame, RateFrame):
+                await self.count("vote")
                 reply = await database_sync_to_async(services.rate_reply)(
                     battle=self.battle, side=frame.side, turn=frame.turn, rating=frame.rating
                 )
                 await self.publish({"type": "rated", "side": reply.side, "turn": reply.turn, "rating": frame.rating})
             elif isinstance(frame, RegenerateFrame):
+                await self.count("message")
                 regenerated = await database_sync_to_async(services.regenerate_reply)(
                     battle=self.battle, side=frame.side
                 )
@@ -115,6 +123,7 @@ class BattleConsumer(AsyncWebsocketConsumer):
             task = await database_sync_to_async(selectors.task_by_slug)(frame.task)
             if task is None:
                 raise ArenaError("no_task", "There is no such task; pick one from the list.")
+        await self.count("battle")
         battle = await database_sync_to_async(services.start_battle)(voter_key=self.voter_key, task=task)
         await self.join(battle)
         await self.send_json({"type": "battle", "battle": battle.public_id})
@@ -124,16 +133,22 @@ class BattleConsumer(AsyncWebsocketConsumer):
         if self.battle is None and frame.side is not None:
             raise ArenaError("both_sides_first", "The first prompt goes to both sides.")
         if self.battle is None:  # A first prompt without a start frame: free chat.
+            await self.count("battle")
             battle = await database_sync_to_async(services.start_battle)(voter_key=self.voter_key)
             await self.join(battle)
             await self.send_json({"type": "battle", "battle": battle.public_id})
         assert self.battle is not None and self.group is not None
+        await self.count("message")
         submitted = await database_sync_to_async(services.submit_prompt)(
             battle=self.battle, text=frame.text, side=frame.side
         )
         sides = [submitted.side] if submitted.side else ["a", "b"]
         await self.publish({"type": "prompt", "turn": submitted.turn, "text": submitted.text, "sides": sides})
         await enqueue_generations(submitted.jobs)
+
+    async def count(self, action: str) -> None:
+        """Count an action against this voter's and this address's budgets (votes.rate_limits)."""
+        await sync_to_async(rate_limits.hit)(action, session=self.voter_key, address=self.address)
 
     async def publish(self, frame: dict[str, Any]) -> None:
         """Send a frame to every connection of this battle (the voter may have several tabs)."""

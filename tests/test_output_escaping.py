@@ -1,0 +1,58 @@
+"""Model output is shown as text, never as markup: a reply that contains a script stays inert.
+
+The arena page builds every reply in the browser with ``textContent``; the pages rendered on the
+server (evaluations, admin) go through Django's autoescaping.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from votes import services
+from votes.models import Battle, EvaluationReply, EvaluationRun, Message, Task
+
+REPO = Path(__file__).resolve().parents[1]
+ARENA_JS = REPO / "votes" / "static" / "votes" / "arena.js"
+BUNDLED_TASKS = REPO / "votes" / "fixtures" / "tasks.json"
+SCRIPT = '<script>alert("pwned")</script><img src=x onerror=alert(1)>'
+pytestmark = pytest.mark.django_db
+
+
+def test_the_arena_page_script_never_inserts_markup() -> None:
+    source = ARENA_JS.read_text()
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+        assert sink not in source, sink
+    assert "textContent" in source
+
+
+def test_a_script_reply_is_escaped_on_the_evaluation_page(client, demo_llms) -> None:
+    services.import_tasks(json.loads(BUNDLED_TASKS.read_text()))
+    run = EvaluationRun.objects.create(task=Task.objects.get(slug="calendar"), status=EvaluationRun.Status.DONE)
+    run.llms.set(demo_llms)
+    EvaluationReply.objects.create(
+        run=run,
+        model=demo_llms[0],
+        part=EvaluationReply.Part.RELIABILITY,
+        prompt="Add a meeting",
+        reply=SCRIPT,
+        verdict="garbage",
+        reason=SCRIPT,
+        rating="garbage",
+    )
+    html = client.get(f"/evaluations/{run.pk}/").content.decode()
+    assert "&lt;script&gt;alert(&quot;pwned&quot;)&lt;/script&gt;" in html
+    assert not re.search(r"<script>\s*alert", html) and "<img src=x" not in html
+
+
+def test_a_script_reply_is_escaped_in_the_admin(client, demo_llms) -> None:
+    battle = services.start_battle(voter_key="voter")
+    Message.objects.create(battle=battle, side="a", turn=0, role=Message.Role.USER, content="Hi")
+    Message.objects.create(battle=battle, side="a", turn=0, role=Message.Role.ASSISTANT, content=SCRIPT)
+    admin = get_user_model().objects.create_superuser("admin", "admin@example.com", "a-long-password-9")
+    client.force_login(admin)
+    html = client.get(f"/admin/votes/battle/{Battle.objects.get().pk}/change/").content.decode()
+    assert "&lt;script&gt;alert(&quot;pwned&quot;)&lt;/script&gt;" in html
+    assert '<script>alert("pwned")' not in html

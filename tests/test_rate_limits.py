@@ -1,0 +1,102 @@
+"""Rate limits on battles, messages and votes (votes/rate_limits.py), on the real cache (Redis)."""
+
+import uuid
+
+import pytest
+from django.core.cache import cache
+from django.test import override_settings
+
+from votes import rate_limits
+from votes.apps import check_rate_limits
+from votes.protocol import ArenaError
+from votes.rate_limits import DEFAULT_LIMITS, Limit, parse_limits
+
+
+def fresh(label: str) -> str:
+    """A session or address no other test (or earlier run, within the window) has used."""
+    return f"{label}-{uuid.uuid4().hex}"
+
+
+def test_defaults_and_overrides() -> None:
+    assert parse_limits("") == DEFAULT_LIMITS
+    limits = parse_limits("message=5/10/30, vote=0/0/60")
+    assert limits["message"] == Limit(per_session=5, per_address=10, window_s=30)
+    assert limits["vote"] == Limit(0, 0, 60)
+    assert limits["battle"] == DEFAULT_LIMITS["battle"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("chat=1/2/3", "unknown action 'chat'"),
+        ("vote=1/2", "is not action=per_session/per_address/window_seconds"),
+        ("vote=a/b/c", "is not action=per_session/per_address/window_seconds"),
+        ("vote=1/2/0", "a window >= 1 second"),
+        ("vote=-1/2/60", "budgets >= 0"),
+    ],
+)
+def test_malformed_limits_are_refused_with_the_reason(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_limits(text)
+    with override_settings(ARENA_RATE_LIMITS=text):
+        (error,) = check_rate_limits()
+    assert error.id == "votes.E001" and message in error.msg
+
+
+@override_settings(ARENA_RATE_LIMITS="message=3/100/60")
+def test_a_session_gets_its_budget_then_a_clear_refusal() -> None:
+    session = fresh("session")
+    for _ in range(3):
+        rate_limits.hit("message", session=session, address=None, now=1_000_000.0)
+    with pytest.raises(ArenaError) as refused:
+        rate_limits.hit("message", session=session, address=None, now=1_000_010.0)
+    assert refused.value.code == "rate_limited"
+    assert "Too many messages from this page; try again in" in str(refused.value)
+    # Another voter is not affected, and the next window starts afresh.
+    rate_limits.hit("message", session=fresh("session"), address=None, now=1_000_010.0)
+    rate_limits.hit("message", session=session, address=None, now=1_000_060.0)
+
+
+@override_settings(ARENA_RATE_LIMITS="vote=100/4/60")
+def test_an_address_is_shared_by_its_sessions() -> None:
+    address = fresh("192.0.2.1")
+    for _ in range(4):
+        rate_limits.hit("vote", session=fresh("session"), address=address, now=2_000_000.0)
+    with pytest.raises(ArenaError, match="from your network"):
+        rate_limits.hit("vote", session=fresh("session"), address=address, now=2_000_001.0)
+
+
+@override_settings(ARENA_RATE_LIMITS="battle=0/0/60")
+def test_a_zero_budget_is_no_limit() -> None:
+    session, address = fresh("session"), fresh("address")
+    for _ in range(50):
+        rate_limits.hit("battle", session=session, address=address)
+
+
+@override_settings(ARENA_RATE_LIMITS="vote=5/5/60")
+def test_counters_are_keyed_by_hashes_not_by_sessions_or_addresses() -> None:
+    session, address = fresh("session-secret"), "203.0.113.77"
+    rate_limits.hit("vote", session=session, address=address, now=3_000_000.0)
+    window = int(3_000_000.0 // 60)
+    keys = [
+        rate_limits.counter_key("vote", kind, value, window)
+        for kind, value in (("session", session), ("address", address))
+    ]
+    assert cache.get_many(keys) == dict.fromkeys(keys, 1)
+    for key in keys:
+        assert session not in key and address not in key
+    client = cache._cache.get_client()  # The Redis server itself: what is really stored.
+    stored = [key.decode() for key in client.scan_iter(match="*arena:rate:*")]
+    assert stored and not any(session in key or address in key for key in stored)
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(ARENA_RATE_LIMITS="battle=1/0/3600")
+async def test_the_battle_socket_refuses_over_budget(connect_battle, demo_llms) -> None:
+    first = await connect_battle()
+    await first.send({"type": "start"})
+    assert (await first.receive())["type"] == "battle"
+    second = await connect_battle()  # Same page session, a second tab.
+    await second.send({"type": "start"})
+    refused = await second.receive()
+    assert refused["type"] == "error" and refused["code"] == "rate_limited", refused

@@ -1,0 +1,109 @@
+"""Rate limits on battles, messages and votes, per voter session and per client address.
+
+Each action has a budget per session and a larger one per address (several voters can share an
+address) in a fixed window, counted in Django's cache: Redis in production, so every web
+process shares the counts; the process's memory in embedded mode. Counters are keyed by keyed
+hashes (HMAC with ``SECRET_KEY``): neither a session id nor an address is ever stored.
+
+``ARENA_RATE_LIMITS`` configures them: ``action=per_session/per_address/window_seconds`` items
+separated by commas, e.g. ``battle=30/120/3600,message=20/80/60,vote=60/240/60``; an action left
+out keeps its default, and 0 turns a budget off.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import time
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.core.cache import cache
+
+from votes.protocol import ArenaError
+
+
+@dataclass(frozen=True)
+class Limit:
+    per_session: int
+    per_address: int
+    window_s: int
+
+
+DEFAULT_LIMITS: dict[str, Limit] = {
+    "battle": Limit(per_session=30, per_address=120, window_s=3600),  # Battles started.
+    "message": Limit(per_session=20, per_address=80, window_s=60),  # Prompts and regenerations.
+    "vote": Limit(per_session=60, per_address=240, window_s=60),  # Votes and ratings.
+}
+_WHAT = {"battle": "new battles", "message": "messages", "vote": "votes and ratings"}
+
+
+def parse_limits(text: str) -> dict[str, Limit]:
+    """``DEFAULT_LIMITS`` overridden by an ``ARENA_RATE_LIMITS`` value; ValueError if malformed."""
+    limits = dict(DEFAULT_LIMITS)
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        action, _, numbers = item.partition("=")
+        action = action.strip()
+        if action not in DEFAULT_LIMITS:
+            raise ValueError(f"ARENA_RATE_LIMITS: unknown action {action!r}; expected one of {sorted(DEFAULT_LIMITS)}.")
+        try:
+            per_session, per_address, window_s = (int(n) for n in numbers.split("/"))
+        except ValueError:
+            raise ValueError(
+                f"ARENA_RATE_LIMITS: {item!r} is not action=per_session/per_address/window_seconds."
+            ) from None
+        if min(per_session, per_address) < 0 or window_s < 1:
+            raise ValueError(f"ARENA_RATE_LIMITS: {item!r} needs budgets >= 0 and a window >= 1 second.")
+        limits[action] = Limit(per_session, per_address, window_s)
+    return limits
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(text: str) -> dict[str, Limit]:
+    return parse_limits(text)
+
+
+def limits() -> dict[str, Limit]:
+    """The configured limits (``settings.ARENA_RATE_LIMITS``)."""
+    return _parsed(settings.ARENA_RATE_LIMITS)
+
+
+def keyed_hash(kind: str, value: str) -> str:
+    """What a counter is keyed by instead of ``value`` (a session id or an address)."""
+    digest = hmac.new(settings.SECRET_KEY.encode(), f"rate:{kind}:{value}".encode(), hashlib.sha256)
+    return digest.hexdigest()[:32]
+
+
+def counter_key(action: str, kind: str, value: str, window: int) -> str:
+    return f"arena:rate:{action}:{kind}:{keyed_hash(kind, value)}:{window}"
+
+
+def hit(action: str, *, session: str, address: str | None, now: float | None = None) -> None:
+    """Count one ``action`` by this session and address; ArenaError "rate_limited" if over budget.
+
+    A refused attempt still counts: hammering does not reset the window.
+    """
+    limit = limits()[action]
+    now = time.time() if now is None else now
+    window = int(now // limit.window_s)
+    retry_after = int((window + 1) * limit.window_s - now) + 1
+    budgets = [("session", session, limit.per_session)]
+    if address:
+        budgets.append(("address", address, limit.per_address))
+    for kind, value, budget in budgets:
+        if budget == 0:
+            continue
+        key = counter_key(action, kind, value, window)
+        cache.add(key, 0, timeout=limit.window_s + 1)
+        try:
+            count = cache.incr(key)
+        except ValueError:  # Expired between add and incr: start the window again.
+            cache.set(key, 1, timeout=limit.window_s + 1)
+            count = 1
+        if count > budget:
+            who = "this page" if kind == "session" else "your network"
+            raise ArenaError(
+                "rate_limited",
+                f"Too many {_WHAT[action]} from {who}; try again in {retry_after} s.",
+            )
