@@ -162,6 +162,12 @@ ARENA_MAX_TURNS = int(os.environ.get("ARENA_MAX_TURNS", "12"))
 # Battles, messages and votes per session and per address in a window (votes/rate_limits.py):
 # "action=per_session/per_address/window_seconds,..."; actions left out keep their defaults.
 ARENA_RATE_LIMITS = os.environ.get("ARENA_RATE_LIMITS", "")
+# Pair sampling (votes/pairing.py): "weighted" (admin weights) or "active" (also favours pairs whose
+# win rate is least certain); a new model is drawn up to 1 + BOOST times as often until it has
+# had NEW_MODEL_BATTLES battles.
+ARENA_PAIR_SAMPLING = os.environ.get("ARENA_PAIR_SAMPLING", "weighted")
+ARENA_NEW_MODEL_BOOST = float(os.environ.get("ARENA_NEW_MODEL_BOOST", "1"))
+ARENA_NEW_MODEL_BATTLES = int(os.environ.get("ARENA_NEW_MODEL_BATTLES", "50"))
 ARENA_MAX_NEW_TOKENS = int(os.environ.get("ARENA_MAX_NEW_TOKENS", "96"))
 # Deltas are flushed to the channel layer (and persisted) at most this often, in seconds.
 ARENA_DELTA_FLUSH_SECONDS = float(os.environ.get("ARENA_DELTA_FLUSH_SECONDS", "0.05"))

@@ -1,12 +1,44 @@
 """Reads for battles: what a voter may see, and what a generation job needs."""
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from django.db.models import Count
+
 from inference.models import LLM
 from votes import evaluation
-from votes.models import Battle, EvaluationRun, Message, Task
+from votes.models import Battle, EvaluationRun, Message, Task, Vote
+from votes.pairing import Candidate
+
+
+def pairing_candidates(*, with_ratings: bool = False) -> list[Candidate]:
+    """The enabled models as pair sampling sees them: weight, battles so far, overall rating
+    (from the latest leaderboard refresh; only if ``with_ratings``)."""
+    models = list(LLM.objects.enabled())
+    battles: Counter[int] = Counter()
+    for side in ("model_a", "model_b"):
+        for row in Battle.objects.values(side).annotate(n=Count("id")):
+            battles[row[side]] += row["n"]
+    ratings: dict[str, float] = {}
+    if with_ratings:
+        from leaderboard.selectors import latest_refresh  # The leaderboard reads votes; not the reverse.
+
+        refresh = latest_refresh()
+        overall = refresh.snapshots.filter(category="overall").first() if refresh else None
+        ratings = {row["model"]: row["rating"] for row in (overall.rows if overall else [])}
+    return [
+        Candidate(id=m.pk, weight=m.sampling_weight, battles=battles[m.pk], rating=ratings.get(m.name)) for m in models
+    ]
+
+
+def pair_vote_counts() -> dict[frozenset[int], int]:
+    """Votes cast so far per unordered pair of models."""
+    counts: Counter[frozenset[int]] = Counter()
+    for row in Vote.objects.values("battle__model_a", "battle__model_b").annotate(n=Count("id")):
+        counts[frozenset((row["battle__model_a"], row["battle__model_b"]))] += row["n"]
+    return dict(counts)
 
 
 def battle_group(public_id: str) -> str:

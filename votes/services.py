@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
-from inference.models import LLM
+from votes import pairing, selectors
 from votes.checkers import CheckerConfigError
 from votes.leaks import find_identity_leak
 from votes.models import Battle, Message, Rating, ResearcherKey, Side, Task, TaskTurn, Vote
@@ -53,18 +53,23 @@ def voter_key_for(session_key: str) -> str:
 
 
 def start_battle(*, voter_key: str, task: Task | None = None, rng: random.Random | None = None) -> Battle:
-    """Draw two different enabled models by sampling weight and put them on random sides."""
+    """Draw two different enabled models (votes.pairing, ``ARENA_PAIR_SAMPLING``) on random sides."""
     rng = rng or random.SystemRandom()
     if task is not None and not task.active:
         raise ArenaError("no_task", "This task is not offered any more; pick another one.")
-    candidates = list(LLM.objects.enabled())
-    if len(candidates) < 2:
+    active = settings.ARENA_PAIR_SAMPLING == "active"
+    candidates = selectors.pairing_candidates(with_ratings=active)
+    weights = pairing.pair_weights(
+        candidates,
+        policy=settings.ARENA_PAIR_SAMPLING,
+        pair_votes=selectors.pair_vote_counts() if active else None,
+        new_model_boost=settings.ARENA_NEW_MODEL_BOOST,
+        new_model_battles=settings.ARENA_NEW_MODEL_BATTLES,
+    )
+    if not weights:
         raise ArenaError("no_models", "The arena needs at least two enabled models; try again later.")
-    first = rng.choices(candidates, weights=[m.sampling_weight for m in candidates])[0]
-    rest = [m for m in candidates if m.pk != first.pk]
-    second = rng.choices(rest, weights=[m.sampling_weight for m in rest])[0]
-    model_a, model_b = (first, second) if rng.random() < 0.5 else (second, first)
-    return Battle.objects.create(model_a=model_a, model_b=model_b, task=task, voter_key=voter_key)
+    id_a, id_b = pairing.draw_pair(weights, rng)
+    return Battle.objects.create(model_a_id=id_a, model_b_id=id_b, task=task, voter_key=voter_key)
 
 
 def _locked(battle: Battle) -> Battle:
