@@ -214,6 +214,10 @@ LEADERBOARD_REFRESH_VOTES = int(os.environ.get("LEADERBOARD_REFRESH_VOTES", "100
 LEADERBOARD_PROVISIONAL_VOTES = int(os.environ.get("LEADERBOARD_PROVISIONAL_VOTES", "30"))
 LEADERBOARD_BOOTSTRAP_ROUNDS = int(os.environ.get("LEADERBOARD_BOOTSTRAP_ROUNDS", "1000"))
 LEADERBOARD_ELO_K = float(os.environ.get("LEADERBOARD_ELO_K", "32"))
+# Anomalous voters (leaderboard/anomaly.py), flagged at each refresh: Fisher's combined p-value
+# of a voter's votes below ALPHA, over at least MIN_VOTES votes.
+LEADERBOARD_ANOMALY_ALPHA = float(os.environ.get("LEADERBOARD_ANOMALY_ALPHA", "1e-4"))
+LEADERBOARD_ANOMALY_MIN_VOTES = int(os.environ.get("LEADERBOARD_ANOMALY_MIN_VOTES", "5"))
 CELERY_BEAT_SCHEDULE = {
     "refresh-leaderboard": {"task": "leaderboard.refresh_if_due", "schedule": 60.0, "options": {"queue": "default"}},
     "nightly-dump": {

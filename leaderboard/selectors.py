@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 
 from inference.models import LLM
 from leaderboard import ratings
@@ -45,7 +45,13 @@ def in_category(votes: QuerySet[Vote], category: str) -> QuerySet[Vote]:
 
 def voter_flagged() -> Exists:
     """For a query on votes or messages: whether the battle's voter is flagged."""
-    return Exists(FlaggedVoter.objects.filter(voter_key=OuterRef("battle__voter_key")))
+    return Exists(FlaggedVoter.objects.filter(voter_key=OuterRef("battle__voter_key"), cleared=False))
+
+
+def voter_flag_reason() -> Subquery:
+    """For a query on votes: why the battle's voter is flagged (None if not)."""
+    flags = FlaggedVoter.objects.filter(voter_key=OuterRef("battle__voter_key"), cleared=False)
+    return Subquery(flags.values("reason")[:1])
 
 
 def counted_votes(category: str = OVERALL) -> QuerySet[Vote]:

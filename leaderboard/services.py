@@ -6,12 +6,12 @@ import time
 import numpy as np
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Count, Max
 from django.utils import timezone
 
-from leaderboard import board, ratings, selectors
+from leaderboard import anomaly, board, ratings, selectors
 from leaderboard.models import LeaderboardRefresh, LeaderboardSnapshot
-from votes.models import Vote
+from votes.models import Battle, FlaggedVoter, Vote
 
 
 @transaction.atomic
@@ -19,6 +19,7 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
     """Recompute every category (ratings, intervals, ranks, Elo, matrices, fix rates) and store
     the snapshots of one refresh."""
     started = time.perf_counter()
+    flag_anomalous_voters()
     rounds = settings.LEADERBOARD_BOOTSTRAP_ROUNDS if rounds is None else rounds
     names = selectors.roster_names()
     last_vote = Vote.objects.aggregate(last=Max("pk"))["last"] or 0
@@ -62,6 +63,35 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
     refresh.seconds = time.perf_counter() - started
     refresh.save(update_fields=["seconds"])
     return refresh
+
+
+def flag_anomalous_voters() -> list[FlaggedVoter]:
+    """Flag the voters whose votes are anomalous (leaderboard.anomaly) among the votes of ended
+    battles by voters not flagged yet; a flag an admin cleared is never set again."""
+    rows = (
+        Vote.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False)
+        .exclude(selectors.voter_flagged())
+        .values_list("battle__voter_key", "battle__model_a__name", "battle__model_b__name", "choice")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    found = anomaly.anomalous_voters(
+        (anomaly.pair_vote(*row) for row in rows),
+        alpha=settings.LEADERBOARD_ANOMALY_ALPHA,
+        min_votes=settings.LEADERBOARD_ANOMALY_MIN_VOTES,
+    )
+    known = set(FlaggedVoter.objects.filter(voter_key__in=[a.voter for a in found]).values_list("voter_key", flat=True))
+    flags = [
+        FlaggedVoter(
+            voter_key=a.voter,
+            reason=f"anomalous votes: Fisher's p = {a.p_value:.1e} over {a.votes} votes",
+            source=FlaggedVoter.Source.AUTOMATIC,
+            p_value=a.p_value,
+        )
+        for a in found
+        if a.voter not in known
+    ]
+    return FlaggedVoter.objects.bulk_create(flags, ignore_conflicts=True)
 
 
 def _fix_rate(rate: ratings.FixRate) -> dict[str, float | int | None]:

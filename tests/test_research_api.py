@@ -177,7 +177,7 @@ def test_vote_filters_formats_and_exclusions(client, arena, key_header) -> None:
     assert len(jsonl(client.get("/api/v1/votes", {"category": "task:API calls"}, **key_header))) == 5
     everything = jsonl(client.get("/api/v1/votes", {"category": "first_try", "include_excluded": True}, **key_header))
     reasons = sorted(r["excluded_reason"] or "" for r in everything if r["excluded"])
-    assert reasons == ["flagged voter", "identity leak: the reply of side A names 'Gemma'", "unfinished battle"]
+    assert reasons == ["flagged voter: spam", "identity leak: the reply of side A names 'Gemma'", "unfinished battle"]
     rows = list(
         csv.DictReader(
             io.StringIO(

@@ -143,14 +143,34 @@ class BattleAdmin(admin.ModelAdmin):
     def flag_voters(self, request: HttpRequest, queryset: QuerySet[Battle]) -> None:
         keys = set(queryset.values_list("voter_key", flat=True))
         for key in keys:
-            FlaggedVoter.objects.get_or_create(voter_key=key, defaults={"reason": f"flagged by {request.user}"})
+            flag, created = FlaggedVoter.objects.get_or_create(
+                voter_key=key, defaults={"reason": f"flagged by {request.user}"}
+            )
+            if not created and flag.cleared:  # Flagged again after a review.
+                FlaggedVoter.objects.filter(pk=flag.pk).update(cleared=False, reason=f"flagged by {request.user}")
         self.message_user(request, f"{len(keys)} voter(s) flagged.")
 
 
 @admin.register(FlaggedVoter)
 class FlaggedVoterAdmin(admin.ModelAdmin):
-    list_display = ("voter_key", "reason", "created")
+    """Review flags: clearing one puts the voter's votes back into the leaderboard (from its
+    next refresh) and keeps the anomaly detection from flagging that voter again."""
+
+    list_display = ("voter_key", "source", "reason", "p_value", "cleared", "created")
+    list_filter = ("source", "cleared")
     search_fields = ("voter_key", "reason")
+    readonly_fields = ("voter_key", "source", "p_value", "created")
+    actions = ["clear_flags", "restore_flags"]
+
+    @admin.action(description="Clear the selected flags (their votes count again)")
+    def clear_flags(self, request: HttpRequest, queryset: QuerySet[FlaggedVoter]) -> None:
+        count = queryset.update(cleared=True)
+        self.message_user(request, f"{count} flag(s) cleared.")
+
+    @admin.action(description="Restore the selected flags (their votes are excluded again)")
+    def restore_flags(self, request: HttpRequest, queryset: QuerySet[FlaggedVoter]) -> None:
+        count = queryset.update(cleared=False)
+        self.message_user(request, f"{count} flag(s) restored.")
 
 
 @admin.register(Message)

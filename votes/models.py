@@ -242,10 +242,22 @@ class ResearcherKey(models.Model):
 
 
 class FlaggedVoter(models.Model):
-    """A voter whose votes stay out of the leaderboard (kept, and counted as excluded)."""
+    """A voter whose votes stay out of the leaderboard (kept, and counted as excluded).
+
+    Flagged by an admin, or by the anomaly detection of each leaderboard refresh
+    (leaderboard.anomaly). An admin who clears a flag puts the votes back, and the detection
+    leaves that voter alone from then on.
+    """
+
+    class Source(models.TextChoices):
+        ADMIN = "admin", "An admin"
+        AUTOMATIC = "automatic", "Anomaly detection"
 
     voter_key = models.CharField(max_length=64, unique=True, help_text="The battles' voter_key (a keyed hash).")
     reason = models.CharField(max_length=300)
+    source = models.CharField(max_length=10, choices=Source.choices, default=Source.ADMIN)
+    p_value = models.FloatField(null=True, blank=True, help_text="Anomaly detection: Fisher's combined p-value.")
+    cleared = models.BooleanField(default=False, help_text="Reviewed and cleared: the votes count again.")
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -17,7 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import QuerySet
 
-from leaderboard.selectors import counted_votes, in_category, voter_flagged
+from leaderboard.selectors import counted_votes, in_category, voter_flag_reason
 from votes.models import Battle, Message, Vote
 
 WINNERS = {"a": "model_a", "b": "model_b", "tie": "tie", "both_bad": "tie (bothbad)"}
@@ -49,7 +49,7 @@ def research_votes(
 def _for_records(votes: QuerySet[Vote]) -> QuerySet[Vote]:
     """With what vote_record reads: one query per chunk of votes, not per vote."""
     return (
-        votes.annotate(voter_flagged=voter_flagged())
+        votes.annotate(voter_flag_reason=voter_flag_reason())
         .select_related("battle__model_a", "battle__model_b", "battle__task")
         .prefetch_related("battle__messages")
     )
@@ -98,8 +98,9 @@ def exclusion_reason(vote: Vote) -> str | None:
     battle = vote.battle
     if battle.excluded:
         return f"identity leak: {battle.excluded_reason}"
-    if getattr(vote, "voter_flagged", False):
-        return "flagged voter"
+    reason = getattr(vote, "voter_flag_reason", None)
+    if reason:
+        return f"flagged voter: {reason}"
     if battle.state != Battle.State.ENDED:
         return "unfinished battle"
     return None
