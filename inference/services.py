@@ -222,14 +222,15 @@ def _finish(
         time_to_first_token_ms=ttft_ms,
         duration_ms=duration_ms,
     )
-    stats = votes_selectors.reply_stats(tokens=tokens, ttft_ms=ttft_ms, duration_ms=duration_ms)
     frame = end_frame(
         context.side,
         context.turn,
         seq=batcher.seq,
         status=status,
         text=text,
-        stats={} if status == Message.Status.FAILED else stats,
+        # A battle is never ended while one of its replies is generated: the stats (speed and
+        # token counts tell the models apart) wait for the reveal's state.
+        stats={},
         error=error,
     )
     publisher.publish(batcher.group, [frame])

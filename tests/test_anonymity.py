@@ -30,8 +30,10 @@ async def test_names_hidden_until_vote_then_revealed(connect_battle, demo_llms, 
     assert page.status_code == 200
     home = await database_sync_to_async(http.get)("/")
     again = await connect_battle(battle_id)
-    await again.receive()
+    before = await again.receive()
     assert_no_names(client.raw + again.raw + [page.content.decode(), home.content.decode()], names)
+    # Nor their speed or token counts: the replies' stats wait for the reveal too.
+    assert [reply["stats"] for reply in before["turns"][0]["replies"].values()] == [{}, {}]
 
     # A vote does not reveal the models: the voter may still correct a side and vote again.
     await client.send({"type": "vote", "choice": "a"})
@@ -44,6 +46,8 @@ async def test_names_hidden_until_vote_then_revealed(connect_battle, demo_llms, 
     assert revealed["type"] == "revealed"
     assert revealed["models"] == {"a": battle.model_a.name, "b": battle.model_b.name}
     assert revealed["votes"] == {"first_try": "a"} and revealed["ended"] is True
+    for reply in revealed["turns"][0]["replies"].values():
+        assert reply["stats"]["tokens"] > 0 and reply["stats"]["ttft_ms"] is not None
     # Every connection to the battle is told, and a reconnect after the end shows the names.
     assert (await again.receive())["type"] == "voted"
     assert (await again.receive())["type"] == "revealed"

@@ -38,11 +38,11 @@ async def test_prompt_streams_both_sides_complete_and_in_order(connect_battle, d
         assert end["status"] == "done"
         assert end["seq"] == len(deltas)
         assert end["text"] == streamed
-        assert end["stats"]["tokens"] > 0
+        assert end["stats"] == {}  # Speed and token counts would tell the models apart.
         reply = saved[side]
         assert reply.status == Message.Status.DONE
         assert reply.content == streamed
-        assert reply.token_count == end["stats"]["tokens"]
+        assert reply.token_count > 0
         assert reply.time_to_first_token_ms is not None and reply.duration_ms is not None
         # The end frame closes the side's stream: no delta follows it.
         assert [f for f in frames if f.get("side") == side][-1] is end

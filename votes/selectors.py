@@ -112,7 +112,8 @@ def reply_state(message: Message, *, reveal: bool) -> dict[str, Any]:
                 ttft_ms=message.time_to_first_token_ms,
                 duration_ms=message.duration_ms or 0,
             )
-            if message.status in (Message.Status.DONE, Message.Status.STOPPED)
+            # Speed and token counts would tell the models apart: shown once they are revealed.
+            if reveal and message.status in (Message.Status.DONE, Message.Status.STOPPED)
             else {}
         ),
     }
@@ -143,7 +144,7 @@ def task_by_slug(slug: str) -> Task | None:
 
 
 def reply_stats(*, tokens: int, ttft_ms: int | None, duration_ms: int) -> dict[str, Any]:
-    """The stats shown under a finished reply (end frames and state frames alike)."""
+    """The stats shown under a finished reply once the battle is revealed (state frames)."""
     seconds = duration_ms / 1000
     return {
         "tokens": tokens,
