@@ -171,6 +171,10 @@ ARENA_NEW_MODEL_BATTLES = int(os.environ.get("ARENA_NEW_MODEL_BATTLES", "50"))
 ARENA_MAX_NEW_TOKENS = int(os.environ.get("ARENA_MAX_NEW_TOKENS", "96"))
 # Deltas are flushed to the channel layer (and persisted) at most this often, in seconds.
 ARENA_DELTA_FLUSH_SECONDS = float(os.environ.get("ARENA_DELTA_FLUSH_SECONDS", "0.05"))
+# Every reply appears at the same pace, whatever the model's speed (inference/pacing.py): no text
+# before FIRST_TEXT_SECONDS, then at most CHARS_PER_S characters a second; 0 and 0: off.
+ARENA_STREAM_CHARS_PER_S = float(os.environ.get("ARENA_STREAM_CHARS_PER_S", "250"))
+ARENA_STREAM_FIRST_TEXT_SECONDS = float(os.environ.get("ARENA_STREAM_FIRST_TEXT_SECONDS", "0.3"))
 ARENA_PRESETS_DIR = Path(os.environ.get("ARENA_PRESETS_DIR", BASE_DIR / "inference" / "presets"))
 
 LOGGING = {

@@ -7,12 +7,14 @@ tier does, through Celery's task discovery) stays cheap.
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from django.conf import settings
 
 from inference.hosting import ModelSpec
 from inference.models import LLM, parse_mesh_shape
+from inference.pacing import Pace
 from inference.publisher import FramePublisher
 from votes import selectors as votes_selectors
 from votes import services as votes_services
@@ -46,49 +48,83 @@ def model_spec(model: LLM) -> ModelSpec:
 
 
 class DeltaBatcher:
-    """Collects text deltas and flushes them as one numbered frame per interval.
+    """Collects text deltas and flushes them as one numbered frame per interval, at the pace.
 
-    Each flush first persists the text so far, then publishes: a client that reconnects and
-    reads the database never misses a delta that was published before it subscribed. The
-    persist step also tells whether the voter has asked to stop the reply (`stop_requested`).
+    Each flush first persists the text shown so far, then publishes it: a client that
+    reconnects and reads the database never misses a delta that was published before it
+    subscribed, and never sees text the pace has not shown yet. The persist step also tells
+    whether the voter has asked to stop the reply (`stop_requested`). The pace
+    (inference.pacing, ``ARENA_STREAM_CHARS_PER_S`` and ``ARENA_STREAM_FIRST_TEXT_SECONDS``)
+    is the same for every model, so that speed does not tell the two sides apart.
     """
 
-    def __init__(self, *, message_id: int, group: str, side: str, turn: int, publisher: FramePublisher) -> None:
+    def __init__(
+        self,
+        *,
+        message_id: int,
+        group: str,
+        side: str,
+        turn: int,
+        publisher: FramePublisher,
+        pace: Pace | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.message_id = message_id
         self.group = group
         self.side = side
         self.turn = turn
         self.publisher = publisher
         self.interval = settings.ARENA_DELTA_FLUSH_SECONDS
+        self.pace = pace or Pace(settings.ARENA_STREAM_CHARS_PER_S, settings.ARENA_STREAM_FIRST_TEXT_SECONDS)
+        self.clock = clock
+        self.sleep = sleep
+        self.started = clock()
         self.text = ""
-        self.pending = ""
+        self.shown = 0  # Characters published (and persisted).
         self.seq = 0
         self.last_flush = 0.0
         self.stop_requested = False
 
     def add(self, delta: str) -> None:
         self.text += delta
-        self.pending += delta
-        # The first delta goes out at once (time to first token); later ones in batches.
-        if self.seq == 0 or time.monotonic() - self.last_flush >= self.interval:
-            self.flush()
+        now = self.clock()
+        # The first text goes out as soon as the pace allows; later text in batches.
+        if self.seq == 0 or now - self.last_flush >= self.interval:
+            self.flush(now)
 
-    def flush(self) -> None:
-        if not self.pending or self.stop_requested:
+    def flush(self, now: float | None = None) -> None:
+        """Persist, then publish, the text the pace lets the voter see by now."""
+        if self.stop_requested:
             return
-        frame = delta_frame(self.side, self.turn, self.seq, self.pending)
-        if not votes_services.save_partial_reply(self.message_id, content=self.text, delta_count=self.seq + 1):
+        now = self.clock() if now is None else now
+        visible = self.pace.visible(now - self.started, len(self.text))
+        if visible <= self.shown:
+            return
+        frame = delta_frame(self.side, self.turn, self.seq, self.text[self.shown : visible])
+        shown_text = self.text[:visible]
+        if not votes_services.save_partial_reply(self.message_id, content=shown_text, delta_count=self.seq + 1):
             self.stop_requested = True
             return
         self.seq += 1
         self.publisher.publish(self.group, [frame])
-        self.pending = ""
-        self.last_flush = time.monotonic()
+        self.shown = visible
+        self.last_flush = now
+
+    def drain(self) -> None:
+        """Once the model is done: show the rest at the pace (at once without one), unless the
+        voter stops the reply meanwhile."""
+        while self.shown < len(self.text) and not self.stop_requested:
+            wait = self.pace.wait_s(self.clock() - self.started, self.shown)
+            if wait > 0:
+                # Before the first text, exactly until it is due; then in batches of an interval.
+                self.sleep(wait if self.seq == 0 else max(wait, self.interval))
+            self.flush()
 
     @property
     def published_text(self) -> str:
-        """What the voter has seen: text not yet flushed when a stop arrived is dropped."""
-        return self.text[: len(self.text) - len(self.pending)]
+        """What the voter has seen: text not shown yet when a stop arrived is dropped."""
+        return self.text[: self.shown]
 
 
 def run_generation(message_id: int, publisher: FramePublisher) -> None:
@@ -148,7 +184,7 @@ def run_generation(message_id: int, publisher: FramePublisher) -> None:
                 for _ in request:  # Wait until the engine has freed the slot; drop the rest.
                     pass
                 break
-        batcher.flush()
+        batcher.drain()
         if timed_out.is_set():
             failure = TIMED_OUT
             raise TimeoutError(f"reply {message_id} ran past {settings.ARENA_GENERATION_TIMEOUT_SECONDS} s")
