@@ -1,5 +1,6 @@
 """Bad frames get a clear error frame and change nothing in the database."""
 
+import asyncio
 import json
 
 import pytest
@@ -114,6 +115,30 @@ async def test_second_vote_is_refused(connect_battle, demo_llms, voter_session) 
     await expect_error(client, {"type": "end"}, "battle_closed")
     vote = await database_sync_to_async(Vote.objects.get)(battle=battle)
     assert vote.choice == "b"
+
+
+async def test_a_vote_sent_from_two_tabs_at_once_is_stored_once(connect_battle, demo_llms, voter_session) -> None:
+    voter_key = services.voter_key_for(voter_session.session_key)
+    battle = await database_sync_to_async(battle_with_replies)(voter_key, finished=True)
+    tabs = [await connect_battle(battle.public_id) for _ in range(2)]
+    for tab in tabs:
+        await tab.receive()  # Its state.
+    # A double click in each tab, both tabs at the same moment.
+    await asyncio.gather(*(tab.send({"type": "vote", "choice": choice}) for tab in tabs for choice in ("a", "a")))
+    # Each tab hears of the one stored vote (it is published to the battle) ...
+    for tab in tabs:
+        await tab.receive_until(lambda f: f["type"] == "voted")
+    # ... and the other three frames were refused, each with a clear error: the first-try vote is
+    # taken (or, seen after it, the next stage needs a correction first).
+    errors = [f for tab in tabs for f in tab.frames if f["type"] == "error"]
+    while len(errors) < 3:
+        for tab in tabs:
+            if not await tab.communicator.receive_nothing(timeout=0.5):
+                await tab.receive()
+        errors = [f for tab in tabs for f in tab.frames if f["type"] == "error"]
+    assert len(errors) == 3 and {f["code"] for f in errors} <= {"already_voted", "not_ready"}
+    votes = await database_sync_to_async(list)(Vote.objects.filter(battle=battle))
+    assert len(votes) == 1 and votes[0].stage == "first_try" and votes[0].choice == "a"
 
 
 async def test_unknown_battle_and_missing_session(connect_battle, demo_llms) -> None:
