@@ -185,7 +185,7 @@ _fast_encoders: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary(
 
 def _encoder(tokenizer: Any) -> Callable[[str], list[int]]:
     """The fastest exact encoder of one text into ids; probed once per tokenizer."""
-    with _fast_decoders_lock:
+    with _fast_paths_lock:
         encode = _fast_encoders.get(tokenizer)
         if encode is None:
             encode = _fast_encoders[tokenizer] = _sentencepiece_encode(tokenizer) or False
@@ -301,12 +301,12 @@ def _sentencepiece_decode(tokenizer: Any) -> Callable[[list[int]], str] | None:
 # Values never refer to their tokenizer (a bound method of the SentencePiece processor, or
 # False), so entries go away with the tokenizer.
 _fast_decoders: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-_fast_decoders_lock = threading.Lock()
+_fast_paths_lock = threading.Lock()
 
 
 def _detokenizer(tokenizer: Any) -> Callable[[list[int]], str]:
     """The fastest exact detokenizer for a flat list of ids; probed once per tokenizer."""
-    with _fast_decoders_lock:
+    with _fast_paths_lock:
         decode = _fast_decoders.get(tokenizer)
         if decode is None:
             decode = _fast_decoders[tokenizer] = _sentencepiece_decode(tokenizer) or False

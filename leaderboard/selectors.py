@@ -43,15 +43,19 @@ def in_category(votes: QuerySet[Vote], category: str) -> QuerySet[Vote]:
     raise ValueError(f"Unknown leaderboard category {category!r}.")
 
 
+def _battle_voter_flags() -> QuerySet[FlaggedVoter]:
+    """For a query on votes or messages: the flags (not cleared) of the battle's voter."""
+    return FlaggedVoter.objects.filter(voter_key=OuterRef("battle__voter_key"), cleared=False)
+
+
 def voter_flagged() -> Exists:
     """For a query on votes or messages: whether the battle's voter is flagged."""
-    return Exists(FlaggedVoter.objects.filter(voter_key=OuterRef("battle__voter_key"), cleared=False))
+    return Exists(_battle_voter_flags())
 
 
 def voter_flag_reason() -> Subquery:
     """For a query on votes: why the battle's voter is flagged (None if not)."""
-    flags = FlaggedVoter.objects.filter(voter_key=OuterRef("battle__voter_key"), cleared=False)
-    return Subquery(flags.values("reason")[:1])
+    return Subquery(_battle_voter_flags().values("reason")[:1])
 
 
 def counted_votes(category: str = OVERALL) -> QuerySet[Vote]:
