@@ -78,6 +78,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Innermost, so it sees the views' exceptions first: a database outage becomes a clear 503.
+    "arena_site.unavailable.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "arena_site.urls"
@@ -154,6 +156,9 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# When Redis goes away, replies being generated go on: they are saved to the database as they
+# stream, and a job the broker redelivers later finds its reply finished (claim_reply).
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 
 # --- Arena ---------------------------------------------------------------------------------------
 ARENA_MAX_PROMPT_CHARS = int(os.environ.get("ARENA_MAX_PROMPT_CHARS", "2000"))
@@ -190,6 +195,16 @@ ARENA_ENGINE_SLOTS = int(os.environ.get("ARENA_ENGINE_SLOTS", "8"))
 # A reply that runs longer than this is cancelled and marked failed (thread pools have no hard
 # Celery time limit, so the generation service enforces it).
 ARENA_GENERATION_TIMEOUT_SECONDS = float(os.environ.get("ARENA_GENERATION_TIMEOUT_SECONDS", "300"))
+# Lost workers: a worker generating a reply touches its heartbeat every HEARTBEAT seconds (model
+# loading included). A reply being generated whose heartbeat is older than STALL seconds, or one
+# no worker has taken within QUEUE seconds, is failed with a clear error and a retry button
+# (votes.services.fail_stalled_replies: on connect and sync, and every minute from beat).
+ARENA_REPLY_HEARTBEAT_SECONDS = float(os.environ.get("ARENA_REPLY_HEARTBEAT_SECONDS", "5"))
+ARENA_REPLY_STALL_SECONDS = float(os.environ.get("ARENA_REPLY_STALL_SECONDS", "30"))
+ARENA_REPLY_QUEUE_SECONDS = float(os.environ.get("ARENA_REPLY_QUEUE_SECONDS", "300"))
+# The load test turns this on for its workers: frames they publish carry "sent_at" (Unix time),
+# so that the voters can time the web tier. Off in production.
+ARENA_TRACE_FRAMES = env_bool("ARENA_TRACE_FRAMES", False)
 # Threads of the embedded mode's in-process worker: concurrent replies share each engine's batch.
 ARENA_IN_PROCESS_WORKERS = int(os.environ.get("ARENA_IN_PROCESS_WORKERS", "8"))
 ARENA_EVALUATION_QUEUE = os.environ.get("ARENA_EVALUATION_QUEUE", "evaluations")
@@ -223,6 +238,7 @@ LEADERBOARD_ELO_K = float(os.environ.get("LEADERBOARD_ELO_K", "32"))
 LEADERBOARD_ANOMALY_ALPHA = float(os.environ.get("LEADERBOARD_ANOMALY_ALPHA", "1e-4"))
 LEADERBOARD_ANOMALY_MIN_VOTES = int(os.environ.get("LEADERBOARD_ANOMALY_MIN_VOTES", "5"))
 CELERY_BEAT_SCHEDULE = {
+    "fail-stalled-replies": {"task": "votes.fail_stalled_replies", "schedule": 60.0, "options": {"queue": "default"}},
     "refresh-leaderboard": {"task": "leaderboard.refresh_if_due", "schedule": 60.0, "options": {"queue": "default"}},
     "nightly-dump": {
         "task": "votes.export_dump",

@@ -11,3 +11,5 @@ urlpatterns = [
     path("leaderboard/", include("leaderboard.urls")),
     path("", include("votes.urls")),
 ]
+
+handler500 = "arena_site.unavailable.server_error"

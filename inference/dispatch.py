@@ -35,20 +35,20 @@ async def enqueue_generations(jobs: Sequence["GenerationJob"]) -> None:
         return
     loop = asyncio.get_running_loop()
     for job in jobs:
-        _in_process_executor.submit(_generate_in_process, job.message_id, loop)
+        _in_process_executor.submit(_generate_in_process, job.message_id, job.attempt, loop)
 
 
 def _send_to_celery(jobs: Sequence["GenerationJob"]) -> None:
     for job in jobs:
-        celery_app.send_task(GENERATE_REPLY_TASK, args=[job.message_id], queue=job.queue)
+        celery_app.send_task(GENERATE_REPLY_TASK, args=[job.message_id, job.attempt], queue=job.queue)
 
 
-def _generate_in_process(message_id: int, loop: asyncio.AbstractEventLoop) -> None:
+def _generate_in_process(message_id: int, attempt: int, loop: asyncio.AbstractEventLoop) -> None:
     from inference import services
     from inference.publisher import ChannelLayerPublisher
 
     try:
-        services.run_generation(message_id, ChannelLayerPublisher(loop))
+        services.run_generation(message_id, ChannelLayerPublisher(loop), attempt)
     except Exception:  # The thread must survive one failed job; run_generation logs details.
         logger.exception("In-process generation of message %s failed", message_id)
     finally:

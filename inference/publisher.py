@@ -8,12 +8,16 @@ belong to it.
 """
 
 import asyncio
+import logging
 import threading
+import time
 from typing import Any, Protocol
 
 from channels.layers import get_channel_layer
+from django.conf import settings
 
-PUBLISH_TIMEOUT_SECONDS = 30
+PUBLISH_TIMEOUT_SECONDS = 5
+logger = logging.getLogger(__name__)
 
 
 class FramePublisher(Protocol):
@@ -21,6 +25,10 @@ class FramePublisher(Protocol):
 
 
 class ChannelLayerPublisher:
+    """Publishes frames; a frame that cannot be published (Redis restarting) is dropped and
+    logged, never fatal to the reply: the database has the text, and clients resync from it
+    (on reconnect, on a gap in the delta numbers, or when a reply is quiet for too long)."""
+
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.layer = get_channel_layer()
@@ -28,9 +36,16 @@ class ChannelLayerPublisher:
     def publish(self, group: str, frames: list[dict[str, Any]]) -> None:
         if not frames:
             return
+        if settings.ARENA_TRACE_FRAMES:  # For the load test: when each frame left the worker.
+            sent_at = time.time()
+            frames = [{**frame, "sent_at": sent_at} for frame in frames]
         message = {"type": "battle.frames", "frames": frames}
         future = asyncio.run_coroutine_threadsafe(self.layer.group_send(group, message), self.loop)
-        future.result(timeout=PUBLISH_TIMEOUT_SECONDS)
+        try:
+            future.result(timeout=PUBLISH_TIMEOUT_SECONDS)
+        except Exception as error:
+            future.cancel()
+            logger.warning("Frames for %s not published (%s: %s)", group, type(error).__name__, error)
 
 
 _background_loop: asyncio.AbstractEventLoop | None = None

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from django.conf import settings
+from django.db import DatabaseError, connections
 
 from inference.hosting import ModelSpec
 from inference.models import LLM, parse_mesh_shape
@@ -87,7 +88,8 @@ class DeltaBatcher:
         self.stop_requested = False
 
     def add(self, delta: str) -> None:
-        self.text += delta
+        # PostgreSQL text cannot hold NUL, which a model may well produce: shown as U+FFFD.
+        self.text += delta.replace("\x00", "\ufffd")
         now = self.clock()
         # The first text goes out as soon as the pace allows; later text in batches.
         if self.seq == 0 or now - self.last_flush >= self.interval:
@@ -127,16 +129,52 @@ class DeltaBatcher:
         return self.text[: self.shown]
 
 
-def run_generation(message_id: int, publisher: FramePublisher) -> None:
+class Heartbeat:
+    """Touches the reply's heartbeat from a thread while it is generated (model loading too), so
+    that a reply whose worker died is told apart from a slow one (fail_stalled_replies)."""
+
+    def __init__(self, message_id: int, interval_s: float) -> None:
+        self.message_id = message_id
+        self.interval_s = interval_s
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"heartbeat-{message_id}", daemon=True)
+
+    def __enter__(self) -> "Heartbeat":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        try:
+            while not self.stopped.wait(self.interval_s):
+                try:
+                    votes_services.touch_reply(self.message_id)
+                except DatabaseError:  # The database is away: the next beat tries again.
+                    logger.warning("Heartbeat of reply %s could not be saved", self.message_id)
+                    connections["default"].close_if_unusable_or_obsolete()
+        finally:
+            connections.close_all()  # This thread's own connection.
+
+
+def run_generation(message_id: int, publisher: FramePublisher, attempt: int | None = None) -> None:
     context = votes_selectors.generation_context(message_id)
-    previous_status = votes_services.claim_reply(message_id) if context else None
+    previous_status = votes_services.claim_reply(message_id, attempt) if context else None
     if context is None or previous_status is None:
         logger.info("Reply %s is gone, finished or stopped; nothing to generate", message_id)
         return
 
+    with Heartbeat(message_id, settings.ARENA_REPLY_HEARTBEAT_SECONDS):
+        _generate(context, previous_status, publisher)
+
+
+def _generate(context: votes_selectors.GenerationContext, previous_status: str, publisher: FramePublisher) -> None:
     from inference import chat_templates, hosting
     from inference.engine import SamplingParams
 
+    message_id = context.message_id
     group = votes_selectors.battle_group(context.battle_public_id)
     if previous_status == Message.Status.STREAMING:
         # Redelivered after a worker was lost: the reply starts over from nothing.
@@ -248,7 +286,7 @@ def _finish(
     text = batcher.published_text if status == Message.Status.STOPPED else batcher.text
     ttft_ms = int(ttft_s * 1000) if ttft_s is not None else None
     duration_ms = int((time.monotonic() - started) * 1000)
-    votes_services.finish_reply(
+    saved = votes_services.finish_reply(
         context.message_id,
         status=status,
         content=text,
@@ -257,7 +295,11 @@ def _finish(
         token_count=tokens,
         time_to_first_token_ms=ttft_ms,
         duration_ms=duration_ms,
+        error=error or "",
     )
+    if not saved:
+        logger.warning("Reply %s was failed as stalled before it finished; its end is dropped", context.message_id)
+        return
     frame = end_frame(
         context.side,
         context.turn,

@@ -102,3 +102,14 @@ def test_without_a_pace_text_goes_out_at_once(streaming_reply: Message) -> None:
     batcher.drain()
     assert [frame["text"] for frame in recorder.frames] == ["Sure", ", here it is."]
     assert time.now == 0.0  # Nothing waited.
+
+
+@pytest.mark.django_db
+def test_a_nul_character_from_the_model_is_saved_and_shown_as_a_replacement(streaming_reply: Message) -> None:
+    time, recorder = FakeTime(), Recorder()
+    batcher = batcher_for(streaming_reply, Pace(), time, recorder)
+    batcher.add("ab\x00c")  # PostgreSQL text refuses NUL: the reply would fail to save.
+    batcher.drain()
+    assert [frame["text"] for frame in recorder.frames] == ["ab\ufffdc"]
+    streaming_reply.refresh_from_db()
+    assert streaming_reply.content == "ab\ufffdc"

@@ -5,12 +5,15 @@ and generation is handed to inference.dispatch. docs/protocol.md describes the f
 """
 
 import json
+import logging
+from collections.abc import Sequence
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
 
 from inference.dispatch import enqueue_generations
 from votes import rate_limits, selectors, services
@@ -29,6 +32,15 @@ from votes.protocol import (
     error_frame,
     parse_client_frame,
 )
+from votes.services import FailedReply, GenerationJob
+
+logger = logging.getLogger(__name__)
+
+DATABASE_UNAVAILABLE = ArenaError(
+    "unavailable", "The arena's database is unavailable right now; nothing was saved. Try again in a minute."
+)
+# Close code for "try again later": the page reconnects with back-off and resyncs.
+TRY_AGAIN_LATER = 1013
 
 
 class BattleConsumer(AsyncWebsocketConsumer):
@@ -54,66 +66,83 @@ class BattleConsumer(AsyncWebsocketConsumer):
         public_id = self.scope["url_route"]["kwargs"].get("public_id")
         if public_id is None:
             return  # A new battle: it is created with the first prompt.
-        battle = await database_sync_to_async(selectors.battle_for_voter)(public_id=public_id, voter_key=self.voter_key)
+        try:
+            battle = await database_sync_to_async(selectors.battle_for_voter)(
+                public_id=public_id, voter_key=self.voter_key
+            )
+        except (OperationalError, InterfaceError):
+            logger.exception("Battle %s could not be loaded", public_id)
+            await self.send_error(DATABASE_UNAVAILABLE)
+            await self.close(code=TRY_AGAIN_LATER)
+            return
         if battle is None:
             await self.send_error(ArenaError("not_found", "No such battle; start a new one."))
             await self.close(code=4404)
             return
         await self.join(battle)
-        await self.send_state()
+        await self.resync()
 
     async def disconnect(self, code: int) -> None:
         if self.battle is not None and self.group:
             # A voter who leaves stops the replies still being generated for them.
-            await self.stop_replies(side=None)
+            try:
+                await self.stop_replies(side=None)
+            except (OperationalError, InterfaceError):
+                # Their workers finish them instead; nothing is lost.
+                logger.warning("Replies of battle %s not stopped: the database is unavailable", self.battle.public_id)
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:
-            frame = parse_client_frame(
-                text_data,
-                max_bytes=settings.ARENA_MAX_FRAME_BYTES,
-                max_prompt_chars=settings.ARENA_MAX_PROMPT_CHARS,
-            )
-            if isinstance(frame, StartFrame):
-                await self.handle_start(frame)
-            elif isinstance(frame, PromptFrame):
-                await self.handle_prompt(frame)
-            elif self.battle is None or self.group is None:
-                if not isinstance(frame, SyncFrame):
-                    raise ArenaError("not_ready", "Send a prompt first: there is no battle yet.")
-                await self.send_state()
-            elif isinstance(frame, VoteFrame):
-                await self.count("vote")
-                vote = await database_sync_to_async(services.cast_vote)(
-                    battle=self.battle, choice=frame.choice, stage=frame.stage
-                )
-                await self.publish(
-                    {"type": "voted", "stage": vote.stage, "choice": vote.choice, "after_turn": vote.after_turn}
-                )
-            elif isinstance(frame, RateFrame):
-                await self.count("vote")
-                reply = await database_sync_to_async(services.rate_reply)(
-                    battle=self.battle, side=frame.side, turn=frame.turn, rating=frame.rating
-                )
-                await self.publish({"type": "rated", "side": reply.side, "turn": reply.turn, "rating": frame.rating})
-            elif isinstance(frame, RegenerateFrame):
-                await self.count("message")
-                regenerated = await database_sync_to_async(services.regenerate_reply)(
-                    battle=self.battle, side=frame.side
-                )
-                await self.publish({"type": "regenerating", "side": regenerated.side, "turn": regenerated.turn})
-                await enqueue_generations([regenerated.job])
-            elif isinstance(frame, EndFrame):
-                await database_sync_to_async(services.end_battle)(battle=self.battle)
-                state = await database_sync_to_async(self._load_state)()
-                await self.publish({"type": "revealed", **{k: v for k, v in state.items() if k != "type"}})
-            elif isinstance(frame, StopFrame):
-                await self.stop_replies(side=frame.side)
-            elif isinstance(frame, SyncFrame):
-                await self.send_state()
+            await self.handle_frame(text_data)
         except ArenaError as error:
             await self.send_error(error)
+        except (OperationalError, InterfaceError):
+            # Every write is one transaction: whatever this frame asked for was not saved.
+            logger.exception("A frame of battle %s failed: the database is unavailable", self.battle)
+            await self.send_error(DATABASE_UNAVAILABLE)
+
+    async def handle_frame(self, text_data: str | None) -> None:
+        frame = parse_client_frame(
+            text_data,
+            max_bytes=settings.ARENA_MAX_FRAME_BYTES,
+            max_prompt_chars=settings.ARENA_MAX_PROMPT_CHARS,
+        )
+        if isinstance(frame, StartFrame):
+            await self.handle_start(frame)
+        elif isinstance(frame, PromptFrame):
+            await self.handle_prompt(frame)
+        elif self.battle is None or self.group is None:
+            if not isinstance(frame, SyncFrame):
+                raise ArenaError("not_ready", "Send a prompt first: there is no battle yet.")
+            await self.send_state()
+        elif isinstance(frame, VoteFrame):
+            await self.count("vote")
+            vote = await database_sync_to_async(services.cast_vote)(
+                battle=self.battle, choice=frame.choice, stage=frame.stage
+            )
+            await self.publish(
+                {"type": "voted", "stage": vote.stage, "choice": vote.choice, "after_turn": vote.after_turn}
+            )
+        elif isinstance(frame, RateFrame):
+            await self.count("vote")
+            reply = await database_sync_to_async(services.rate_reply)(
+                battle=self.battle, side=frame.side, turn=frame.turn, rating=frame.rating
+            )
+            await self.publish({"type": "rated", "side": reply.side, "turn": reply.turn, "rating": frame.rating})
+        elif isinstance(frame, RegenerateFrame):
+            await self.count("message")
+            regenerated = await database_sync_to_async(services.regenerate_reply)(battle=self.battle, side=frame.side)
+            await self.publish({"type": "regenerating", "side": regenerated.side, "turn": regenerated.turn})
+            await self.enqueue([regenerated.job])
+        elif isinstance(frame, EndFrame):
+            await database_sync_to_async(services.end_battle)(battle=self.battle)
+            state = await database_sync_to_async(self._load_state)()
+            await self.publish({"type": "revealed", **{k: v for k, v in state.items() if k != "type"}})
+        elif isinstance(frame, StopFrame):
+            await self.stop_replies(side=frame.side)
+        elif isinstance(frame, SyncFrame):
+            await self.resync()
 
     async def handle_start(self, frame: StartFrame) -> None:
         if self.battle is not None:
@@ -144,7 +173,28 @@ class BattleConsumer(AsyncWebsocketConsumer):
         )
         sides = [submitted.side] if submitted.side else ["a", "b"]
         await self.publish({"type": "prompt", "turn": submitted.turn, "text": submitted.text, "sides": sides})
-        await enqueue_generations(submitted.jobs)
+        await self.enqueue(submitted.jobs)
+
+    async def enqueue(self, jobs: Sequence[GenerationJob]) -> None:
+        """Hand the jobs to the workers; if the broker can't take them, fail the replies at once
+        (the voter can retry) rather than leave them waiting for a worker that will never come."""
+        try:
+            await enqueue_generations(jobs)
+        except Exception:
+            logger.exception("Generation jobs of battle %s could not be queued", self.battle)
+            failed = await database_sync_to_async(services.fail_unqueued_replies)([job.message_id for job in jobs])
+            for reply in failed:  # To this connection: the channel layer may be down too.
+                await self.send_json(reply.end_frame())
+
+    async def resync(self) -> None:
+        """The full state from the database, after failing any reply whose worker is gone."""
+        assert self.battle is not None
+        failed: list[FailedReply] = await database_sync_to_async(services.fail_stalled_replies)(battle=self.battle)
+        if failed:
+            await self.channel_layer.group_send(
+                self.group, {"type": "battle.frames", "frames": [reply.end_frame() for reply in failed]}
+            )
+        await self.send_state()
 
     async def count(self, action: str) -> None:
         """Count an action against this voter's and this address's budgets (votes.rate_limits)."""

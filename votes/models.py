@@ -192,6 +192,13 @@ class Message(models.Model):
         default=False, help_text="The voter stopped this reply or left; the worker stops at its next flush."
     )
     stop_reason = models.CharField(max_length=10, blank=True, help_text="stop, length, cancelled or error.")
+    error = models.CharField(max_length=200, blank=True, help_text="What the voter was told when the reply failed.")
+    heartbeat = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the reply last showed progress: queued, claimed by a worker, or that worker's heartbeat. "
+        "An unfinished reply silent for too long is failed (votes.services.fail_stalled_replies).",
+    )
     seed = models.PositiveIntegerField(null=True, blank=True, help_text="Sampling seed, for reproducibility.")
     script_turn = models.PositiveIntegerField(
         null=True,

@@ -117,6 +117,8 @@ def reply_state(message: Message, *, reveal: bool) -> dict[str, Any]:
             else {}
         ),
     }
+    if message.status == Message.Status.FAILED:
+        state["error"] = message.error or "This reply could not be generated."
     if reveal:
         state["check"] = (
             {"verdict": message.check_verdict, "reason": message.check_reason} if message.check_verdict else None

@@ -6,30 +6,59 @@ import logging
 import random
 import secrets
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Max
+from django.db.models import Max, Q
 from django.utils import timezone
 
 from votes import pairing, selectors
 from votes.checkers import CheckerConfigError
 from votes.leaks import find_identity_leak
 from votes.models import Battle, Message, Rating, ResearcherKey, Side, Task, TaskTurn, Vote
-from votes.protocol import ArenaError
+from votes.protocol import ArenaError, end_frame
 
 SIDES = (Side.A, Side.B)
 logger = logging.getLogger(__name__)
 
 
+# What the voter reads when a reply's worker was lost (votes.services.fail_stalled_replies).
+WORKER_LOST = "The model server stopped while writing this reply. Retry it, or vote."
+NOT_PICKED_UP = "No model server took this reply in time. Retry it, or vote."
+NOT_QUEUED = "The model servers can't be reached right now. Retry this reply in a moment, or vote."
+
+
 @dataclass(frozen=True)
 class GenerationJob:
-    """One reply to generate: which message row to fill and which model queue to send it to."""
+    """One reply to generate: which message row to fill and which model queue to send it to.
+
+    ``attempt`` is the reply's regeneration count when the job was queued: a job redelivered
+    after the reply was retried (a lost worker's, restored by the broker) finds nothing to do.
+    """
 
     message_id: int
     queue: str
+    attempt: int = 0
+
+
+@dataclass(frozen=True)
+class FailedReply:
+    """A reply failed here, for the caller to announce with an end frame."""
+
+    battle_public_id: str
+    side: str
+    turn: int
+    seq: int
+    text: str
+    error: str
+
+    def end_frame(self) -> dict[str, Any]:
+        return end_frame(
+            self.side, self.turn, seq=self.seq, status=Message.Status.FAILED, text=self.text, error=self.error
+        )
 
 
 @dataclass(frozen=True)
@@ -118,6 +147,7 @@ def _new_reply(battle: Battle, side: str, turn: int, script_turn: int | None) ->
         status=Message.Status.PENDING,
         seed=secrets.randbelow(2**31),
         script_turn=script_turn,
+        heartbeat=timezone.now(),
     )
     return GenerationJob(message_id=reply.pk, queue=battle.model_on(side).queue)
 
@@ -172,12 +202,14 @@ def regenerate_reply(*, battle: Battle, side: str) -> RegeneratedReply:
     reply.delta_count = 0
     reply.stop_requested = False
     reply.stop_reason = ""
+    reply.error = ""
+    reply.heartbeat = timezone.now()
     reply.seed = secrets.randbelow(2**31)
     reply.token_count = reply.time_to_first_token_ms = reply.duration_ms = None
     reply.rating = reply.check_verdict = reply.check_reason = reply.identity_leak = ""
     reply.regenerations += 1
     reply.save()
-    job = GenerationJob(message_id=reply.pk, queue=battle.model_on(side).queue)
+    job = GenerationJob(message_id=reply.pk, queue=battle.model_on(side).queue, attempt=reply.regenerations)
     return RegeneratedReply(side=side, turn=reply.turn, job=job)
 
 
@@ -296,35 +328,102 @@ def request_stop(*, battle: Battle, side: str | None = None) -> list[StoppedRepl
 # --- Replies, written by the generation worker ----------------------------------------------------
 
 
-def claim_reply(message_id: int) -> str | None:
+def claim_reply(message_id: int, attempt: int | None = None) -> str | None:
     """Claim a reply for generation. Returns its previous status ("pending", or "streaming" for
     a job redelivered after a worker was lost: it starts over), or None if there is nothing to
-    do (finished, stopped by the voter, or gone)."""
+    do (finished, failed, stopped by the voter, gone, or retried since this job was queued)."""
     with transaction.atomic():
-        reply = (
+        replies = (
             Message.objects.select_for_update()
             .filter(pk=message_id, role=Message.Role.ASSISTANT, stop_requested=False)
             .filter(status__in=[Message.Status.PENDING, Message.Status.STREAMING])
-            .first()
         )
+        if attempt is not None:
+            replies = replies.filter(regenerations=attempt)
+        reply = replies.first()
         if reply is None:
             return None
         previous = reply.status
-        Message.objects.filter(pk=message_id).update(status=Message.Status.STREAMING, content="", delta_count=0)
+        Message.objects.filter(pk=message_id).update(
+            status=Message.Status.STREAMING, content="", delta_count=0, heartbeat=timezone.now()
+        )
     return previous
 
 
 def save_partial_reply(message_id: int, *, content: str, delta_count: int) -> bool:
     """Persist the text streamed so far before its deltas are published, so reconnects resume.
 
-    Returns False when the voter has asked to stop this reply: the worker should cancel it.
+    Returns False when the voter has asked to stop this reply (the worker should cancel it), or
+    when it is no longer being generated (failed as stalled meanwhile).
     """
     return (
         Message.objects.filter(pk=message_id, status=Message.Status.STREAMING, stop_requested=False).update(
-            content=content, delta_count=delta_count
+            content=content, delta_count=delta_count, heartbeat=timezone.now()
         )
         == 1
     )
+
+
+def touch_reply(message_id: int) -> bool:
+    """A generating worker's heartbeat (it also covers model loading and waiting for a slot).
+    False once the reply is no longer being generated: it was stopped or failed as stalled."""
+    return (
+        Message.objects.filter(pk=message_id, status=Message.Status.STREAMING, stop_requested=False).update(
+            heartbeat=timezone.now()
+        )
+        == 1
+    )
+
+
+def fail_unqueued_replies(message_ids: list[int]) -> list[FailedReply]:
+    """Fail the pending replies whose jobs the broker refused (it is down): retried by the voter."""
+    with transaction.atomic():
+        replies = Message.objects.select_for_update(of=("self",)).filter(
+            pk__in=message_ids, status=Message.Status.PENDING
+        )
+        return [_fail(reply, NOT_QUEUED) for reply in replies.select_related("battle")]
+
+
+def _fail(reply: Message, error: str) -> FailedReply:
+    reply.error = error
+    reply.status = Message.Status.FAILED
+    reply.stop_reason = "error"
+    reply.save(update_fields=["status", "stop_reason", "error"])
+    logger.warning("Reply %s/%s turn %s failed: %s", reply.battle.public_id, reply.side, reply.turn, error)
+    return FailedReply(
+        battle_public_id=reply.battle.public_id,
+        side=reply.side,
+        turn=reply.turn,
+        seq=reply.delta_count,
+        text=reply.content,
+        error=error,
+    )
+
+
+def fail_stalled_replies(*, battle: Battle | None = None) -> list[FailedReply]:
+    """Fail the unfinished replies whose worker is gone, so that no voter waits forever.
+
+    A reply being generated whose heartbeat is older than ``ARENA_REPLY_STALL_SECONDS`` lost its
+    worker (killed, or cut off from the database); a pending one no worker took within
+    ``ARENA_REPLY_QUEUE_SECONDS`` has no worker (none running, or the queue was lost with a
+    Redis restart). Each is failed with a clear error the voter can retry from; the text shown so
+    far is kept. If the lost job is delivered again later, it finds nothing to claim.
+    """
+    now = timezone.now()
+    stall_limit = now - timedelta(seconds=settings.ARENA_REPLY_STALL_SECONDS)
+    queue_limit = now - timedelta(seconds=settings.ARENA_REPLY_QUEUE_SECONDS)
+    stalled = Q(status=Message.Status.STREAMING, heartbeat__lt=stall_limit)
+    unclaimed = Q(status=Message.Status.PENDING, heartbeat__lt=queue_limit)
+    with transaction.atomic():
+        replies = Message.objects.select_for_update(skip_locked=True, of=("self",)).filter(
+            stalled | unclaimed, role=Message.Role.ASSISTANT
+        )
+        if battle is not None:
+            replies = replies.filter(battle=battle)
+        return [
+            _fail(reply, WORKER_LOST if reply.status == Message.Status.STREAMING else NOT_PICKED_UP)
+            for reply in replies.select_related("battle")
+        ]
 
 
 def finish_reply(
@@ -337,10 +436,16 @@ def finish_reply(
     token_count: int,
     time_to_first_token_ms: int | None,
     duration_ms: int,
-) -> None:
-    """Save a reply's final state, its automatic check (task battles) and any identity leak."""
+    error: str = "",
+) -> bool:
+    """Save a reply's final state, its automatic check (task battles) and any identity leak.
+
+    Returns False, saving nothing, when the reply was failed as stalled meanwhile (its worker
+    was cut off for longer than ``ARENA_REPLY_STALL_SECONDS``): the voter has been told already.
+    """
     with transaction.atomic():
-        Message.objects.filter(pk=message_id).update(
+        updated = Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(
+            error=error,
             status=status,
             content=content,
             delta_count=delta_count,
@@ -349,8 +454,11 @@ def finish_reply(
             time_to_first_token_ms=time_to_first_token_ms,
             duration_ms=duration_ms,
         )
+        if not updated:
+            return False
         reply = Message.objects.select_related("battle__task", "battle__model_a", "battle__model_b").get(pk=message_id)
         review_reply(reply)
+    return True
 
 
 def review_reply(reply: Message) -> None:

@@ -22,3 +22,15 @@ def export_dump() -> None:
     from votes.dumps import export_dump as write_dump
 
     write_dump(Path(settings.ARENA_DUMP_DIR))
+
+
+@shared_task(name="votes.fail_stalled_replies", ignore_result=True)
+def fail_stalled_replies() -> None:
+    """Every minute (beat): fail the replies whose worker is gone, and tell their voters."""
+    from inference.publisher import ChannelLayerPublisher, background_loop
+    from votes import services
+    from votes.selectors import battle_group
+
+    publisher = ChannelLayerPublisher(background_loop())
+    for reply in services.fail_stalled_replies():
+        publisher.publish(battle_group(reply.battle_public_id), [reply.end_frame()])

@@ -11,6 +11,8 @@
     ["garbage", "🔥", "garbage"],
   ];
   const FINISHED = ["done", "stopped", "failed"];
+  // A reply quiet for this long is checked against the database (its worker may be gone).
+  const QUIET_RESYNC_MS = 10000;
 
   const root = document.getElementById("arena");
   const form = document.getElementById("prompt-form");
@@ -42,6 +44,7 @@
   let ended = false;
   let task = null;
   let scriptedSent = { a: 0, b: 0 };
+  let lastFrameAt = Date.now();
 
   function setStatus(text, isError) {
     statusLine.textContent = text;
@@ -56,7 +59,10 @@
   function connect() {
     socket = new WebSocket(socketUrl());
     socket.addEventListener("open", function () { retryDelay = 500; setStatus(""); });
-    socket.addEventListener("message", function (event) { handle(JSON.parse(event.data)); });
+    socket.addEventListener("message", function (event) {
+      lastFrameAt = Date.now();
+      handle(JSON.parse(event.data));
+    });
     socket.addEventListener("close", function (event) {
       if (event.code >= 4400) { return; }  // refused for good (no session, unknown battle)
       setStatus("Connection lost; reconnecting…", true);
@@ -89,7 +95,7 @@
     const view = addMessage(side, "assistant", reply.text || "");
     const entry = {
       element: view.element, textNode: view.textNode, seq: reply.seq || 0, status: reply.status,
-      rating: reply.rating || null, turn: turn, side: side, ratingBar: null, stats: null,
+      rating: reply.rating || null, turn: turn, side: side, ratingBar: null, stats: null, retry: null,
     };
     replies[turn + ":" + side] = entry;
     lastTurnOf[side] = Math.max(lastTurnOf[side], turn);
@@ -112,6 +118,7 @@
     const s = frame.stats || {};
     if (frame.status === "failed") {
       stats.textContent = frame.error || "This reply failed.";
+      stats.setAttribute("role", "alert");
     } else {
       stats.textContent = [
         frame.status === "stopped" ? "stopped" : "",
@@ -122,7 +129,19 @@
     }
     entry.element.appendChild(stats);
     entry.stats = stats;
-    if (frame.status !== "failed") { addRatingBar(entry); }
+    if (frame.status === "failed") { addRetryButton(entry); } else { addRatingBar(entry); }
+  }
+
+  function addRetryButton(entry) {
+    if (entry.retry) { entry.retry.remove(); }
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "retry";
+    button.textContent = "Retry";
+    button.title = "Generate this reply again";
+    button.addEventListener("click", function () { send({ type: "regenerate", side: entry.side }); });
+    entry.element.appendChild(button);
+    entry.retry = button;
   }
 
   function addRatingBar(entry) {
@@ -192,11 +211,14 @@
     sendOneButtons.forEach(function (button) { button.disabled = !mayPrompt || !started; });
     input.disabled = ended;
     stopButton.hidden = ended || !waiting;
+    // Only a side's latest reply can be retried.
+    Object.keys(replies).forEach(function (key) { if (replies[key].retry) { replies[key].retry.hidden = true; } });
     SIDES.forEach(function (side) {
       const last = replies[lastTurnOf[side] + ":" + side];
       document.querySelector('.stop-side[data-side="' + side + '"]').hidden = !last || isFinished(last);
       const regenerate = document.querySelector('.regenerate[data-side="' + side + '"]');
       regenerate.disabled = ended || !last || !isFinished(last) || waiting;
+      if (last && last.retry) { last.retry.hidden = regenerate.disabled; }
     });
     startPanel.hidden = Boolean(battleId) || started;
     taskPanel.hidden = !task;
@@ -323,7 +345,7 @@
           entry.seq = 0;
           entry.status = "pending";
           entry.rating = null;
-          ["ratingBar", "stats"].forEach(function (name) {
+          ["ratingBar", "stats", "retry"].forEach(function (name) {
             if (entry[name]) { entry[name].remove(); entry[name] = null; }
           });
         }
@@ -379,6 +401,14 @@
     const button = event.target.closest("button[data-task]");
     if (button) { send({ type: "start", task: button.dataset.task }); }
   });
+
+  // A worker lost mid-reply, or frames lost while Redis restarted: a busy page that hears
+  // nothing for a while asks for the state (the server fails replies whose worker is gone).
+  setInterval(function () {
+    if (busy() && Date.now() - lastFrameAt > QUIET_RESYNC_MS && send({ type: "sync" })) {
+      lastFrameAt = Date.now();
+    }
+  }, 1000);
 
   refreshControls();
   connect();

@@ -1,0 +1,306 @@
+"""A real browser (Debian's chromium, driven by Playwright) against a real stack: daphne and a
+Celery worker on loopback. A voter plays a whole battle; the leaderboard and the admin task
+editor open; the controls are reachable by keyboard; the page works at phone width.
+
+Screenshots go to ARENA_TEST_ARTIFACTS (default var/test-artifacts/browser/).
+"""
+
+import asyncio
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connection
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from arena_site.stack import Stack, database_url
+from inference.models import LLM
+from tests.conftest import BATTLE_PRESETS, PRESETS_DIR
+from votes.loadtest import run_voters
+from votes.models import Battle, Message, Task, Vote
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHROMIUM = os.environ.get("ARENA_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = Path(os.environ.get("ARENA_TEST_ARTIFACTS", settings.BASE_DIR / "var" / "test-artifacts")) / "browser"
+PHONE = {"width": 390, "height": 844}
+QUEUE_PREFIX = f"browser-{uuid.uuid4().hex[:8]}"
+
+
+def create_models() -> list[LLM]:
+    return [
+        LLM.objects.update_or_create(
+            name=name,
+            defaults={
+                "family": "gemma" if "gemma" in name else "llama3",
+                "preset": str(PRESETS_DIR / name),
+                "queue": f"{QUEUE_PREFIX}.{name}",
+                "max_new_tokens": 24,
+            },
+        )[0]
+        for name in BATTLE_PRESETS
+    ]
+
+
+@pytest.fixture(scope="module")
+def live_url(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """daphne and an inference worker of their own, on the test database and Redis, warmed up
+    by one battle over a websocket (the models load at their first reply), so that both sides
+    of the tests' battles stream at once."""
+    stack = Stack(
+        database_url=database_url(connection.settings_dict),
+        redis_url=settings.REDIS_URL,
+        log_dir=tmp_path_factory.mktemp("browser-stack"),
+        # A slow pace, so that both panes are seen streaming.
+        env={"ARENA_STREAM_CHARS_PER_S": "12", "ARENA_STREAM_FIRST_TEXT_SECONDS": "0.2"},
+    )
+    try:
+        stack.start_worker("browser-worker", [f"{QUEUE_PREFIX}.{name}" for name in BATTLE_PRESETS])
+        _, url = stack.start_web()
+        with django_db_blocker.unblock():
+            create_models()  # removed by the first test's flush
+        (warm_up,), _ = asyncio.run(run_voters(url, 1))
+        assert warm_up.finished, warm_up.errors
+        yield url
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+def models(db: None) -> list[LLM]:
+    return create_models()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium); scripts/test does.")
+    # Playwright's sync API keeps an event loop in this thread, which Django takes for async
+    # code; the tests' own queries are plain synchronous ones.
+    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "1")
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    opened = context.new_page()
+    errors: list[str] = []
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    yield opened
+    context.close()
+    assert errors == [], f"JavaScript errors: {errors}"
+
+
+def shot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def reply(page: Page, side: str, index: int = -1) -> Any:
+    return page.locator(f"#log-{side} .msg.assistant").nth(index)
+
+
+def wait_finished(page: Page, side: str, count: int) -> None:
+    """The side's count-th reply is finished: a finished reply gets its rating buttons."""
+    expect(page.locator(f"#log-{side} .msg.assistant .ratings")).to_have_count(count, timeout=120_000)
+
+
+# Marks a side as streamed once its pane shows text while that side's reply is unfinished (its
+# Stop button is shown only then).
+WATCH_STREAMING = """() => {
+  window.streamed = {a: false, b: false};
+  new MutationObserver(() => {
+    for (const side of ['a', 'b']) {
+      const text = document.querySelector('#log-' + side + ' .msg.assistant .text');
+      const stop = document.querySelector('.stop-side[data-side="' + side + '"]');
+      if (text && text.textContent.length > 0 && !stop.hidden) { window.streamed[side] = true; }
+    }
+  }).observe(document.getElementById('arena'), {subtree: true, childList: true, characterData: true, attributes: true});
+}"""
+
+
+def test_a_voter_plays_a_whole_battle(live_url: str, models: list[LLM], page: Page) -> None:
+    page.goto(live_url + "/")
+    expect(page.locator("#send")).to_be_enabled()
+    shot(page, "01-arena")
+    page.evaluate(WATCH_STREAMING)
+    page.fill("#prompt", "Add a meeting with Fred on Nov 11 at 5PM")
+    page.keyboard.press("Enter")
+
+    # Both panes stream: each shows part of its reply while the reply is still being written.
+    page.wait_for_function("() => window.streamed.a && window.streamed.b", timeout=120_000)
+    shot(page, "02-streaming")
+    wait_finished(page, "a", 1)
+    wait_finished(page, "b", 1)
+    assert page.url.startswith(live_url + "/battle/")
+    public_id = page.url.rstrip("/").rsplit("/", 1)[1]
+
+    reply(page, "a").get_by_title("Rate this reply: correct").click()
+    reply(page, "b").get_by_title("Rate this reply: a mistake").click()
+    expect(reply(page, "b").locator("button.chosen")).to_have_text("🍄")
+    page.get_by_role("button", name="A is better").click()
+    expect(page.locator("#vote-stage")).to_contain_text("Correct a side")
+
+    # A correction to side B only: A stays paused with its single turn.
+    text_a = reply(page, "a").locator(".text").text_content()
+    page.fill("#prompt", "It is at 6PM, not 5PM.")
+    page.get_by_role("button", name="Only to B").click()
+    wait_finished(page, "b", 2)
+    expect(page.locator("#log-a .msg.user")).to_have_count(1)
+    expect(page.locator("#log-b .msg.user")).to_have_count(2)
+    assert reply(page, "a").locator(".text").text_content() == text_a
+    reply(page, "b").get_by_title("Rate this reply: fixed after a correction").click()
+    expect(reply(page, "b").locator("button.chosen")).to_have_text("🥦")
+    shot(page, "03-corrected")
+
+    page.get_by_role("button", name="B is better").click()
+    expect(page.locator("#vote-stage")).to_contain_text("End the battle")
+    page.get_by_role("button", name="End battle and reveal").click()
+    names = {m.name for m in models}
+    for side in "ab":
+        heading = page.locator(f'.pane[data-side="{side}"] h2')
+        expect(heading).to_contain_text(f"Model {side.upper()}: ")
+        assert heading.text_content().split(": ", 1)[1] in names
+    shot(page, "04-revealed")
+
+    battle = Battle.objects.get(public_id=public_id)
+    assert battle.state == Battle.State.ENDED
+    assert dict(Vote.objects.filter(battle=battle).values_list("stage", "choice")) == {
+        "first_try": "a",
+        "after_fix": "b",
+    }
+    ratings = dict(Message.objects.filter(battle=battle, role="assistant", side="b").values_list("turn", "rating"))
+    assert ratings == {0: "mistake", 1: "fixed"}
+    assert Message.objects.get(battle=battle, side="a", turn=0, role="assistant").rating == "correct"
+    assert not Message.objects.filter(battle=battle, side="a", turn=1).exists()
+
+
+FOCUSED = "() => { const e = document.activeElement; return e.title || e.textContent.trim() || e.id; }"
+
+
+def focus_order(page: Page, presses: int = 40) -> list[str]:
+    """What Tab reaches, in order: each focused element's title, text or id."""
+    reached = []
+    for _ in range(presses):
+        page.keyboard.press("Tab")
+        reached.append(page.evaluate(FOCUSED))
+    return reached
+
+
+def test_controls_are_reachable_and_usable_by_keyboard(live_url: str, models: list[LLM], page: Page) -> None:
+    page.goto(live_url + "/")
+    expect(page.locator("#send")).to_be_enabled()
+    page.focus("#prompt")
+    page.keyboard.type("Add a meeting with Fred on Nov 11 at 5PM")
+    page.keyboard.press("Enter")
+    wait_finished(page, "a", 1)
+    wait_finished(page, "b", 1)
+
+    reached = focus_order(page)
+    for control in [
+        "prompt",
+        "A is better",
+        "Tie",
+        "Both are bad",
+        "Rate this reply: correct",
+        "Rate this reply: a mistake",
+        "Rate this reply: garbage",
+        "Regenerate",
+        "Leaderboard",
+    ]:
+        assert control in reached, f"{control!r} is not reachable with Tab: {reached}"
+
+    # Rating and voting with the keyboard alone: Tab to the control, press Enter or Space.
+    tab_to(page, "Rate this reply: a mistake")
+    page.keyboard.press("Space")
+    expect(page.locator("button.chosen")).to_have_count(1)
+    tab_to(page, "Tie")
+    page.keyboard.press("Enter")
+    expect(page.locator("#vote-stage")).to_contain_text("Correct a side")
+    assert Vote.objects.get().choice == "tie"
+    assert Message.objects.filter(rating="mistake").count() == 1
+
+    # Now a correction can be sent to one side, from the keyboard too.
+    reached = focus_order(page)
+    for control in ["Send to both", "Only to A", "Only to B", "End battle and reveal"]:
+        assert control in reached, f"{control!r} is not reachable with Tab: {reached}"
+    page.focus("#prompt")
+    page.keyboard.type("It is at 6PM, not 5PM.")
+    tab_to(page, "Only to A")
+    page.keyboard.press("Enter")
+    wait_finished(page, "a", 2)
+    expect(page.locator("#log-b .msg.user")).to_have_count(1)
+    shot(page, "05-keyboard")
+
+
+def tab_to(page: Page, control: str, presses: int = 80) -> None:
+    for _ in range(presses):
+        page.keyboard.press("Tab")
+        if page.evaluate(FOCUSED) == control:
+            return
+    raise AssertionError(f"{control!r} is not reachable with Tab")
+
+
+def test_the_arena_works_at_phone_width(live_url: str, models: list[LLM], browser: Browser) -> None:
+    context = browser.new_context(viewport=PHONE, is_mobile=True, has_touch=True)
+    page = context.new_page()
+    try:
+        page.goto(live_url + "/")
+        page.fill("#prompt", "Add a meeting with Fred on Nov 11 at 5PM")
+        page.locator("#send").tap()
+        wait_finished(page, "a", 1)
+        wait_finished(page, "b", 1)
+        # Nothing wider than the screen; the panes stack, both visible in turn.
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= PHONE["width"]
+        box_a = page.locator('.pane[data-side="a"]').bounding_box()
+        box_b = page.locator('.pane[data-side="b"]').bounding_box()
+        assert box_a and box_b and box_b["y"] >= box_a["y"] + box_a["height"]
+        assert box_a["width"] <= PHONE["width"]
+        page.get_by_role("button", name="Both are bad").tap()
+        expect(page.locator("#vote-stage")).to_contain_text("Correct a side")
+        shot(page, "06-phone")
+        page.goto(live_url + "/leaderboard/")
+        expect(page.get_by_role("heading", name="Leaderboard")).to_be_visible()
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= PHONE["width"]
+        shot(page, "07-phone-leaderboard")
+    finally:
+        context.close()
+
+
+def test_the_leaderboard_opens(live_url: str, models: list[LLM], page: Page) -> None:
+    page.goto(live_url + "/leaderboard/")
+    expect(page.get_by_role("heading", name="Leaderboard", exact=True)).to_be_visible()
+    shot(page, "08-leaderboard")
+
+
+def test_an_admin_edits_a_task(live_url: str, models: list[LLM], page: Page) -> None:
+    get_user_model().objects.create_superuser("admin", "admin@example.com", "a-long-test-password")
+    page.goto(live_url + "/admin/votes/task/add/")
+    expect(page).to_have_url(f"{live_url}/admin/login/?next=/admin/votes/task/add/")  # behind login
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "a-long-test-password")
+    page.get_by_role("button", name="Log in").click()
+
+    page.locator("#id_title").press_sequentially("Book a room")
+    expect(page.locator("#id_slug")).to_have_value("book-a-room")  # filled in from the title
+    page.fill("#id_system_prompt", "You book meeting rooms.")
+    page.locator("#turns-group .add-row a").click()  # "Add another …" under the turns
+    page.fill("#id_turns-0-position", "0")
+    page.fill("#id_turns-0-prompt", "Book room 4 at noon.")
+    page.fill("#id_turns-0-expected_output", "book_room(room=4, time='12:00')")
+    shot(page, "09-admin-task-editor")
+    page.get_by_role("button", name="Save", exact=True).click()
+    expect(page.locator(".messagelist")).to_contain_text("was added successfully")
+
+    task = Task.objects.get(slug="book-a-room")
+    assert task.system_prompt == "You book meeting rooms."
+    assert list(task.turns.values_list("position", "prompt")) == [(0, "Book room 4 at noon.")]
