@@ -6,6 +6,7 @@ killing or restarting those processes is how the tests make parts fail.
 """
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -44,13 +45,13 @@ def database_url(settings_dict: dict[str, Any]) -> str:
     return f"postgres://{credentials}{host}:{port}/{settings_dict['NAME']}"
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: a SIGKILL when the process that started it dies, so that an
-    interrupted test run leaves no server holding the test database (Linux only)."""
-    if sys.platform == "linux":
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+def _die_with_parent(args: list[str]) -> list[str]:
+    """The command, made to get SIGKILL when the process that started it dies (util-linux's
+    setpriv, where there is one), so that an interrupted test run leaves no server holding the
+    test database. Not a preexec_fn: Python code between fork and exec can deadlock beside
+    JAX's threads."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--", *args] if setpriv else args
 
 
 def _port_open(port: int) -> bool:
@@ -115,13 +116,12 @@ class Stack:
         log = self.log_dir / f"{name}.log"
         with log.open("ab") as out:
             process = subprocess.Popen(
-                args,
+                _die_with_parent(args),
                 cwd=settings.BASE_DIR,
                 env=self.child_env(),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group, killed as one
-                preexec_fn=_die_with_parent,
             )
         child = Child(name=name, process=process, log=log)
         self.children.append(child)
@@ -185,13 +185,12 @@ class RedisServer:
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
-            [
+            _die_with_parent([
                 "redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
                 "--appendonly", "no", "--dir", str(self.log_dir),
                 "--logfile", str(self.log_dir / f"redis-{self.port}.log"),
-            ],
+            ]),
             start_new_session=True,
-            preexec_fn=_die_with_parent,
         )  # fmt: skip
         deadline = time.monotonic() + 10
         while not _port_open(self.port):

@@ -13,8 +13,8 @@ from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
 
+from arena_site import unavailable
 from inference.dispatch import enqueue_generations
 from votes import rate_limits, selectors, services
 from votes.models import Battle
@@ -36,9 +36,7 @@ from votes.services import FailedReply, GenerationJob
 
 logger = logging.getLogger(__name__)
 
-DATABASE_UNAVAILABLE = ArenaError(
-    "unavailable", "The arena's database is unavailable right now; nothing was saved. Try again in a minute."
-)
+DATABASE_UNAVAILABLE = ArenaError("unavailable", unavailable.MESSAGE)
 # Close code for "try again later": the page reconnects with back-off and resyncs.
 TRY_AGAIN_LATER = 1013
 
@@ -70,24 +68,23 @@ class BattleConsumer(AsyncWebsocketConsumer):
             battle = await database_sync_to_async(selectors.battle_for_voter)(
                 public_id=public_id, voter_key=self.voter_key
             )
-        except (OperationalError, InterfaceError):
+            if battle is None:
+                await self.send_error(ArenaError("not_found", "No such battle; start a new one."))
+                await self.close(code=4404)
+                return
+            await self.join(battle)
+            await self.resync()
+        except unavailable.OUTAGES:
             logger.exception("Battle %s could not be loaded", public_id)
             await self.send_error(DATABASE_UNAVAILABLE)
             await self.close(code=TRY_AGAIN_LATER)
-            return
-        if battle is None:
-            await self.send_error(ArenaError("not_found", "No such battle; start a new one."))
-            await self.close(code=4404)
-            return
-        await self.join(battle)
-        await self.resync()
 
     async def disconnect(self, code: int) -> None:
         if self.battle is not None and self.group:
             # A voter who leaves stops the replies still being generated for them.
             try:
                 await self.stop_replies(side=None)
-            except (OperationalError, InterfaceError):
+            except unavailable.OUTAGES:
                 # Their workers finish them instead; nothing is lost.
                 logger.warning("Replies of battle %s not stopped: the database is unavailable", self.battle.public_id)
             await self.channel_layer.group_discard(self.group, self.channel_name)
@@ -97,7 +94,7 @@ class BattleConsumer(AsyncWebsocketConsumer):
             await self.handle_frame(text_data)
         except ArenaError as error:
             await self.send_error(error)
-        except (OperationalError, InterfaceError):
+        except unavailable.OUTAGES:
             # Every write is one transaction: whatever this frame asked for was not saved.
             logger.exception("A frame of battle %s failed: the database is unavailable", self.battle)
             await self.send_error(DATABASE_UNAVAILABLE)
