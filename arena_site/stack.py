@@ -19,7 +19,7 @@ from urllib.parse import quote
 
 from django.conf import settings
 
-READY_TIMEOUT_SECONDS = 120.0
+READY_TIMEOUT_SECONDS = 900.0  # an inference host compiling every shape takes minutes
 POLL_SECONDS = 0.1
 
 
@@ -127,20 +127,27 @@ class Stack:
         self.children.append(child)
         return child
 
-    def start_worker(self, name: str, queues: list[str], concurrency: int = 8) -> Child:
+    def start_worker(
+        self, name: str, queues: list[str], concurrency: int = 8, cpus: str | None = None, warm_up: bool = False
+    ) -> Child:
         """A Celery worker with a thread pool, as on an inference host; returns once it is ready.
 
-        It loads each model at its first reply (run_inference_host would compile every shape
-        first, which takes longer than the tests' whole battles)."""
-        child = self.spawn(
-            name,
-            [
+        Without ``warm_up`` it loads each model at its first reply; with it, it is started as
+        production's inference hosts are (manage.py run_inference_host: every shape compiled
+        before the worker takes jobs, which takes minutes). ``cpus`` pins it to those cores
+        (taskset), as if it ran on a host of its own."""
+        pin = ["taskset", "--cpu-list", cpus] if cpus else []
+        if warm_up:
+            command = [sys.executable, "manage.py", "run_inference_host", "--queues", ",".join(queues)]
+            command += ["--concurrency", str(concurrency)]
+        else:
+            command = [
                 sys.executable, "-m", "celery", "-A", "arena_site", "worker",
                 "--pool", "threads", "--concurrency", str(concurrency),
                 "--queues", ",".join(queues), "--hostname", f"{name}@%h",
                 "--without-gossip", "--without-mingle", "--loglevel", "INFO",
-            ],
-        )  # fmt: skip
+            ]  # fmt: skip
+        child = self.spawn(name, [*pin, *command])
         self._wait(child, lambda: " ready." in child.log.read_text(errors="replace"))
         return child
 

@@ -25,9 +25,11 @@ class FramePublisher(Protocol):
 
 
 class ChannelLayerPublisher:
-    """Publishes frames; a frame that cannot be published (Redis restarting) is dropped and
-    logged, never fatal to the reply: the database has the text, and clients resync from it
-    (on reconnect, on a gap in the delta numbers, or when a reply is quiet for too long)."""
+    """Publishes frames, in order: each publish waits until the channel layer has them (a slow
+    Redis slows the reply down rather than piling frames up). A frame that cannot be published
+    (Redis restarting) is dropped and logged, never fatal to the reply: the database has the
+    text, and clients resync from it (on reconnect, on a gap in the delta numbers, or when a
+    reply is quiet for too long)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -36,7 +38,7 @@ class ChannelLayerPublisher:
     def publish(self, group: str, frames: list[dict[str, Any]]) -> None:
         if not frames:
             return
-        if settings.ARENA_TRACE_FRAMES:  # For the load test: when each frame left the worker.
+        if settings.ARENA_TRACE_FRAMES:  # For the load test: when the worker published the frames.
             sent_at = time.time()
             frames = [{**frame, "sent_at": sent_at} for frame in frames]
         message = {"type": "battle.frames", "frames": frames}

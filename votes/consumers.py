@@ -6,6 +6,7 @@ and generation is handed to inference.dispatch. docs/protocol.md describes the f
 
 import json
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -230,6 +231,8 @@ class BattleConsumer(AsyncWebsocketConsumer):
     async def battle_frames(self, event: dict[str, Any]) -> None:
         """Frames published to the battle's group (by workers or other connections)."""
         for frame in event["frames"]:
+            if "sent_at" in frame:  # A traced frame (ARENA_TRACE_FRAMES): when the web tier relayed it.
+                frame = {**frame, "relayed_at": time.time()}
             await self.send_json(frame)
 
     async def send_error(self, error: ArenaError) -> None:

@@ -41,6 +41,10 @@ class ReplyRecord:
 class VoterResult:
     replies: dict[tuple[int, str], ReplyRecord] = field(default_factory=dict)
     latencies_s: list[float] = field(default_factory=list)
+    # The two parts of each latency: Redis channel layer (published to relayed by daphne), and
+    # daphne to this voter (relayed to received).
+    layer_latencies_s: list[float] = field(default_factory=list)
+    socket_latencies_s: list[float] = field(default_factory=list)
     order_violations: int = 0
     votes: int = 0
     errors: list[str] = field(default_factory=list)
@@ -128,6 +132,9 @@ class Voter:
         frame = json.loads(raw)
         if "sent_at" in frame:
             self.result.latencies_s.append(arrived - frame["sent_at"])
+            if "relayed_at" in frame:
+                self.result.layer_latencies_s.append(frame["relayed_at"] - frame["sent_at"])
+                self.result.socket_latencies_s.append(arrived - frame["relayed_at"])
         if frame["type"] == "error":
             raise RuntimeError(f"error frame {frame['code']}: {frame['message']}")
         if frame["type"] == "delta":
@@ -170,6 +177,10 @@ class Report:
     latency_p50_ms: float
     latency_p99_ms: float
     latency_max_ms: float
+    layer_p50_ms: float
+    layer_p99_ms: float
+    socket_p50_ms: float
+    socket_p99_ms: float
     frames_timed: int
     votes: int
     duration_s: float
@@ -196,6 +207,8 @@ def summarize(results: list[VoterResult], duration_s: float, count_tokens: Calla
     (``count_tokens(model_name, text)``): those of the text the voter received in deltas, and
     those of the reply as the worker saved it."""
     latencies = [latency for result in results for latency in result.latencies_s]
+    layer = [latency for result in results for latency in result.layer_latencies_s]
+    socket = [latency for result in results for latency in result.socket_latencies_s]
     delivered = produced = not_as_saved = replies = 0
     for result in results:
         for record in result.replies.values():
@@ -215,6 +228,10 @@ def summarize(results: list[VoterResult], duration_s: float, count_tokens: Calla
         latency_p50_ms=percentile(latencies, 50) * 1000,
         latency_p99_ms=percentile(latencies, 99) * 1000,
         latency_max_ms=max(latencies, default=float("nan")) * 1000,
+        layer_p50_ms=percentile(layer, 50) * 1000,
+        layer_p99_ms=percentile(layer, 99) * 1000,
+        socket_p50_ms=percentile(socket, 50) * 1000,
+        socket_p99_ms=percentile(socket, 99) * 1000,
         frames_timed=len(latencies),
         votes=sum(result.votes for result in results),
         duration_s=duration_s,

@@ -27,6 +27,18 @@ class Command(BaseCommand):
         parser.add_argument("--battles", type=int, default=100, help="Concurrent voters, one battle each.")
         parser.add_argument("--worker-threads", type=int, default=32, help="The Celery worker's thread pool.")
         parser.add_argument("--engine-slots", type=int, help="ARENA_ENGINE_SLOTS for the worker (decode batch).")
+        parser.add_argument(
+            "--worker-cpus",
+            help="Pin the inference worker to these cores (taskset list, e.g. 0), as if on a host of its own.",
+        )
+        parser.add_argument(
+            "--warm-up",
+            choices=["battle", "host"],
+            default="battle",
+            help="battle: one unmeasured battle loads the models (shapes first met under load still "
+            "compile during the run); host: start the worker as production's inference hosts start, "
+            "every shape compiled first (minutes).",
+        )
         parser.add_argument("--seed", type=int, default=0, help="Seeds the voters' choices.")
         parser.add_argument("--json", type=Path, help="Also write the report to this file.")
         parser.add_argument("--log-dir", type=Path, help="Where the children's logs go (default: a temp folder).")
@@ -60,9 +72,21 @@ class Command(BaseCommand):
         )
         self.stderr.write(f"Starting daphne and a worker for {', '.join(queues)} (logs in {log_dir})")
         try:
-            stack.start_worker("loadtest-worker", queues, concurrency=options["worker_threads"])
+            stack.start_worker(
+                "loadtest-worker",
+                queues,
+                concurrency=options["worker_threads"],
+                cpus=options["worker_cpus"],
+                warm_up=options["warm_up"] == "host",
+            )
             _, url = stack.start_web()
-            self.stderr.write(f"{battles} voters on {url}")
+            # One battle first, not measured: the models' first replies (loading them, without a
+            # warmed-up host) would otherwise weigh on the measured run's latencies.
+            self.stderr.write(f"Warm-up battle on {url}")
+            (warm_up,), _ = asyncio.run(run_voters(url, 1, seed=-1))
+            if not warm_up.finished:
+                raise CommandError(f"The warm-up battle failed: {warm_up.errors}")
+            self.stderr.write(f"{battles} voters")
             results, duration_s = asyncio.run(run_voters(url, battles, seed=options["seed"]))
         except StackError as error:
             raise CommandError(str(error)) from error
@@ -102,6 +126,8 @@ def format_report(report: Report) -> str:
             f"order violations             {report.order_violations}",
             f"web-tier added latency       p50 {report.latency_p50_ms:.1f} ms, p99 {report.latency_p99_ms:.1f} ms,"
             f" max {report.latency_max_ms:.1f} ms over {report.frames_timed} frames",
+            f"  of which Redis channel layer p50 {report.layer_p50_ms:.1f} ms, p99 {report.layer_p99_ms:.1f} ms;"
+            f" daphne to voter p50 {report.socket_p50_ms:.1f} ms, p99 {report.socket_p99_ms:.1f} ms",
             f"votes                        {report.votes} in {report.duration_s:.1f} s"
             f" = {report.votes_per_s:.2f} votes/s",
             f"errors                       {len(report.errors)}",
