@@ -161,6 +161,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 
 # --- Arena ---------------------------------------------------------------------------------------
+# Threads per web process for the battle sockets' queries (votes.consumers.query_threads).
+ARENA_WEB_QUERY_THREADS = int(os.environ.get("ARENA_WEB_QUERY_THREADS", "16"))
 ARENA_MAX_PROMPT_CHARS = int(os.environ.get("ARENA_MAX_PROMPT_CHARS", "2000"))
 ARENA_MAX_FRAME_BYTES = int(os.environ.get("ARENA_MAX_FRAME_BYTES", "16384"))
 ARENA_MAX_TURNS = int(os.environ.get("ARENA_MAX_TURNS", "12"))

@@ -1,6 +1,7 @@
 """Shared fixtures: the real PostgreSQL and Redis of this machine, a real Celery worker, voters."""
 
 import json
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from django.db import connection, connections
 from arena_site.asgi import application
 from arena_site.celery import app as celery_app
 from inference.models import LLM
+from votes import consumers
 
 PRESETS_DIR = Path(settings.BASE_DIR) / "tests" / "fixtures" / "presets"
 # Tiny random-weight presets the websocket tests battle with (fast, and their replies run to
@@ -172,3 +174,19 @@ async def connect_battle(voter_session: SessionStore) -> AsyncIterator[Any]:
             await communicator.disconnect()
     # Threads of database_sync_to_async keep connections open; the test DB can't be dropped then.
     await sync_to_async(connections.close_all)()
+    await sync_to_async(close_query_thread_connections)()
+
+
+def close_query_thread_connections() -> None:
+    """Close the connections of every thread of the sockets' query pool: as many tasks as it has
+    threads, each holding its thread at a barrier until all have closed theirs."""
+    pool = consumers.query_threads
+    size = pool._max_workers
+    barrier = threading.Barrier(size)
+
+    def close() -> None:
+        connections.close_all()
+        barrier.wait(timeout=10)
+
+    for future in [pool.submit(close) for _ in range(size)]:
+        future.result(timeout=15)

@@ -3,6 +3,7 @@ nothing half-written. The outage is real: the connection goes to a port where no
 or the server ends the session in the middle of a transaction."""
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import psycopg
@@ -14,7 +15,7 @@ from django.utils.html import escape
 
 from arena_site.stack import free_port
 from arena_site.unavailable import MESSAGE
-from votes import services
+from votes import consumers, services
 from votes.consumers import DATABASE_UNAVAILABLE, TRY_AGAIN_LATER
 from votes.models import Battle, Message, Vote
 
@@ -45,8 +46,9 @@ def database_down(*, close: bool = True) -> Iterator[None]:
 
 
 async def close_consumer_connections() -> None:
-    """Close the connections of the thread the consumers' database calls run in."""
-    await database_sync_to_async(connections.close_all)()
+    """The sockets' queries get a fresh pool, whose threads open new connections (the old
+    threads' open connections would still reach the real server)."""
+    consumers.query_threads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="arena-query-test")
 
 
 def test_pages_and_api_answer_503_with_a_clear_message(demo_llms) -> None:
