@@ -8,9 +8,7 @@ import asyncio
 import contextlib
 import json
 import time
-import urllib.request
 import uuid
-from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from channels.db import database_sync_to_async
 from django.db import connection
 
 from arena_site.stack import RedisServer, Stack, database_url
+from votes.loadtest import session_cookie
 from votes.models import Battle, Message
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,14 +39,7 @@ class ReconnectingPage:
         self.frames: list[dict[str, Any]] = []
 
     async def open(self) -> None:
-        def session_cookie() -> str:
-            with urllib.request.urlopen(self.base_url + "/", timeout=30) as response:
-                cookie = SimpleCookie()
-                for header in response.headers.get_all("Set-Cookie") or []:
-                    cookie.load(header)
-            return "; ".join(f"{name}={morsel.value}" for name, morsel in cookie.items())
-
-        self.cookie = await asyncio.to_thread(session_cookie)
+        self.cookie = await asyncio.to_thread(session_cookie, self.base_url)
         await self.connect()
 
     async def connect(self) -> None:

@@ -52,6 +52,15 @@ class VoterResult:
     finished: bool = False
 
 
+def session_cookie(base_url: str) -> str:
+    """GET the arena page, as a browser does first (it creates the session): the Cookie header."""
+    with urllib.request.urlopen(base_url.rstrip("/") + "/", timeout=60) as response:
+        cookie = SimpleCookie()
+        for header in response.headers.get_all("Set-Cookie") or []:
+            cookie.load(header)
+    return "; ".join(f"{name}={morsel.value}" for name, morsel in cookie.items())
+
+
 class Voter:
     def __init__(self, base_url: str, index: int, rng: random.Random) -> None:
         self.base_url = base_url.rstrip("/")
@@ -60,17 +69,9 @@ class Voter:
         self.result = VoterResult()
         self.socket: Any = None
 
-    def _session_cookie(self) -> str:
-        """GET the arena page, as a browser does first: it creates the session."""
-        with urllib.request.urlopen(self.base_url + "/", timeout=60) as response:
-            cookie = SimpleCookie()
-            for header in response.headers.get_all("Set-Cookie") or []:
-                cookie.load(header)
-        return "; ".join(f"{name}={morsel.value}" for name, morsel in cookie.items())
-
     async def play(self) -> VoterResult:
         try:
-            cookie = await asyncio.to_thread(self._session_cookie)
+            cookie = await asyncio.to_thread(session_cookie, self.base_url)
             ws_url = self.base_url.replace("http", "ws", 1) + "/ws/battle/"
             headers = {"Cookie": cookie, "Origin": self.base_url}
             async with websockets.connect(ws_url, additional_headers=headers, max_size=2**22) as socket:
