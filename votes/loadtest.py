@@ -24,7 +24,7 @@ import websockets
 
 PROMPT = "Add a meeting with Fred on Nov 11 at 5PM."
 CORRECTION = "That is wrong: the meeting is at 6PM, not 5PM."
-FRAME_TIMEOUT_S = 300.0
+FRAME_TIMEOUT_S = 120.0
 
 
 @dataclass
@@ -40,11 +40,16 @@ class ReplyRecord:
 @dataclass
 class VoterResult:
     replies: dict[tuple[int, str], ReplyRecord] = field(default_factory=dict)
+    # The web tier's added latency of each frame: from leaving the worker (read by its frame
+    # relay) to arriving here; and its two parts, the Redis channel layer (to daphne's relaying
+    # it) and daphne to this voter.
     latencies_s: list[float] = field(default_factory=list)
-    # The two parts of each latency: Redis channel layer (published to relayed by daphne), and
-    # daphne to this voter (relayed to received).
     layer_latencies_s: list[float] = field(default_factory=list)
     socket_latencies_s: list[float] = field(default_factory=list)
+    # Before that, the worker's hand-off: from its publish call to its relay reading the frame;
+    # and the whole way, publish call to arrival.
+    handoff_latencies_s: list[float] = field(default_factory=list)
+    end_to_end_latencies_s: list[float] = field(default_factory=list)
     order_violations: int = 0
     votes: int = 0
     errors: list[str] = field(default_factory=list)
@@ -68,6 +73,10 @@ class Voter:
         self.rng = rng
         self.result = VoterResult()
         self.socket: Any = None
+        # What the voter is doing, its battle and the last frame it got: a timeout names them.
+        self.step = "connecting"
+        self.battle_id: str | None = None
+        self.last_frame = "none"
 
     async def play(self) -> VoterResult:
         try:
@@ -78,20 +87,30 @@ class Voter:
                 self.socket = socket
                 await self.battle()
             self.result.finished = True
+        except TimeoutError:
+            self.result.errors.append(
+                f"voter {self.index}: no frame for {FRAME_TIMEOUT_S:.0f} s while {self.step} "
+                f"(battle {self.battle_id}, last frame {self.last_frame})"
+            )
         except Exception as error:  # Reported, never raised: one voter's failure is a finding.
-            self.result.errors.append(f"voter {self.index}: {type(error).__name__}: {error}")
+            self.result.errors.append(f"voter {self.index}: {type(error).__name__}: {error} (while {self.step})")
         return self.result
 
     async def battle(self) -> None:
+        self.step = "sending the prompt"
         await self.send({"type": "prompt", "text": PROMPT})
         await self.read_until(lambda f: f["type"] == "prompt")
         await self.read_replies(turn=0, sides={"a", "b"})
+        self.step = "voting after turn 0"
         await self.vote()
         side = self.rng.choice("ab")
+        self.step = f"correcting side {side}"
         await self.send({"type": "prompt", "text": CORRECTION, "side": side})
         await self.read_until(lambda f: f["type"] == "prompt")
         await self.read_replies(turn=1, sides={side})
+        self.step = "voting after turn 1"
         await self.vote()
+        self.step = "ending the battle"
         await self.send({"type": "end"})
         revealed = (await self.read_until(lambda f: f["type"] == "revealed"))[-1]
         self.result.models = dict(revealed.get("models") or {})
@@ -114,6 +133,7 @@ class Voter:
             self.result.replies[(turn, side)] = ReplyRecord(side=side, turn=turn)
         ended: set[str] = set()
         while ended != sides:
+            self.step = f"reading turn {turn} replies (ended: {', '.join(sorted(ended)) or 'none'})"
             frame = await self.read()
             if frame["type"] == "end" and frame["turn"] == turn:
                 self.result.replies[(turn, frame["side"])].status = frame["status"]
@@ -131,10 +151,17 @@ class Voter:
         raw = await asyncio.wait_for(self.socket.recv(), FRAME_TIMEOUT_S)
         arrived = time.time()
         frame = json.loads(raw)
+        self.last_frame = " ".join(f"{key}={frame[key]}" for key in ("type", "side", "turn", "seq") if key in frame)
+        if frame["type"] == "battle":
+            self.battle_id = frame["battle"]
         if "sent_at" in frame:
-            self.result.latencies_s.append(arrived - frame["sent_at"])
+            # A worker without a relay (embedded mode) hands frames over in its publish call.
+            left_worker_at = frame.get("left_worker_at", frame["sent_at"])
+            self.result.end_to_end_latencies_s.append(arrived - frame["sent_at"])
+            self.result.handoff_latencies_s.append(left_worker_at - frame["sent_at"])
+            self.result.latencies_s.append(arrived - left_worker_at)
             if "relayed_at" in frame:
-                self.result.layer_latencies_s.append(frame["relayed_at"] - frame["sent_at"])
+                self.result.layer_latencies_s.append(frame["relayed_at"] - left_worker_at)
                 self.result.socket_latencies_s.append(arrived - frame["relayed_at"])
         if frame["type"] == "error":
             raise RuntimeError(f"error frame {frame['code']}: {frame['message']}")
@@ -182,6 +209,10 @@ class Report:
     layer_p99_ms: float
     socket_p50_ms: float
     socket_p99_ms: float
+    handoff_p50_ms: float
+    handoff_p99_ms: float
+    end_to_end_p50_ms: float
+    end_to_end_p99_ms: float
     frames_timed: int
     votes: int
     duration_s: float
@@ -210,6 +241,8 @@ def summarize(results: list[VoterResult], duration_s: float, count_tokens: Calla
     latencies = [latency for result in results for latency in result.latencies_s]
     layer = [latency for result in results for latency in result.layer_latencies_s]
     socket = [latency for result in results for latency in result.socket_latencies_s]
+    handoff = [latency for result in results for latency in result.handoff_latencies_s]
+    end_to_end = [latency for result in results for latency in result.end_to_end_latencies_s]
     delivered = produced = not_as_saved = replies = 0
     for result in results:
         for record in result.replies.values():
@@ -233,6 +266,10 @@ def summarize(results: list[VoterResult], duration_s: float, count_tokens: Calla
         layer_p99_ms=percentile(layer, 99) * 1000,
         socket_p50_ms=percentile(socket, 50) * 1000,
         socket_p99_ms=percentile(socket, 99) * 1000,
+        handoff_p50_ms=percentile(handoff, 50) * 1000,
+        handoff_p99_ms=percentile(handoff, 99) * 1000,
+        end_to_end_p50_ms=percentile(end_to_end, 50) * 1000,
+        end_to_end_p99_ms=percentile(end_to_end, 99) * 1000,
         frames_timed=len(latencies),
         votes=sum(result.votes for result in results),
         duration_s=duration_s,

@@ -27,10 +27,10 @@ def export_dump() -> None:
 @shared_task(name="votes.fail_stalled_replies", ignore_result=True)
 def fail_stalled_replies() -> None:
     """Every minute (beat): fail the replies whose worker is gone, and tell their voters."""
-    from inference.publisher import ChannelLayerPublisher, background_loop
+    from inference.relay import frame_relay
     from votes import services
     from votes.selectors import battle_group
 
-    publisher = ChannelLayerPublisher(background_loop())
+    publisher = frame_relay()
     for reply in services.fail_stalled_replies():
         publisher.publish(battle_group(reply.battle_public_id), [reply.end_frame()])

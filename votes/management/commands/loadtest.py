@@ -32,6 +32,13 @@ class Command(BaseCommand):
             help="Pin the inference worker to these cores (taskset list, e.g. 0), as if on a host of its own.",
         )
         parser.add_argument(
+            "--worker-nice",
+            type=int,
+            default=19,
+            help="ARENA_WORKER_NICE for the worker: it shares the cores with the web tier here, which "
+            "a production inference host does not (0: same priority).",
+        )
+        parser.add_argument(
             "--warm-up",
             choices=["battle", "host"],
             default="battle",
@@ -60,6 +67,7 @@ class Command(BaseCommand):
             # Every voter comes from 127.0.0.1: the per-address budgets are off for the run (the
             # per-session ones stay, each voter having a session of its own).
             "ARENA_RATE_LIMITS": "battle=30/0/3600,message=20/0/60,vote=60/0/60",
+            "ARENA_WORKER_NICE": str(options["worker_nice"]),
         }
         if options["engine_slots"]:
             env["ARENA_ENGINE_SLOTS"] = str(options["engine_slots"])
@@ -128,6 +136,8 @@ def format_report(report: Report) -> str:
             f" max {report.latency_max_ms:.1f} ms over {report.frames_timed} frames",
             f"  of which Redis channel layer p50 {report.layer_p50_ms:.1f} ms, p99 {report.layer_p99_ms:.1f} ms;"
             f" daphne to voter p50 {report.socket_p50_ms:.1f} ms, p99 {report.socket_p99_ms:.1f} ms",
+            f"worker hand-off (not web tier) p50 {report.handoff_p50_ms:.1f} ms, p99 {report.handoff_p99_ms:.1f} ms;"
+            f" publish to voter p50 {report.end_to_end_p50_ms:.1f} ms, p99 {report.end_to_end_p99_ms:.1f} ms",
             f"votes                        {report.votes} in {report.duration_s:.1f} s"
             f" = {report.votes_per_s:.2f} votes/s",
             f"errors                       {len(report.errors)}",
