@@ -7,7 +7,8 @@ the load test measured such sends at p50 40 / p99 423 ms. The relay is a small c
 with a GIL of its own that does nothing but `group_send`: generation threads write each frame
 to its stdin as one JSON line (a blocking pipe write, which releases the GIL) and go on.
 
-Frames of one group are sent in the order they were written; different groups go concurrently.
+Frames of one group are sent in the order they were written, those that queue up behind a
+send together in the next; different groups go concurrently.
 A full pipe blocks the writer, so a slow Redis still slows the replies down rather than piling
 frames up. A frame the channel layer refuses (Redis restarting) is dropped and logged, as with
 the in-process publisher: the database has the text and clients resync from it. The relay exits
@@ -36,9 +37,9 @@ logger = logging.getLogger(__name__)
 
 # A frame carries at most a reply's text; far above any reply the models may write.
 MAX_LINE_BYTES = 16 * 1024 * 1024
-# Sends in flight at once; beyond them the relay stops reading, its pipe fills up and the
+# Frames read and not sent yet; beyond them the relay stops reading, its pipe fills up and the
 # generation threads wait (a slow Redis slows replies down instead of piling frames up).
-MAX_SENDS_IN_FLIGHT = 256
+MAX_BACKLOG = 1000
 
 
 class FrameRelay:
@@ -121,44 +122,52 @@ def frame_relay() -> FrameRelay:
 
 
 class RelayServer:
-    """The relay process's side: reads JSON lines, sends each group's frames in order."""
+    """The relay process's side: reads JSON lines and sends each group's frames in order, one
+    send at a time per group. Frames that arrive for a group while its send is under way go
+    out together in its next one (one message, several frames), so a busy moment costs fewer
+    sends, here and in the web processes that receive them."""
 
     def __init__(self, layer: Any) -> None:
         self.layer = layer
-        self.tails: dict[str, asyncio.Task[None]] = {}  # Each group's last send.
-        self.in_flight = asyncio.Semaphore(MAX_SENDS_IN_FLIGHT)
+        self.waiting: dict[str, list[dict[str, Any]]] = {}  # Each group's frames not sent yet.
+        self.senders: dict[str, asyncio.Task[None]] = {}  # Each group's sending task, if any.
+        self.backlog = 0  # Frames read and not sent yet, over every group.
+        self.drained = asyncio.Event()
 
     async def serve(self, reader: asyncio.StreamReader) -> None:
         while line := await reader.readline():
             try:
                 item = json.loads(line)
-                group, frames = item["group"], item["frames"]
+                group, frames = item["group"], list(item["frames"])
             except (ValueError, KeyError, TypeError) as error:
                 logger.error("Frame relay: unreadable line skipped (%s)", error)
                 continue
             if frames and "sent_at" in frames[0]:  # Traced by the worker (ARENA_TRACE_FRAMES).
                 left_worker_at = time.time()
                 frames = [{**frame, "left_worker_at": left_worker_at} for frame in frames]
-            await self.in_flight.acquire()
-            task = asyncio.create_task(self._send(group, frames, self.tails.get(group)))
-            self.tails[group] = task
-            task.add_done_callback(lambda done, group=group: self._done(group, done))
-        if self.tails:
-            await asyncio.gather(*self.tails.values())
+            self.waiting.setdefault(group, []).extend(frames)
+            self.backlog += len(frames)
+            if group not in self.senders:
+                self.senders[group] = asyncio.create_task(self._send_waiting(group))
+            while self.backlog >= MAX_BACKLOG:
+                self.drained.clear()
+                await self.drained.wait()
+        if self.senders:
+            await asyncio.gather(*self.senders.values())
 
-    async def _send(self, group: str, frames: list[dict[str, Any]], previous: asyncio.Task[None] | None) -> None:
-        if previous is not None:
-            await asyncio.wait([previous])  # Order within the group; its outcome does not matter.
+    async def _send_waiting(self, group: str) -> None:
         try:
-            async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
-                await self.layer.group_send(group, {"type": "battle.frames", "frames": frames})
-        except Exception as error:
-            logger.warning("Frames for %s not published (%s: %s)", group, type(error).__name__, error)
-
-    def _done(self, group: str, task: asyncio.Task[None]) -> None:
-        self.in_flight.release()
-        if self.tails.get(group) is task:
-            del self.tails[group]
+            while frames := self.waiting.pop(group, None):
+                try:
+                    async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
+                        await self.layer.group_send(group, {"type": "battle.frames", "frames": frames})
+                except Exception as error:
+                    logger.warning("Frames for %s not published (%s: %s)", group, type(error).__name__, error)
+                self.backlog -= len(frames)
+                if self.backlog < MAX_BACKLOG:
+                    self.drained.set()
+        finally:
+            del self.senders[group]
 
 
 async def _serve_stdin() -> None:

@@ -3,6 +3,7 @@ process of its own, in order per group, and a relay that dies is replaced; the w
 priority can be lowered while the relay keeps the normal one."""
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from inference.relay import FrameRelay
+from inference.relay import FrameRelay, RelayServer
 
 ROOT = settings.BASE_DIR
 
@@ -110,3 +111,43 @@ done.set(); thread.join(); child.stdin.close(); child.wait()
     assert niceness == f"[{min(base + 5, 19)}]"
     assert int(late_thread) == min(base + 5, 19)  # threads started later inherit it
     assert int(child) == base  # the relay, started before, keeps its priority
+
+
+class HeldLayer:
+    """A channel layer whose sends to one group wait until the test lets them go."""
+
+    def __init__(self, held_group: str) -> None:
+        self.held_group = held_group
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+        self.sent: list[tuple[str, list[int]]] = []
+
+    async def group_send(self, group: str, message: dict) -> None:
+        if group == self.held_group:
+            self.holding.set()
+            await self.release.wait()
+        self.sent.append((group, [frame["seq"] for frame in message["frames"]]))
+
+
+def frame_line(group: str, seq: int) -> bytes:
+    return json.dumps({"group": group, "frames": [{"type": "delta", "seq": seq}]}).encode() + b"\n"
+
+
+async def test_frames_queued_behind_a_send_go_out_together_in_order() -> None:
+    layer = HeldLayer(held_group="battle.slow")
+    reader = asyncio.StreamReader()
+    serving = asyncio.create_task(RelayServer(layer).serve(reader))
+    reader.feed_data(frame_line("battle.slow", 0))
+    await asyncio.wait_for(layer.holding.wait(), timeout=10)
+    for seq in range(1, 5):  # while frame 0 is being sent
+        reader.feed_data(frame_line("battle.slow", seq))
+    reader.feed_data(frame_line("battle.fast", 0))
+    while ("battle.fast", [0]) not in layer.sent:  # another group is not held up behind it
+        await asyncio.sleep(0)
+    assert all(group == "battle.fast" for group, _ in layer.sent)
+
+    layer.release.set()
+    reader.feed_eof()
+    await asyncio.wait_for(serving, timeout=10)
+
+    assert [seqs for group, seqs in layer.sent if group == "battle.slow"] == [[0], [1, 2, 3, 4]]
