@@ -193,7 +193,8 @@ MAX_PAGE = 10_000
 
 class VoteFilters(Schema):
     format: Literal["jsonl", "csv"] = "jsonl"
-    category: str = Field("overall", pattern=r"^(overall|first_try|fixing|task:.+)$")
+    # No NUL in a task category: PostgreSQL text cannot hold one (422 here, not a 500 from the query).
+    category: str = Field("overall", pattern=r"^(overall|first_try|fixing|task:[^\x00]+)$")
     include_excluded: bool = False
     # Strings with the date-time format, parsed here: pydantic would also take numbers.
     since: str | None = Field(None, json_schema_extra={"format": "date-time"}, description="Battles ended at or after.")

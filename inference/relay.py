@@ -7,12 +7,12 @@ the load test measured such sends at p50 40 / p99 423 ms. The relay is a small c
 with a GIL of its own that does nothing but `group_send`: generation threads write each frame
 to its stdin as one JSON line (a blocking pipe write, which releases the GIL) and go on.
 
-Frames of one group are sent in the order they were written, those that queue up behind a
-send together in the next; different groups go concurrently.
-A full pipe blocks the writer, so a slow Redis still slows the replies down rather than piling
-frames up. A frame the channel layer refuses (Redis restarting) is dropped and logged, as with
-the in-process publisher: the database has the text and clients resync from it. The relay exits
-when its stdin closes, that is when the worker that started it exits or dies.
+Frames of one group are sent in the order they were written (those that queue up behind a
+send go together in the next one); different groups go concurrently. A full pipe blocks the
+writer, so a slow Redis still slows the replies down rather than piling frames up. A frame the
+channel layer refuses (Redis restarting) is dropped and logged, as with the in-process
+publisher: the database has the text and clients resync from it. The relay exits when its
+stdin closes, that is when the worker that started it exits or dies.
 
 Run as ``python -m inference.relay`` with the worker's environment (it reads Django's settings
 for the channel layer).

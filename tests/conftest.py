@@ -65,17 +65,20 @@ def run_id() -> str:
     return uuid.uuid4().hex[:8]
 
 
+def battle_llm_fields(preset: str, queue: str) -> dict[str, Any]:
+    """A roster entry for one of the tests' tiny presets, served from ``queue``."""
+    return {
+        "family": "gemma" if "gemma" in preset else "llama3",
+        "preset": str(PRESETS_DIR / preset),
+        "queue": queue,
+        "max_new_tokens": 24,
+    }
+
+
 @pytest.fixture
 def demo_llms(db: None, run_id: str) -> list[LLM]:
     return [
-        LLM.objects.create(
-            name=name,
-            family="gemma" if "gemma" in name else "llama3",
-            preset=str(PRESETS_DIR / name),
-            queue=f"test-{run_id}.{name}",
-            max_new_tokens=24,
-        )
-        for name in BATTLE_PRESETS
+        LLM.objects.create(name=name, **battle_llm_fields(name, f"test-{run_id}.{name}")) for name in BATTLE_PRESETS
     ]
 
 

@@ -1,14 +1,17 @@
 """A real browser (Debian's chromium, driven by Playwright) against a real stack: daphne and a
-Celery worker on loopback. A voter plays a whole battle; the leaderboard and the admin task
-editor open; the controls are reachable by keyboard; the page works at phone width.
+Celery worker on loopback. A voter plays a whole battle; a reply no server takes fails clearly
+and is retried; the leaderboard and the admin task editor open; the controls are reachable by
+keyboard; the page works at phone width.
 
 Screenshots go to ARENA_TEST_ARTIFACTS (default var/test-artifacts/browser/).
 """
 
 import asyncio
 import os
+import re
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +19,15 @@ import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.utils import timezone
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from arena_site.stack import Stack, database_url
 from inference.models import LLM
-from tests.conftest import BATTLE_PRESETS, PRESETS_DIR
+from tests.conftest import BATTLE_PRESETS, battle_llm_fields
 from votes.loadtest import run_voters
 from votes.models import Battle, Message, Task, Vote
+from votes.services import NOT_PICKED_UP
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,15 +39,7 @@ QUEUE_PREFIX = f"browser-{uuid.uuid4().hex[:8]}"
 
 def create_models() -> list[LLM]:
     return [
-        LLM.objects.update_or_create(
-            name=name,
-            defaults={
-                "family": "gemma" if "gemma" in name else "llama3",
-                "preset": str(PRESETS_DIR / name),
-                "queue": f"{QUEUE_PREFIX}.{name}",
-                "max_new_tokens": 24,
-            },
-        )[0]
+        LLM.objects.update_or_create(name=name, defaults=battle_llm_fields(name, f"{QUEUE_PREFIX}.{name}"))[0]
         for name in BATTLE_PRESETS
     ]
 
@@ -182,6 +179,42 @@ def test_a_voter_plays_a_whole_battle(live_url: str, models: list[LLM], page: Pa
     assert ratings == {0: "mistake", 1: "fixed"}
     assert Message.objects.get(battle=battle, side="a", turn=0, role="assistant").rating == "correct"
     assert not Message.objects.filter(battle=battle, side="a", turn=1).exists()
+
+
+def test_a_reply_no_server_takes_fails_clearly_and_can_be_retried(live_url: str, models: list[LLM], page: Page) -> None:
+    served, unserved = models
+    unserved.queue = f"{QUEUE_PREFIX}.nobody"  # no worker consumes it: its replies wait forever
+    unserved.save()
+    page.goto(live_url + "/")
+    expect(page.locator("#send")).to_be_enabled()
+    page.fill("#prompt", "Add a meeting with Fred on Nov 11 at 5PM")
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(re.compile(r"/battle/[\w-]+/$"))
+    battle = Battle.objects.get(public_id=page.url.rstrip("/").rsplit("/", 1)[1])
+    lost = "a" if battle.model_a_id == unserved.pk else "b"
+    wait_finished(page, "b" if lost == "a" else "a", 1)
+
+    # As if the reply had waited ARENA_REPLY_QUEUE_SECONDS: the page, quiet for 10 s with a reply
+    # unfinished, asks for a sync, and the server fails the reply rather than let it spin.
+    Message.objects.filter(battle=battle, side=lost, role="assistant").update(
+        heartbeat=timezone.now() - timedelta(hours=1)
+    )
+    expect(reply(page, lost).get_by_role("alert")).to_have_text(NOT_PICKED_UP, timeout=30_000)
+    retry = reply(page, lost).get_by_role("button", name="Retry")
+    expect(retry).to_be_visible()
+    expect(reply(page, lost).locator(".ratings")).to_have_count(0)
+    shot(page, "10-reply-failed")
+
+    unserved.queue = served.queue  # a model server for it again
+    unserved.save()
+    retry.click()
+    wait_finished(page, lost, 1)
+    expect(reply(page, lost).get_by_role("button", name="Retry")).to_have_count(0)
+    retried = Message.objects.get(battle=battle, side=lost, role="assistant")
+    assert retried.status == Message.Status.DONE and retried.content
+    assert retried.regenerations == 1
+    assert reply(page, lost).locator(".text").text_content() == retried.content
+    shot(page, "11-reply-retried")
 
 
 FOCUSED = "() => { const e = document.activeElement; return e.title || e.textContent.trim() || e.id; }"

@@ -132,6 +132,11 @@ async def test_worker_killed_mid_reply(connect_battle, demo_llms, celery_worker,
 
         battle = await database_sync_to_async(Battle.objects.get)(public_id=battle_id)
         side = "a" if battle.model_a_id == host_model.pk else "b"
+        # A long reply this time, so that it is still streaming when the host dies: the pace
+        # counts from the job's start, and a slow first token (a compile) may have made a short
+        # reply due all at once.
+        host_model.max_new_tokens = 96
+        await database_sync_to_async(host_model.save)()
         await client.send({"type": "prompt", "text": "It is at 6PM, not 5PM.", "side": side})
         await client.receive_until(lambda f: f["type"] == "delta" and f["side"] == side and f["turn"] == 1)
         await sync_to_async(host.kill)()
@@ -161,6 +166,8 @@ async def test_worker_killed_mid_reply(connect_battle, demo_llms, celery_worker,
         assert (await database_sync_to_async(Battle.objects.get)(pk=battle.pk)).state == Battle.State.ACTIVE
 
         # The host comes back; the voter presses Retry and the reply is generated again.
+        host_model.max_new_tokens = 24
+        await database_sync_to_async(host_model.save)()
         await sync_to_async(stack.start_worker)("lost-host-again", [host_model.queue])
         await client.send({"type": "regenerate", "side": side})
         await client.receive_until(lambda f: f["type"] == "regenerating")
