@@ -163,9 +163,11 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 
 # --- Arena ---------------------------------------------------------------------------------------
-# An inference worker sharing its host with the web tier lowers its own CPU priority by this
-# much once its frame relay is started (inference.tasks.start_frame_relay); 0 on hosts of its own.
+# An inference worker sharing its host with the web tier lowers its own CPU priority once its
+# frame relay is started (inference.tasks.start_frame_relay): its nice value by this much, and
+# with SCHED_IDLE it runs only when nothing else wants a core. Neither on hosts of its own.
 ARENA_WORKER_NICE = int(os.environ.get("ARENA_WORKER_NICE", "0"))
+ARENA_WORKER_SCHED_IDLE = env_bool("ARENA_WORKER_SCHED_IDLE", False)
 # Threads per web process for the battle sockets' queries (votes.consumers.query_threads).
 ARENA_WEB_QUERY_THREADS = int(os.environ.get("ARENA_WEB_QUERY_THREADS", "16"))
 ARENA_MAX_PROMPT_CHARS = int(os.environ.get("ARENA_MAX_PROMPT_CHARS", "2000"))

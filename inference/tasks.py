@@ -29,13 +29,15 @@ def generate_reply(message_id: int, attempt: int | None = None) -> None:
 @worker_ready.connect
 def start_frame_relay(**kwargs: Any) -> None:
     """The frame relay starts with the worker, and before the worker lowers its own CPU priority
-    (ARENA_WORKER_NICE, for hosts it shares with the web tier): the relay keeps the normal
-    priority, so frames leave promptly while inference takes every core."""
+    (ARENA_WORKER_NICE, ARENA_WORKER_SCHED_IDLE, for hosts it shares with the web tier): the
+    relay keeps the normal priority, so frames leave promptly while inference takes every core."""
     frame_relay().start()
-    if settings.ARENA_WORKER_NICE:
-        threads = lower_priority(settings.ARENA_WORKER_NICE)
+    nice, idle = settings.ARENA_WORKER_NICE, settings.ARENA_WORKER_SCHED_IDLE
+    if nice or idle:
+        threads = lower_priority(nice, idle=idle)
         logger.info(
-            "Worker priority lowered by %s (%s threads); its frame relay keeps its own",
-            settings.ARENA_WORKER_NICE,
+            "Worker priority lowered (nice +%s%s, %s threads); its frame relay keeps its own",
+            nice,
+            ", SCHED_IDLE" if idle else "",
             threads,
         )

@@ -95,22 +95,27 @@ def run():
 thread = threading.Thread(target=run)
 thread.start()
 ready.wait()
-print(lower_priority(5))
+print(lower_priority(5, idle=True))
 tids = [int(task) for task in os.listdir("/proc/self/task")]
 print(sorted({os.getpriority(os.PRIO_PROCESS, tid) for tid in tids}))
-late = threading.Thread(target=lambda: print(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+print(sorted({os.sched_getscheduler(tid) == os.SCHED_IDLE for tid in tids}))
+def report():
+    tid = threading.get_native_id()
+    print(os.getpriority(os.PRIO_PROCESS, tid), os.sched_getscheduler(tid) == os.SCHED_IDLE)
+late = threading.Thread(target=report)
 late.start(); late.join()
-print(os.getpriority(os.PRIO_PROCESS, child.pid))
+print(os.getpriority(os.PRIO_PROCESS, child.pid), os.sched_getscheduler(child.pid) == os.SCHED_IDLE)
 done.set(); thread.join(); child.stdin.close(); child.wait()
 """
     base = os.getpriority(os.PRIO_PROCESS, 0)
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    changed, niceness, late_thread, child = result.stdout.split("\n")[:4]
+    changed, niceness, idle, late_thread, child = result.stdout.split("\n")[:5]
+    lowered = min(base + 5, 19)
     assert int(changed) >= 2  # the main thread and the other one
-    assert niceness == f"[{min(base + 5, 19)}]"
-    assert int(late_thread) == min(base + 5, 19)  # threads started later inherit it
-    assert int(child) == base  # the relay, started before, keeps its priority
+    assert (niceness, idle) == (f"[{lowered}]", "[True]")
+    assert late_thread == f"{lowered} True"  # threads started later inherit both
+    assert child == f"{base} False"  # the relay, started before, keeps its priority
 
 
 class HeldLayer:

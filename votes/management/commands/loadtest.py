@@ -1,5 +1,6 @@
 """manage.py loadtest: N concurrent websocket voters against a real daphne + Redis + Celery stack."""
 
+import argparse
 import asyncio
 import json
 import tempfile
@@ -39,6 +40,13 @@ class Command(BaseCommand):
             "a production inference host does not (0: same priority).",
         )
         parser.add_argument(
+            "--worker-sched-idle",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="ARENA_WORKER_SCHED_IDLE for the worker: its threads run only when the web tier, Redis "
+            "and PostgreSQL leave a core free.",
+        )
+        parser.add_argument(
             "--warm-up",
             choices=["battle", "host"],
             default="battle",
@@ -68,6 +76,7 @@ class Command(BaseCommand):
             # per-session ones stay, each voter having a session of its own).
             "ARENA_RATE_LIMITS": "battle=30/0/3600,message=20/0/60,vote=60/0/60",
             "ARENA_WORKER_NICE": str(options["worker_nice"]),
+            "ARENA_WORKER_SCHED_IDLE": "1" if options["worker_sched_idle"] else "0",
         }
         if options["engine_slots"]:
             env["ARENA_ENGINE_SLOTS"] = str(options["engine_slots"])
