@@ -1,15 +1,13 @@
 """Publishing frames from generation threads to a battle's channel-layer group.
 
-Generation runs in a plain thread (a Celery worker, or the in-process worker of the embedded
-mode), but the channel layer is asyncio. Frames are handed to one long-lived event loop with
-run_coroutine_threadsafe: `async_to_sync` would open a new loop and Redis connection per call.
-In embedded mode that loop must be the web server's own, because the in-memory layer's queues
-belong to it.
+Celery workers publish through a process of their own (inference.relay.FrameRelay). The
+in-process worker of the embedded mode publishes here: generation runs in a plain thread, but
+the channel layer is asyncio, so frames are handed to the web server's own event loop with
+run_coroutine_threadsafe (the in-memory layer's queues belong to that loop).
 """
 
 import asyncio
 import logging
-import threading
 import time
 from typing import Any, Protocol
 
@@ -53,18 +51,3 @@ class ChannelLayerPublisher:
         except Exception as error:
             future.cancel()
             logger.warning("Frames for %s not published (%s: %s)", group, type(error).__name__, error)
-
-
-_background_loop: asyncio.AbstractEventLoop | None = None
-_background_lock = threading.Lock()
-
-
-def background_loop() -> asyncio.AbstractEventLoop:
-    """One event loop per worker process, running in a daemon thread."""
-    global _background_loop
-    with _background_lock:
-        if _background_loop is None:
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="arena-publisher", daemon=True).start()
-            _background_loop = loop
-    return _background_loop

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis
+import redis.asyncio
 from django.conf import settings
 
 from arena_site.channel_layer import PumpedRedisChannelLayer
@@ -82,3 +83,33 @@ async def test_receive_fails_when_redis_is_unreachable() -> None:
     with pytest.raises(redis.exceptions.ConnectionError):
         await asyncio.wait_for(layer.receive(await layer.new_channel()), timeout=30)
     assert time.monotonic() - started < 30
+
+
+async def test_group_send_keeps_capacity_and_expiry(layer: PumpedRedisChannelLayer) -> None:
+    """The two-round-trip group send keeps channels_redis's rules: a full channel gets nothing
+    more, a member whose membership expired is dropped, and so are expired messages."""
+    small = PumpedRedisChannelLayer(hosts=[settings.REDIS_URL], prefix=layer.prefix, capacity=2)
+    member, stale = await small.new_channel(), await small.new_channel()
+    await small.group_add("battle", member)
+    await small.group_add("battle", stale)
+    client = redis.asyncio.Redis.from_url(settings.REDIS_URL)
+    await client.zadd(small._group_key("battle"), {stale: 0})  # added long before group_expiry
+    for seq in range(3):
+        await small.group_send("battle", {"type": "frame", "seq": seq})
+
+    assert await client.zrange(small._group_key("battle"), 0, -1) == [member.encode()]
+    assert [(await small.receive(member))["seq"] for _ in range(2)] == [0, 1]  # the third did not fit
+    assert small.receive_buffer.get(stale) is None
+
+    # A message older than expiry is dropped by the next send to its key (that of another web
+    # process, which is not reading).
+    elsewhere = await PumpedRedisChannelLayer(hosts=[settings.REDIS_URL], prefix=layer.prefix).new_channel()
+    await small.group_add("battle", elsewhere)
+    key = small.prefix + small.non_local_name(elsewhere)
+    await client.zadd(key, {b"an expired message": 0})
+    await small.group_send("battle", {"type": "frame", "seq": 3})
+    assert await client.zrange(key, 0, -1) != [b"an expired message"]
+    assert await client.zcount(key, "-inf", "+inf") == 1
+    assert (await small.receive(member))["seq"] == 3
+    await client.aclose()
+    await small.flush()
