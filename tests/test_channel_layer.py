@@ -1,5 +1,6 @@
-"""The channel layer's receiver (arena_site/channel_layer.py), against the real Redis: consumers
-that leave never take another consumer's messages with them; order and errors are kept."""
+"""The channel layer (arena_site/channel_layer.py), against the real Redis: consumers that leave
+never take another consumer's messages with them; order and errors are kept; group sends keep
+channels_redis's capacity and expiry."""
 
 import asyncio
 import time

@@ -147,8 +147,12 @@ async def test_frames_queued_behind_a_send_go_out_together_in_order() -> None:
     for seq in range(1, 5):  # while frame 0 is being sent
         reader.feed_data(frame_line("battle.slow", seq))
     reader.feed_data(frame_line("battle.fast", 0))
-    while ("battle.fast", [0]) not in layer.sent:  # another group is not held up behind it
-        await asyncio.sleep(0)
+
+    async def fast_group_sent() -> None:
+        while ("battle.fast", [0]) not in layer.sent:
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(fast_group_sent(), timeout=10)  # another group is not held up behind it
     assert all(group == "battle.fast" for group, _ in layer.sent)
 
     layer.release.set()
