@@ -234,15 +234,25 @@ class Report:
         }
 
 
+# Report field prefix -> the VoterResult list it pools.
+TIMED_PARTS = {
+    "latency": "latencies_s",
+    "layer": "layer_latencies_s",
+    "socket": "socket_latencies_s",
+    "handoff": "handoff_latencies_s",
+    "end_to_end": "end_to_end_latencies_s",
+}
+
+
 def summarize(results: list[VoterResult], duration_s: float, count_tokens: Callable[[str, str], int]) -> Report:
     """The run's figures. Tokens are counted with each reply's own model tokenizer
     (``count_tokens(model_name, text)``): those of the text the voter received in deltas, and
     those of the reply as the worker saved it."""
     latencies = [latency for result in results for latency in result.latencies_s]
-    layer = [latency for result in results for latency in result.layer_latencies_s]
-    socket = [latency for result in results for latency in result.socket_latencies_s]
-    handoff = [latency for result in results for latency in result.handoff_latencies_s]
-    end_to_end = [latency for result in results for latency in result.end_to_end_latencies_s]
+    percentiles: dict[str, float] = {}
+    for part, attribute in TIMED_PARTS.items():  # each part's p50 and p99, over every voter's frames
+        pooled = [latency for result in results for latency in getattr(result, attribute)]
+        percentiles |= {f"{part}_p{q}_ms": percentile(pooled, q) * 1000 for q in (50, 99)}
     delivered = produced = not_as_saved = replies = 0
     for result in results:
         for record in result.replies.values():
@@ -259,17 +269,8 @@ def summarize(results: list[VoterResult], duration_s: float, count_tokens: Calla
         tokens_produced=produced,
         replies_not_as_saved=not_as_saved,
         order_violations=sum(result.order_violations for result in results),
-        latency_p50_ms=percentile(latencies, 50) * 1000,
-        latency_p99_ms=percentile(latencies, 99) * 1000,
         latency_max_ms=max(latencies, default=float("nan")) * 1000,
-        layer_p50_ms=percentile(layer, 50) * 1000,
-        layer_p99_ms=percentile(layer, 99) * 1000,
-        socket_p50_ms=percentile(socket, 50) * 1000,
-        socket_p99_ms=percentile(socket, 99) * 1000,
-        handoff_p50_ms=percentile(handoff, 50) * 1000,
-        handoff_p99_ms=percentile(handoff, 99) * 1000,
-        end_to_end_p50_ms=percentile(end_to_end, 50) * 1000,
-        end_to_end_p99_ms=percentile(end_to_end, 99) * 1000,
+        **percentiles,
         frames_timed=len(latencies),
         votes=sum(result.votes for result in results),
         duration_s=duration_s,
