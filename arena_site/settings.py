@@ -108,8 +108,16 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)
-    # Generation threads write while the web tier reads: wait for the lock instead of failing.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # The embedded arena's generation threads write (every flush of every streaming reply) while
+    # the web tier reads and writes. SQLite fails a deferred transaction that read and then
+    # writes at once, without waiting ("database is locked"), whenever another connection is
+    # writing: transactions therefore take the write lock when they begin (IMMEDIATE) and wait
+    # for it up to the timeout. WAL lets readers go on while one connection writes.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        timeout=20,
+        transaction_mode="IMMEDIATE",
+        init_command="PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    )
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -190,6 +198,8 @@ ARENA_DELTA_FLUSH_SECONDS = float(os.environ.get("ARENA_DELTA_FLUSH_SECONDS", "0
 ARENA_STREAM_CHARS_PER_S = float(os.environ.get("ARENA_STREAM_CHARS_PER_S", "250"))
 ARENA_STREAM_FIRST_TEXT_SECONDS = float(os.environ.get("ARENA_STREAM_FIRST_TEXT_SECONDS", "0.3"))
 ARENA_PRESETS_DIR = Path(os.environ.get("ARENA_PRESETS_DIR", BASE_DIR / "inference" / "presets"))
+# Real checkpoints imported by `manage.py import_checkpoint` (hundreds of MB each: never committed).
+ARENA_IMPORTED_PRESETS_DIR = Path(os.environ.get("ARENA_IMPORTED_PRESETS_DIR", VAR_DIR / "presets"))
 
 LOGGING = {
     "version": 1,

@@ -28,12 +28,30 @@ Mistral (no system role: prepended to the first user turn, separated by a blank 
 
     <s>[INST] {s}\\n\\n{u1} [/INST] {a1}</s>[INST] {u2} [/INST]
 
+ChatML (SmolLM2, Qwen; system role supported, omitted when there is no system text: the
+checkpoints' own templates would then insert a default system sentence that names the model,
+which the arena's anonymity cannot have)::
+
+    <|im_start|>system\n{s}<|im_end|>\n
+    <|im_start|>user\n{u1}<|im_end|>\n
+    <|im_start|>assistant\n{a1}<|im_end|>\n
+    <|im_start|>user\n{u2}<|im_end|>\n
+    <|im_start|>assistant\n
+
+Completion (pretrained base models, such as Gemma 3 270M, that were never taught a chat
+format: a plain transcript they can continue; the reply ends where the model starts the next
+``User:`` line)::
+
+    {s}\n\nUser: {u1}\nAssistant: {a1}\nUser: {u2}\nAssistant:
+
+Gemma 3's instruction-tuned checkpoints speak the Gemma turn format above (family "gemma").
+
 Vicuna v1.1 (FastChat's format; the default Vicuna system sentence when there is no system
 text; user turns are followed by a space, assistant replies by ``</s>``)::
 
     {s} USER: {u1} ASSISTANT: {a1}</s>USER: {u2} ASSISTANT:
 
-(The line breaks in the Gemma and Llama 3 layouts above are only for reading; the real strings
+(The line breaks in the Gemma, Llama 3 and ChatML layouts above are only for reading; the real strings
 contain only the ``\\n`` shown.) Turns must alternate user/assistant, start with a user turn and
 end with one: the prompt always asks for the next assistant reply.
 
@@ -48,7 +66,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-Family = Literal["gemma", "llama3", "mistral", "vicuna"]
+Family = Literal["gemma", "llama3", "mistral", "vicuna", "chatml", "completion"]
 FAMILIES: tuple[Family, ...] = get_args(Family)
 
 Role = Literal["user", "assistant"]
@@ -63,6 +81,9 @@ _STOP_STRINGS: dict[str, tuple[str, ...]] = {
     "llama3": ("<|eot_id|>", "<|end_of_text|>"),
     "mistral": ("</s>",),
     "vicuna": ("</s>",),
+    "chatml": ("<|im_end|>", "<|endoftext|>"),
+    # A base model ends its reply by starting the next turn of the transcript.
+    "completion": ("\nUser:", "\nAssistant:"),
 }
 
 
@@ -150,11 +171,32 @@ def _render_vicuna(system: str | None, turns: Sequence[ChatTurn]) -> str:
     return "".join(parts)
 
 
+def _render_chatml(system: str | None, turns: Sequence[ChatTurn]) -> str:
+    def block(role: str, content: str) -> str:
+        return f"<|im_start|>{role}\n{content}<|im_end|>\n"
+
+    parts = [block("system", system)] if system else []
+    parts.extend(block(turn.role, turn.content) for turn in turns)
+    parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
+def _render_completion(system: str | None, turns: Sequence[ChatTurn]) -> str:
+    parts = [f"{system}\n\n"] if system else []
+    for turn in turns:
+        speaker = "User" if turn.role == "user" else "Assistant"
+        parts.append(f"{speaker}: {turn.content}\n")
+    parts.append("Assistant:")
+    return "".join(parts)
+
+
 _RENDERERS = {
     "gemma": _render_gemma,
     "llama3": _render_llama3,
     "mistral": _render_mistral,
     "vicuna": _render_vicuna,
+    "chatml": _render_chatml,
+    "completion": _render_completion,
 }
 
 
@@ -174,3 +216,36 @@ def stop_strings(family: str) -> tuple[str, ...]:
     """Strings that end an assistant reply for ``family`` (each a single token in its vocab)."""
     _check_family(family)
     return _STOP_STRINGS[family]
+
+
+# Markers that identify a chat format, in a checkpoint's own chat template (Jinja text) or its
+# vocabulary's special tokens. Checked in this order.
+_FAMILY_MARKERS: tuple[tuple[str, Family], ...] = (
+    ("<|im_start|>", "chatml"),
+    ("<start_of_turn>", "gemma"),
+    ("<|start_header_id|>", "llama3"),
+    ("[INST]", "mistral"),
+)
+
+
+def template_family(chat_template: str | None) -> Family:
+    """The family of a checkpoint's own chat template (as Hugging Face tokenizers and GGUF
+    files ship it); "completion" when there is none, which means a pretrained base model.
+
+    Raises ValueError for a chat template in a format the arena cannot render.
+    """
+    if not chat_template:
+        return "completion"
+    for marker, family in _FAMILY_MARKERS:
+        if marker in chat_template:
+            return family
+    raise ValueError("The checkpoint's chat template is in a format this arena has no template for.")
+
+
+def family_from_special_tokens(tokens: Sequence[str]) -> Family | None:
+    """The chat family a vocabulary's special tokens imply, or None if they imply none."""
+    present = set(tokens)
+    for marker, family in _FAMILY_MARKERS:
+        if marker in present:
+            return family
+    return None

@@ -26,8 +26,10 @@ wastes the machine. This engine follows JetStream's design (see shared/facts.md)
   cache write (``dynamic_update_slice``, a scatter under vmap), the rotary position and the
   causal mask all accept a traced per-slot index. Free slots compute too (the shape is fixed);
   their output is ignored and their index is clamped into the cache;
-* **Gemma, Llama 3 and Mistral** models get a forward pass of the engine's own instead
-  (``_gemma_forward``, ``_llama_forward``; ``_in_place_decoder`` says when it applies), used
+* **Gemma, Gemma 3, Llama 3 (SmolLM2 included) and Mistral** models get a forward pass of the
+  engine's own instead (``inference.forward``, one module per family; ``_in_place_decoder``
+  says when it applies; Gemma 3 runs only this way, since its keras-hub cache also takes image
+  inputs), used
   for decode steps (one token per slot) and prefill chunks (many tokens of one slot): the same
   computation with the model's own layers (Gemma: its norms, rotary embedding and softmax, and
   its matmul weights laid out once per engine for plain matmuls), but each layer's keys and
@@ -372,16 +374,19 @@ _InPlaceDecoder = tuple[Callable[..., Any], Callable[[Any], tuple[Any, ...]], bo
 
 
 def _in_place_decoder(lm: Any, context: int) -> _InPlaceDecoder | None:
-    """The engine's own forward pass for ``lm``, the function that lays out its matmul weights
-    for it, and whether its caches are heads-first; None where there is none.
+    """The engine's own forward pass for ``lm`` (``inference.forward``), the function that lays
+    out its matmul weights for it, and whether its caches are heads-first; None where there is
+    none.
 
     Only where the pass computes exactly what ``lm.call_with_cache`` does: Gemma without
-    sliding windows or soft caps (``_gemma_forward``, caches ``[slots, kv_heads, positions,
-    head_dim]``), and Llama 3 / Mistral decoders whose sliding window, if any, covers
-    the context (``_llama_forward``, caches ``[slots, positions, kv_heads, head_dim]``, the
-    layout their attention's own ``_compute_attention`` takes).
+    sliding windows or soft caps (caches ``[slots, kv_heads, positions, head_dim]``), Gemma 3
+    text models, and Llama 3 / Mistral decoders whose sliding window, if any, covers the context
+    (caches ``[slots, positions, kv_heads, head_dim]``, the layout their attention's own
+    ``_compute_attention`` takes).
     """
     import keras_hub
+
+    from inference.forward import gemma, gemma3, llama
 
     backbone = lm.backbone
     blocks = backbone.transformer_layers
@@ -392,212 +397,17 @@ def _in_place_decoder(lm: Any, context: int) -> _InPlaceDecoder | None:
             and not block.dropout
             for block in blocks
         ):
-            return _gemma_forward, _gemma_weights, True
+            return gemma.gemma_forward, gemma.gemma_weights, True
         return None
+    if gemma3.supports(lm):
+        return gemma3.gemma3_forward, gemma3.no_weights, False
     # Vicuna (LlamaCausalLM) has the same blocks but no engine test yet: it keeps the generic step.
     llama_like = (keras_hub.models.Llama3CausalLM, keras_hub.models.MistralCausalLM)
     if type(lm) in llama_like and type(backbone) in (keras_hub.models.Llama3Backbone, keras_hub.models.MistralBackbone):
         window = getattr(backbone, "sliding_window", None)
         if (window is None or window >= context) and not getattr(backbone, "dropout", 0):
-            return _llama_forward, _no_weights, False
+            return llama.llama_forward, llama.no_weights, False
     return None
-
-
-def _gemma_weights(model: Any) -> tuple[Any, ...]:
-    """Gemma's matmul weights laid out for plain 2-D matmuls (once per engine: a copy of them).
-
-    keras-hub's EinsumDense kernels are ``[heads, hidden, head_dim]`` (q/k/v) and the tied
-    embedding is ``[vocabulary, hidden]``: used as they are, XLA transposes them at every token.
-    Per block: q/k/v ``[hidden, (heads + 2 kv_heads) * head_dim]``, output ``[heads * head_dim,
-    hidden]``, both gates ``[hidden, 2 * ffw]``, the down projection; then the embedding's
-    transpose ``[hidden, vocabulary]``.
-    """
-    import jax.numpy as jnp
-    from keras import ops
-
-    def flat(kernel: Any) -> Any:  # [heads, hidden, head_dim] -> [hidden, heads * head_dim]
-        kernel = ops.convert_to_tensor(kernel)
-        return jnp.transpose(kernel, (1, 0, 2)).reshape(kernel.shape[1], -1)
-
-    backbone = model.backbone
-    weights = []
-    for block in backbone.transformer_layers:
-        attention = block.attention
-        qkv = jnp.concatenate(
-            [flat(attention.query_dense.kernel), flat(attention.key_dense.kernel), flat(attention.value_dense.kernel)],
-            axis=1,
-        )
-        output = ops.convert_to_tensor(attention.output_dense.kernel)
-        gates = jnp.concatenate(
-            [ops.convert_to_tensor(block.gating_ffw.kernel), ops.convert_to_tensor(block.gating_ffw_2.kernel)], axis=1
-        )
-        weights += [qkv, output.reshape(-1, output.shape[-1]), gates, ops.convert_to_tensor(block.ffw_linear.kernel)]
-    weights.append(jnp.transpose(ops.convert_to_tensor(backbone.token_embedding.embeddings)))
-    return tuple(weights)
-
-
-def _masked_softmax(logits: Any, mask: Any) -> Any:
-    """keras's ``Softmax`` layer with a mask, as keras-hub's attention calls it: masked logits
-    set to -1e9, softmax over the last axis. The layer also zeroes masked outputs afterwards,
-    which changes nothing when every row keeps a position (here, its own) and costs a pass."""
-    import jax
-    import jax.numpy as jnp
-
-    return jax.nn.softmax(jnp.where(mask, logits, -1e9), axis=-1)
-
-
-def _gemma_forward(
-    model: Any, tokens: Any, caches: tuple[Any, ...], starts: Any, weights: tuple[Any, ...]
-) -> tuple[Any, tuple[Any, ...]]:
-    """Logits ``[rows, tokens, vocabulary]`` for ``tokens [rows, T]`` of a Gemma model, row r's
-    tokens at positions ``starts[r]`` onwards, and the caches with their keys and values written.
-
-    One token for every slot (T = 1) is the decode step; T tokens of one row is a prefill chunk.
-    The same computation as ``GemmaCausalLM.call_with_cache`` (embedding scaled by sqrt(hidden),
-    per block: pre-attention norm, rotary query and key, attention over the cache up to each
-    token's position, output projection, gated feed-forward; final norm, tied logits), with the
-    model's own norms, rotary embedding and softmax, and its matmul weights as
-    ``_gemma_weights`` lays them out. keras-hub's layers slice the keys and values out of one
-    stacked cache, update and restack it for every token, which on a CPU costs more than the
-    arithmetic; here each layer's keys and values are separate arrays laid out ``[rows,
-    kv_heads, positions, head_dim]``, written in place. Traced in jit.
-    """
-    import jax
-    import jax.numpy as jnp
-    import keras
-    from keras import ops
-
-    backbone = model.backbone
-    rows, length = tokens.shape
-    x = backbone.token_embedding(tokens)  # [rows, T, hidden]
-    x = x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
-    query_positions = starts[:, None] + jnp.arange(length)[None, :]  # [rows, T]
-    updated = []
-    for index, block in enumerate(backbone.transformer_layers):
-        attention = block.attention
-        qkv_kernel, output_kernel, gates_kernel, down_kernel = weights[4 * index : 4 * index + 4]
-        heads, kv_heads, head_dim = attention.num_query_heads, attention.num_key_value_heads, attention.head_dim
-        keys, values = caches[2 * index], caches[2 * index + 1]
-
-        def rope(t: Any, attention: Any = attention) -> Any:  # [rows, T, heads, head_dim]
-            return jax.vmap(lambda row, start: attention._apply_rope(row[None], start)[0])(t, starts)
-
-        normalized = block.pre_attention_norm(x)
-        qkv = jnp.dot(normalized, qkv_kernel)
-        query = rope(qkv[..., : heads * head_dim].reshape(rows, length, heads, head_dim))
-        key = rope(qkv[..., heads * head_dim : (heads + kv_heads) * head_dim].reshape(rows, length, kv_heads, head_dim))
-        value = qkv[..., (heads + kv_heads) * head_dim :].reshape(rows, length, kv_heads, head_dim)
-
-        def write(cache: Any, update: Any, start: Any) -> Any:  # [kv_heads, positions, head_dim]
-            return jax.lax.dynamic_update_slice(cache, jnp.swapaxes(update, 0, 1), (0, start, 0))
-
-        keys = jax.vmap(write)(keys, key, starts)
-        values = jax.vmap(write)(values, value, starts)
-        updated += [keys, values]
-
-        # GemmaAttention._compute_attention, with the cache's heads-first layout.
-        if attention.query_head_dim_normalize:
-            normalization = 1 / np.sqrt(head_dim)
-        else:
-            normalization = 1 / np.sqrt(attention.hidden_dim // heads)
-        query = query * ops.cast(normalization, query.dtype)
-        groups = heads // kv_heads
-        mask = jnp.arange(keys.shape[2])[None, None, :] <= query_positions[:, :, None]  # [rows, T, positions]
-        if length == 1:  # The decode step: simpler contractions, measurably faster on a CPU.
-            query = ops.reshape(query, (rows, kv_heads, groups, head_dim))
-            probabilities = _masked_softmax(jnp.einsum("bkgh,bksh->bkgs", query, keys), mask[:, :, None])
-            attended = jnp.einsum("bkgs,bksh->bkgh", probabilities, values)
-        else:
-            # Logits laid out [rows, kv_heads, T, groups, positions]: what the matmul produces,
-            # positions last for the softmax (other orders cost a transpose of all the logits).
-            query = ops.reshape(query, (rows, length, kv_heads, groups, head_dim))
-            probabilities = _masked_softmax(jnp.einsum("btkgh,bksh->bktgs", query, keys), mask[:, None, :, None])
-            attended = jnp.einsum("bktgs,bksh->btkgh", probabilities, values)
-        attended = jnp.dot(attended.reshape(rows, length, heads * head_dim), output_kernel)
-
-        if block.use_post_attention_norm:
-            attended = block.post_attention_norm(attended)
-        attention_x = x + attended
-        normalized = block.pre_ffw_norm(attention_x)
-        gates = jnp.dot(normalized, gates_kernel)
-        width = gates.shape[-1] // 2
-        hidden = keras.activations.gelu(gates[..., :width], approximate=True) * gates[..., width:]
-        hidden = jnp.dot(hidden, down_kernel)
-        if block.use_post_ffw_norm:
-            hidden = block.post_ffw_norm(hidden)
-        x = hidden + attention_x
-    x = backbone.layer_norm(x)
-    return jnp.dot(x, weights[-1]), tuple(updated)
-
-
-def _no_weights(model: Any) -> tuple[Any, ...]:
-    """Llama 3 and Mistral use their layers' own kernels."""
-    return ()
-
-
-def _llama_forward(
-    model: Any, tokens: Any, caches: tuple[Any, ...], starts: Any, weights: tuple[Any, ...]
-) -> tuple[Any, tuple[Any, ...]]:
-    """``_gemma_forward`` for a Llama 3 or Mistral model.
-
-    ``call_with_cache`` of those families, block by block, with the model's own layers
-    (including the attention's own ``_compute_attention``, so the arithmetic is the same), but
-    each layer's keys and values are separate ``[rows, positions, kv_heads, head_dim]`` arrays
-    written in place.
-    """
-    import jax
-    import jax.numpy as jnp
-    from keras import ops
-
-    backbone = model.backbone
-    length = tokens.shape[1]
-    x = backbone.token_embedding(tokens)
-    query_positions = starts[:, None] + jnp.arange(length)[None, :]  # [rows, T]
-    updated = []
-    for index, block in enumerate(backbone.transformer_layers):
-        attention = block._self_attention_layer
-        keys, values = caches[2 * index], caches[2 * index + 1]
-
-        def rope(t: Any, attention: Any = attention) -> Any:
-            def one(row: Any, start: Any) -> Any:
-                return attention.rotary_embedding_layer(row[None], start_index=start)[0]
-
-            return jax.vmap(one)(t, starts)
-
-        residual = x
-        normalized = block._self_attention_layernorm(x)
-        query = rope(attention._query_dense(normalized))
-        key = rope(attention._key_dense(normalized))
-        value = attention._value_dense(normalized)
-
-        def write(cache: Any, update: Any, start: Any) -> Any:
-            return jax.lax.dynamic_update_slice(cache, update, (start, 0, 0))
-
-        keys = jax.vmap(write)(keys, key, starts)
-        values = jax.vmap(write)(values, value, starts)
-        updated += [keys, values]
-        groups = getattr(attention, "num_key_value_groups", None) or attention._num_key_value_groups
-        mask = jnp.arange(keys.shape[1])[None, None, :] <= query_positions[:, :, None]  # [rows, T, positions]
-        attended = attention._compute_attention(
-            query,
-            ops.repeat(keys, repeats=groups, axis=2),
-            ops.repeat(values, repeats=groups, axis=2),
-            ops.cast(mask, "int32"),
-        )
-        x = attention._output_dense(attended) + residual
-
-        residual = x
-        normalized = block._feedforward_layernorm(x)
-        # As the decoder block: the activation in float32 (what torch's silu does).
-        gate = ops.cast(
-            block.activation(ops.cast(block._feedforward_gate_dense(normalized), "float32")), block.compute_dtype
-        )
-        x = (
-            block._feedforward_output_dense(ops.multiply(block._feedforward_intermediate_dense(normalized), gate))
-            + residual
-        )
-    x = backbone.layer_norm(x)
-    return backbone.token_embedding(x, reverse=True), tuple(updated)
 
 
 class _Programs:
@@ -613,6 +423,8 @@ class _Programs:
         import jax
         import jax.numpy as jnp
         import keras_hub
+
+        from inference.forward import gemma3
 
         if not (hasattr(lm, "_build_cache") and hasattr(lm, "call_with_cache")):
             raise TypeError(f"{type(lm).__name__} has no cached decoding (_build_cache).")
@@ -632,15 +444,22 @@ class _Programs:
 
             return jax.eval_shape(build, _model_state(lm))
 
-        # keras-hub caches are [1, layers, 2, length, kv_heads, head_dim]; find the length axis
-        # rather than assume it, by building (abstractly) caches of two lengths.
-        one, two = cache_spec(2), cache_spec(3)  # Not 1: keras warns about a softmax over 1 key.
-        length_axes = [i for i, (a, b) in enumerate(zip(one.shape, two.shape, strict=True)) if a != b]
+        if gemma3.supports(lm):
+            # Gemma 3's _build_cache and call_with_cache also take image inputs: it only runs
+            # through its own forward pass, whose caches are laid out as Llama's.
+            layers, kv_heads, head_dim, dtype = gemma3.cache_layout(lm)
+            one = two = jax.ShapeDtypeStruct((1, layers, 2, 2, kv_heads, head_dim), dtype)
+            length_axes = [2]
+        else:
+            # keras-hub caches are [1, layers, 2, length, kv_heads, head_dim]; find the length
+            # axis rather than assume it, by building (abstractly) caches of two lengths.
+            one, two = cache_spec(2), cache_spec(3)  # Not 1: keras warns about a softmax over 1 key.
+            length_axes = [i for i, (a, b) in enumerate(zip(one.shape, two.shape, strict=True)) if a != b]
         if len(length_axes) != 1:
             raise TypeError(f"Cannot find the sequence axis of {type(lm).__name__}'s cache {one.shape}.")
         seq_axis = length_axes[0] + 1  # In the engine's cache, after the slot axis.
-        # Gemma, Llama 3 and Mistral get a forward pass of the engine's own that updates per-layer
-        # caches in place (see _gemma_forward); other families go through keras-hub's
+        # Gemma, Gemma 3, Llama 3 and Mistral get a forward pass of the engine's own that updates
+        # per-layer caches in place (inference.forward); other families go through keras-hub's
         # call_with_cache and _build_cache.
         keras_hub_layout = one.shape == (1, lm.backbone.num_layers, 2, 2, *one.shape[4:])
         decoder = _in_place_decoder(lm, context) if keras_hub_layout else None

@@ -27,6 +27,8 @@ class Family(models.TextChoices):
     LLAMA3 = "llama3", "Llama 3"
     MISTRAL = "mistral", "Mistral"
     VICUNA = "vicuna", "Vicuna"
+    CHATML = "chatml", "ChatML (SmolLM2, Qwen)"
+    COMPLETION = "completion", "Completion (pretrained base model)"
 
 
 class LLMQuerySet(models.QuerySet["LLM"]):
@@ -47,6 +49,10 @@ class LLM(models.Model):
         max_length=100,
         blank=True,
         help_text='Celery queue of the inference hosts that hold this model; default "model.<name>".',
+    )
+    base = models.BooleanField(
+        default=False,
+        help_text='A pretrained base model, not tuned to chat: labelled "base" in the roster and on the leaderboard.',
     )
     enabled = models.BooleanField(default=True)
     sampling_weight = models.FloatField(
@@ -90,3 +96,8 @@ class LLM(models.Model):
         if not self.queue:
             self.queue = f"model.{self.name}"
         super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def display_name(self) -> str:
+        """The name as the roster and the leaderboard show it (base models say so)."""
+        return f"{self.name} (base)" if self.base else self.name

@@ -3,6 +3,9 @@
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from inference.chat_templates import FAMILIES, family_from_special_tokens
 
 # keras-hub backbone class -> chat template family. Vicuna is a Llama (1/2) backbone.
 BACKBONE_FAMILIES = {
@@ -22,30 +25,58 @@ class PresetInfo:
     # "strong", "medium" or "weak" for the trained demo presets (their metadata.json says so,
     # with the measured quality); None for any other preset.
     quality: str | None = None
+    # A pretrained base model (no chat tuning): it gets the completion template and is labelled
+    # "base" in the roster and on the leaderboard.
+    base: bool = False
 
 
 def read_preset(path: Path) -> PresetInfo:
-    """Name and family of a local preset folder, from its config.json."""
+    """Name and chat template family of a local preset folder.
+
+    The family comes from the preset itself: the ``fix_arena.template`` its import recorded in
+    metadata.json, else the chat markers among its tokenizer's special tokens (SmolLM2 is a
+    Llama 3 backbone that speaks ChatML), else its backbone class.
+    """
     config_path = path / "config.json"
     try:
         config = json.loads(config_path.read_text())
     except FileNotFoundError:
         raise ValueError(f"{path} is not a keras-hub preset: it has no config.json.") from None
     class_name = config.get("registered_name", "").rsplit(">", 1)[-1] or config.get("class_name", "")
-    family = BACKBONE_FAMILIES.get(class_name)
-    if family is None:
+    if class_name not in BACKBONE_FAMILIES:
         raise ValueError(f"{path}: unsupported backbone {class_name!r}.")
-    return PresetInfo(name=path.name, family=family, path=path, quality=_demo_quality(path))
+    arena = _arena_metadata(path)
+    recorded = arena.get("template")
+    if recorded is not None and recorded not in FAMILIES:
+        raise ValueError(f"{path}: metadata.json names an unknown template family {recorded!r}.")
+    family = recorded or family_from_special_tokens(_special_tokens(path)) or BACKBONE_FAMILIES[class_name]
+    quality = arena.get("quality")
+    return PresetInfo(
+        name=path.name,
+        family=family,
+        path=path,
+        quality=quality if isinstance(quality, str) else None,
+        base=arena.get("base") is True,
+    )
 
 
-def _demo_quality(path: Path) -> str | None:
+def _arena_metadata(path: Path) -> dict[str, Any]:
     try:
         metadata = json.loads((path / "metadata.json").read_text())
     except (FileNotFoundError, ValueError):
-        return None
+        return {}
     arena = metadata.get("fix_arena") if isinstance(metadata, dict) else None
-    quality = arena.get("quality") if isinstance(arena, dict) else None
-    return quality if isinstance(quality, str) else None
+    return arena if isinstance(arena, dict) else {}
+
+
+def _special_tokens(path: Path) -> list[str]:
+    """The tokens a byte-pair tokenizer never splits (its special tokens), from tokenizer.json."""
+    try:
+        tokenizer = json.loads((path / "tokenizer.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return []
+    tokens = tokenizer.get("config", {}).get("unsplittable_tokens") if isinstance(tokenizer, dict) else None
+    return [token for token in tokens if isinstance(token, str)] if isinstance(tokens, list) else []
 
 
 def local_presets(directory: Path) -> list[PresetInfo]:

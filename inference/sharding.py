@@ -275,6 +275,18 @@ def preset_backbone_class(preset: str) -> type:
     return get_preset_loader(preset).check_backbone_class()
 
 
+def layout_family(family: str, backbone_class: type) -> str:
+    """The family whose layout map shards ``backbone_class``. Chat template families that are
+    not architectures (ChatML, completion) take their backbone's: SmolLM2 speaks ChatML on a
+    Llama 3 backbone."""
+    if family in FAMILY_BACKBONES:
+        return family
+    for architecture, class_name in FAMILY_BACKBONES.items():
+        if backbone_class.__name__ == class_name:
+            return architecture
+    raise ShardingError(f"{backbone_class.__name__} has no layout map here; serve it on one device (mesh 1,1).")
+
+
 def _family_base(family: str) -> type:
     # Llama 3 and Vicuna share LlamaBackbone's variables and map: accept either class for both.
     import keras_hub
@@ -300,12 +312,14 @@ def load_sharded_causal_lm(
     """
     import keras_hub
 
-    _check_family(family)
+    import inference.tokenizers  # noqa: F401  (imported presets may name its tokenizer class)
+
     mesh = mesh_for(mesh_shape)
     kwargs: dict[str, Any] = {} if dtype is None else {"dtype": dtype}
     if math.prod(mesh.shape) == 1:
         return keras_hub.models.CausalLM.from_preset(preset, **kwargs)
     backbone_class = preset_backbone_class(preset)
+    family = layout_family(family, backbone_class)
     if not issubclass(backbone_class, _family_base(family)):
         # Checked before any weight exists: with another family's map nothing would match and
         # every device would get a full copy of the model.

