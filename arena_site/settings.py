@@ -197,6 +197,13 @@ ARENA_DELTA_FLUSH_SECONDS = float(os.environ.get("ARENA_DELTA_FLUSH_SECONDS", "0
 # before FIRST_TEXT_SECONDS, then at most CHARS_PER_S characters a second; 0 and 0: off.
 ARENA_STREAM_CHARS_PER_S = float(os.environ.get("ARENA_STREAM_CHARS_PER_S", "250"))
 ARENA_STREAM_FIRST_TEXT_SECONDS = float(os.environ.get("ARENA_STREAM_FIRST_TEXT_SECONDS", "0.3"))
+# Each battle is paced at MARGIN times what its slower model sustains (the median of its own
+# speeds on its last SAMPLE replies), UNMEASURED characters a second for a model without any;
+# on a turn to both sides each side's first text waits (at most HOLD seconds) for the other's.
+ARENA_STREAM_PACE_MARGIN = float(os.environ.get("ARENA_STREAM_PACE_MARGIN", "0.8"))
+ARENA_STREAM_PACE_SAMPLE = int(os.environ.get("ARENA_STREAM_PACE_SAMPLE", "20"))
+ARENA_STREAM_UNMEASURED_CHARS_PER_S = float(os.environ.get("ARENA_STREAM_UNMEASURED_CHARS_PER_S", "40"))
+ARENA_STREAM_HOLD_SECONDS = float(os.environ.get("ARENA_STREAM_HOLD_SECONDS", "20"))
 ARENA_PRESETS_DIR = Path(os.environ.get("ARENA_PRESETS_DIR", BASE_DIR / "inference" / "presets"))
 # Real checkpoints imported by `manage.py import_checkpoint` (hundreds of MB each: never committed).
 ARENA_IMPORTED_PRESETS_DIR = Path(os.environ.get("ARENA_IMPORTED_PRESETS_DIR", VAR_DIR / "presets"))

@@ -89,7 +89,8 @@ class Child:
 
 @dataclass
 class Stack:
-    """Child processes sharing one environment: DATABASE_URL, REDIS_URL and any overrides."""
+    """Child processes sharing one environment: DATABASE_URL, REDIS_URL and any overrides
+    (both empty: the embedded arena)."""
 
     database_url: str
     redis_url: str
@@ -98,11 +99,17 @@ class Stack:
     children: list[Child] = field(default_factory=list)
 
     def child_env(self) -> dict[str, str]:
+        """The children's environment. An empty database and Redis URL give the embedded
+        arena (SQLite in ARENA_VAR_DIR, in-memory channel layer, in-process worker), as
+        scripts/serve runs it."""
         env = dict(os.environ)
+        for name in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL"):
+            env.pop(name, None)
+        if self.database_url:
+            env["DATABASE_URL"] = self.database_url
+        if self.redis_url:
+            env.update(REDIS_URL=self.redis_url, CELERY_BROKER_URL=self.redis_url)
         env.update(
-            DATABASE_URL=self.database_url,
-            REDIS_URL=self.redis_url,
-            CELERY_BROKER_URL=self.redis_url,
             DJANGO_SETTINGS_MODULE="arena_site.settings",
             KERAS_BACKEND="jax",
             SECRET_KEY=settings.SECRET_KEY,

@@ -5,7 +5,7 @@ from inference.models import LLM
 
 @admin.register(LLM)
 class LLMAdmin(admin.ModelAdmin):
-    list_display = ("name", "family", "queue", "enabled", "sampling_weight", "preset")
+    list_display = ("name", "family", "base", "queue", "enabled", "sampling_weight", "preset")
     list_filter = ("family", "enabled")
     list_editable = ("enabled", "sampling_weight")
     search_fields = ("name", "preset", "queue")

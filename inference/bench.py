@@ -41,6 +41,7 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import itertools
+import math
 import random
 import threading
 import time
@@ -73,6 +74,8 @@ def _load(path: Path) -> Any:
     across runs also reuses the engine's compiled functions.
     """
     import keras_hub
+
+    import inference.tokenizers  # noqa: F401  (imported presets may name its tokenizer class)
 
     key = str(path.resolve())
     with _models_lock:
@@ -174,9 +177,28 @@ class _Samples:
 
 def _serial_generate(lm: Any, max_length: int) -> Callable[[str], None]:
     """``generate()`` of one prompt at ``max_length``, compiled (untimed) by a first call."""
+    from inference.streaming import encode_prompt
+
     # generate() would add a second start token to a prompt that already has one (Llama 3's
     # template): strip its text, as the engine's encode_prompt does, so both see the same ids.
     start = getattr(lm.preprocessor.tokenizer, "start_token", None)
+    if not lm.preprocessor.add_start_token:
+        # keras-hub's generate() adds the start token even where the preprocessor is told not
+        # to (SmolLM2): run what generate() runs after tokenizing, its compiled generate
+        # function, on the prompt's own ids, so that both paths decode the same sequence.
+        generate_function = lm.make_generate_function()
+        pad = int(getattr(lm.preprocessor.tokenizer, "pad_token_id", 0) or 0)
+
+        def generate_ids(prompt: str) -> None:
+            ids = encode_prompt(lm, prompt)
+            padding = max_length - len(ids)
+            inputs = {
+                "token_ids": np.asarray([ids + [pad] * padding], np.int32),
+                "padding_mask": np.asarray([[True] * len(ids) + [False] * padding]),
+            }
+            np.asarray(generate_function(inputs, stop_token_ids=None)["token_ids"])
+
+        return generate_ids
 
     def generate(prompt: str) -> None:
         if start and getattr(lm.preprocessor, "add_start_token", False):
@@ -184,6 +206,50 @@ def _serial_generate(lm: Any, max_length: int) -> Callable[[str], None]:
         lm.generate(prompt, max_length=max_length, stop_token_ids=None)
 
     return generate
+
+
+def machine_rates(seconds: float = 1.0) -> dict[str, float]:
+    """This machine's memory read bandwidth (bytes/s: numpy summing a 512 MB float32 array,
+    larger than any cache) and float32 matmul rate (FLOP/s: JAX, 1024 x 1024, the engine's
+    backend and threads), each the best of repeated runs for about ``seconds``."""
+    import jax
+    import jax.numpy as jnp
+
+    def best(run: Callable[[], Any]) -> float:
+        run()
+        fastest, deadline = math.inf, time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            began = time.perf_counter()
+            run()
+            fastest = min(fastest, time.perf_counter() - began)
+        return fastest
+
+    array = np.ones(128 * 1024 * 1024, dtype=np.float32)
+    bandwidth = array.nbytes / best(lambda: array.sum())
+    size = 1024
+    a = jnp.ones((size, size), jnp.float32)
+    matmul = jax.jit(lambda x: x @ x)
+    flops = 2 * size**3 / best(lambda: matmul(a).block_until_ready())
+    return {"memory_bytes_per_s": bandwidth, "flops_per_s": flops}
+
+
+def roofline(lm: Any, rates: dict[str, float], batch: int) -> dict[str, float]:
+    """The most tokens/s a decode step of ``batch`` tokens can give here: every step reads all
+    the weights once (bytes), and each token costs about 2 FLOPs per parameter (its matmuls;
+    attention over a short context adds little). Whichever limit is lower is the bound."""
+    parameters = int(lm.count_params())
+    weight_bytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in lm.weights)
+    flops_per_token = 2.0 * parameters
+    memory_bound = batch * rates["memory_bytes_per_s"] / weight_bytes
+    compute_bound = rates["flops_per_s"] / flops_per_token
+    return {
+        "batch": batch,
+        "weight_bytes_per_step": weight_bytes,
+        "flops_per_token": flops_per_token,
+        "memory_bound_tokens_per_s": memory_bound,
+        "compute_bound_tokens_per_s": compute_bound,
+        "bound_tokens_per_s": min(memory_bound, compute_bound),
+    }
 
 
 def _bench_serial_generate(
@@ -323,6 +389,14 @@ def run_bench(
     serial_summary["note"] = "generate() does not stream: TTFT is the whole latency"
 
     by_level = {level["concurrency"]: level for level in levels}
+    rates = machine_rates()
+    bounds = []
+    for level in (1, 8):
+        if level in by_level:
+            bound = roofline(lm, rates, min(level, slots))
+            bound["engine_tokens_per_s"] = by_level[level]["aggregate_tokens_per_s"]
+            bound["engine_share_of_bound"] = bound["engine_tokens_per_s"] / bound["bound_tokens_per_s"]
+            bounds.append(bound)
     serial_rate = serial_summary["aggregate_tokens_per_s"]
     speedup_8 = by_level[8]["aggregate_tokens_per_s"] / serial_rate if 8 in by_level and serial_rate else None
     ttft_ratio_8 = (
@@ -351,6 +425,8 @@ def run_bench(
         "ttft_ratio_8": ttft_ratio_8,
         "recompiles_after_warmup": recompiles,
         "outputs_consistent": consistent,
+        "machine": rates,
+        "roofline": bounds,
     }
 
 
@@ -399,4 +475,17 @@ def format_table(result: dict[str, Any]) -> str:
         _prefix_line(result["prefix_cache"]),
         f"outputs identical across concurrency levels: {result['outputs_consistent']}",
     ]
+    machine = result.get("machine")
+    if machine:
+        lines.append(
+            f"this machine: memory read {machine['memory_bytes_per_s'] / 1e9:.1f} GB/s, "
+            f"float32 matmul {machine['flops_per_s'] / 1e9:.1f} GFLOP/s"
+        )
+    for bound in result.get("roofline", []):
+        lines.append(
+            f"bound at batch {bound['batch']}: {bound['weight_bytes_per_step'] / 1e6:.0f} MB of weights read per "
+            f"step, {bound['flops_per_token'] / 1e6:.0f} MFLOP per token -> memory "
+            f"{bound['memory_bound_tokens_per_s']:.0f} / compute {bound['compute_bound_tokens_per_s']:.0f} tokens/s; "
+            f"engine {bound['engine_tokens_per_s']:.0f} tokens/s = {bound['engine_share_of_bound']:.0%} of the bound"
+        )
     return "\n".join(lines)

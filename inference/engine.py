@@ -232,6 +232,23 @@ class Request:
         if self.stop_reason == "error":
             raise EngineError(f"The engine's decode loop failed: {self.error!r}") from self.error
 
+    def deltas(self, tick: float) -> Iterator[str]:
+        """The text deltas, as iterating the request gives them, and an empty string whenever
+        ``tick`` seconds pass without one: a reader that shows text on a clock (the arena's
+        pacing) gets to run between the model's bursts."""
+        while not self._drained:
+            try:
+                item = self._deltas.get(timeout=tick)
+            except queue.Empty:
+                yield ""
+                continue
+            if item is _END:
+                self._drained = True
+                break
+            yield item
+        if self.stop_reason == "error":
+            raise EngineError(f"The engine's decode loop failed: {self.error!r}") from self.error
+
     def result(self, timeout: float | None = None) -> str:
         """Wait for the end (without iterating) and return the whole text; raise on error."""
         if not self._finished.wait(timeout):

@@ -74,6 +74,13 @@ class LLM(models.Model):
     top_k = models.PositiveIntegerField(default=0, help_text="0 disables top-k filtering.")
     top_p = models.FloatField(default=1.0, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)])
     max_new_tokens = models.PositiveIntegerField(default=96, validators=[MinValueValidator(1)])
+    sustained_chars_per_s = models.FloatField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="What the model sustains: the median of its own speeds on its recent replies, measured by its "
+        "workers before pacing. Battles are paced at the slower model's.",
+    )
     created = models.DateTimeField(auto_now_add=True)
 
     objects = LLMQuerySet.as_manager()
@@ -96,8 +103,3 @@ class LLM(models.Model):
         if not self.queue:
             self.queue = f"model.{self.name}"
         super().save(*args, **kwargs)  # type: ignore[arg-type]
-
-    @property
-    def display_name(self) -> str:
-        """The name as the roster and the leaderboard show it (base models say so)."""
-        return f"{self.name} (base)" if self.base else self.name

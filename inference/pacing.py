@@ -1,16 +1,24 @@
-"""How fast a reply's text may appear to the voter: one pace for every model. Plain Python.
+"""How fast a reply's text may appear to the voter: one pace for both sides of a battle.
+Plain Python.
 
 Two anonymous models side by side give themselves away by speed: a small model streams faster
-and starts sooner. The arena therefore shows every reply at the same pace: no text before
+and starts sooner. The arena therefore shows both sides at the same pace: no text before
 ``first_after_s`` seconds from the reply's start, then at most ``chars_per_s`` characters a
 second (characters, not tokens: tokenizers differ, what the voter sees does not). A model
-faster than the pace is held back to it; only one slower than the pace still shows its own
-speed, so the pace should be set below the slowest model's. 0 for both turns pacing off.
+faster than the pace is held back to it; only one slower than the pace would still show its
+own speed. So each battle is paced at what its slower model sustains (``battle_pace``, from
+the models' measured speeds on recent replies), and on a turn sent to both sides the reply's
+start is when *both* sides have their first text (``inference.services.DeltaBatcher``), so
+that neither side's first text comes sooner. 0 for both turns pacing off.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+_TOLERANCE_S = 1e-9
 
 
 @dataclass(frozen=True)
@@ -27,7 +35,12 @@ class Pace:
         return self.chars_per_s > 0 or self.first_after_s > 0
 
     def visible(self, elapsed_s: float, available: int) -> int:
-        """How many of ``available`` characters may be shown ``elapsed_s`` after the start."""
+        """How many of ``available`` characters may be shown ``elapsed_s`` after the start.
+
+        Times within a nanosecond count as reached: ``wait_s`` computes them by subtraction,
+        and a clock that has advanced by exactly that much must see the text it waited for.
+        """
+        elapsed_s += _TOLERANCE_S
         if elapsed_s < self.first_after_s:
             return 0
         if self.chars_per_s <= 0:
@@ -41,3 +54,19 @@ class Pace:
         if self.chars_per_s <= 0:
             return 0.0
         return max(0.0, self.first_after_s + shown / self.chars_per_s - elapsed_s)
+
+
+def sustained_speed(recent: Sequence[float]) -> float | None:
+    """What a model sustains, from its own speeds (characters a second) on recent replies: the
+    median, robust to the odd reply that shared the machine with a compile. None: no data."""
+    return statistics.median(recent) if recent else None
+
+
+def battle_pace(configured: float, sustained: Sequence[float | None], *, unmeasured: float, margin: float) -> float:
+    """Characters a second for every reply of a battle between models that sustain ``sustained``
+    (None: not measured yet, taken as ``unmeasured``): ``margin`` times the slower one, never
+    above ``configured`` (the site's pace; 0 means pacing is off, and stays off)."""
+    if configured <= 0:
+        return 0.0
+    speeds = [unmeasured if speed is None else margin * speed for speed in sustained]
+    return max(1.0, min([configured, *speeds]))

@@ -82,4 +82,6 @@ def _special_tokens(path: Path) -> list[str]:
 def local_presets(directory: Path) -> list[PresetInfo]:
     if not directory.is_dir():
         return []
-    return [read_preset(child) for child in sorted(directory.iterdir()) if (child / "config.json").is_file()]
+    # Dot-folders are work in progress (an import's scratch folder, a fine-tune's evaluation copy).
+    children = sorted(child for child in directory.iterdir() if not child.name.startswith("."))
+    return [read_preset(child) for child in children if (child / "config.json").is_file()]

@@ -5,6 +5,7 @@ tier does, through Celery's task discovery) stays cheap.
 """
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -54,9 +55,17 @@ class DeltaBatcher:
     Each flush first persists the text shown so far, then publishes it: a client that
     reconnects and reads the database never misses a delta that was published before it
     subscribed, and never sees text the pace has not shown yet. The persist step also tells
-    whether the voter has asked to stop the reply (`stop_requested`). The pace
-    (inference.pacing, ``ARENA_STREAM_CHARS_PER_S`` and ``ARENA_STREAM_FIRST_TEXT_SECONDS``)
-    is the same for every model, so that speed does not tell the two sides apart.
+    whether the voter has asked to stop the reply (`stop_requested`).
+
+    The pace (inference.pacing) is the battle's, the same for both sides. On a turn sent to
+    both sides (``hold``: what the other side's reply is doing), the reply's pace starts when
+    both models have their first text, so that neither side's text appears sooner: the first
+    text is recorded (``mark_first_token``), and the other side's looked up once an interval
+    until it has one (the pace then counts from the later of the two), has finished without
+    one, or ``ARENA_STREAM_HOLD_SECONDS`` have passed (the pace then counts from now: held text
+    never comes out in one burst). A stop asked for while holding is seen at the next look-up.
+    The caller flushes on a clock too (``Request.deltas``), so that a side between two of its
+    model's bursts shows its text on time.
     """
 
     def __init__(
@@ -68,6 +77,7 @@ class DeltaBatcher:
         turn: int,
         publisher: FramePublisher,
         pace: Pace | None = None,
+        hold: Callable[[], votes_selectors.HoldState] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -78,9 +88,15 @@ class DeltaBatcher:
         self.publisher = publisher
         self.interval = settings.ARENA_DELTA_FLUSH_SECONDS
         self.pace = pace or Pace(settings.ARENA_STREAM_CHARS_PER_S, settings.ARENA_STREAM_FIRST_TEXT_SECONDS)
+        self.hold = hold
         self.clock = clock
         self.sleep = sleep
         self.started = clock()
+        # When the pace starts counting: the reply's start, or, beside a partner, once known.
+        self.origin: float | None = None if hold is not None else self.started
+        self.first_text_at: float | None = None  # clock() of the model's first text
+        self.first_text_chars = 0
+        self.last_partner_check = -math.inf
         self.text = ""
         self.shown = 0  # Characters published (and persisted).
         self.seq = 0
@@ -91,16 +107,39 @@ class DeltaBatcher:
         # PostgreSQL text cannot hold NUL, which a model may well produce: shown as U+FFFD.
         self.text += delta.replace("\x00", "\ufffd")
         now = self.clock()
+        if self.first_text_at is None and self.text:
+            self.first_text_at, self.first_text_chars = now, len(self.text)
+            if self.hold is not None:
+                votes_services.mark_first_token(self.message_id)
         # The first text goes out as soon as the pace allows; later text in batches.
         if self.seq == 0 or now - self.last_flush >= self.interval:
             self.flush(now)
+
+    def _find_origin(self, now: float) -> None:
+        """Beside a partner: start the pace once both sides have text (or the partner ended
+        without any, or the hold limit passed). Looked up at most once an interval."""
+        if self.origin is not None or self.first_text_at is None or self.hold is None:
+            return
+        if now - self.last_partner_check < self.interval:
+            return
+        self.last_partner_check = now
+        state = self.hold()
+        if state.stop_requested:
+            self.stop_requested = True
+        elif state.partner_started_s_ago is not None:
+            self.origin = max(self.first_text_at, now - state.partner_started_s_ago)
+        elif state.partner_finished or now - self.first_text_at >= settings.ARENA_STREAM_HOLD_SECONDS:
+            self.origin = now
 
     def flush(self, now: float | None = None) -> None:
         """Persist, then publish, the text the pace lets the voter see by now."""
         if self.stop_requested:
             return
         now = self.clock() if now is None else now
-        visible = self.pace.visible(now - self.started, len(self.text))
+        self._find_origin(now)
+        if self.origin is None:
+            return
+        visible = self.pace.visible(now - self.origin, len(self.text))
         if visible <= self.shown:
             return
         frame = delta_frame(self.side, self.turn, self.seq, self.text[self.shown : visible])
@@ -117,11 +156,24 @@ class DeltaBatcher:
         """Once the model is done: show the rest at the pace (at once without one), unless the
         voter stops the reply meanwhile."""
         while self.shown < len(self.text) and not self.stop_requested:
-            wait = self.pace.wait_s(self.clock() - self.started, self.shown)
+            if self.origin is None:  # Waiting for the partner's first text.
+                self.sleep(self.interval)
+                self.flush()
+                continue
+            wait = self.pace.wait_s(self.clock() - self.origin, self.shown)
             if wait > 0:
                 # Before the first text, exactly until it is due; then in batches of an interval.
                 self.sleep(wait if self.seq == 0 else max(wait, self.interval))
             self.flush()
+
+    def model_chars_per_s(self, finished_at: float) -> float | None:
+        """The model's own speed on this reply: characters after its first text, per second of
+        generation after it (None when too little was written to tell)."""
+        if self.first_text_at is None:
+            return None
+        chars = len(self.text) - self.first_text_chars
+        # Under 0.2 s the clock says little: a lower bound then (a fast model stays fast).
+        return chars / max(finished_at - self.first_text_at, 0.2) if chars >= 20 else None
 
     @property
     def published_text(self) -> str:
@@ -160,14 +212,30 @@ class Heartbeat:
 
 
 def run_generation(message_id: int, publisher: FramePublisher, attempt: int | None = None) -> None:
-    context = votes_selectors.generation_context(message_id)
-    previous_status = votes_services.claim_reply(message_id, attempt) if context else None
-    if context is None or previous_status is None:
-        logger.info("Reply %s is gone, finished or stopped; nothing to generate", message_id)
-        return
+    """Generate one reply. Never raises: an error the generation could not end the reply
+    through itself (a failed database write, say) fails the reply at once, with a message and
+    Retry for the voter, rather than leaving it to the stall or queue limit."""
+    try:
+        context = votes_selectors.generation_context(message_id)
+        previous_status = votes_services.claim_reply(message_id, attempt) if context else None
+        if context is None or previous_status is None:
+            logger.info("Reply %s is gone, finished or stopped; nothing to generate", message_id)
+            return
 
-    with Heartbeat(message_id, settings.ARENA_REPLY_HEARTBEAT_SECONDS):
-        _generate(context, previous_status, publisher)
+        with Heartbeat(message_id, settings.ARENA_REPLY_HEARTBEAT_SECONDS):
+            _generate(context, previous_status, publisher)
+    except Exception:
+        logger.exception("Reply %s failed outside the model's generation", message_id)
+        _fail_at_once(message_id, publisher, attempt)
+
+
+def _fail_at_once(message_id: int, publisher: FramePublisher, attempt: int | None) -> None:
+    try:
+        failed = votes_services.fail_reply(message_id, votes_services.WORKER_ERROR, attempt)
+        if failed is not None:
+            publisher.publish(votes_selectors.battle_group(failed.battle_public_id), [failed.end_frame()])
+    except Exception:  # The database is unreachable: fail_stalled_replies ends it later.
+        logger.exception("Reply %s could not be failed; the stall check will", message_id)
 
 
 def _generate(context: votes_selectors.GenerationContext, previous_status: str, publisher: FramePublisher) -> None:
@@ -179,9 +247,21 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
     if previous_status == Message.Status.STREAMING:
         # Redelivered after a worker was lost: the reply starts over from nothing.
         publisher.publish(group, [{"type": "restart", "side": context.side, "turn": context.turn}])
-    batcher = DeltaBatcher(
-        message_id=message_id, group=group, side=context.side, turn=context.turn, publisher=publisher
+    pace = Pace(
+        settings.ARENA_STREAM_CHARS_PER_S if context.pace_chars_per_s is None else context.pace_chars_per_s,
+        settings.ARENA_STREAM_FIRST_TEXT_SECONDS,
     )
+    partner_id = context.partner_reply_id
+    batcher = DeltaBatcher(
+        message_id=message_id,
+        group=group,
+        side=context.side,
+        turn=context.turn,
+        publisher=publisher,
+        pace=pace,
+        hold=None if partner_id is None else lambda: votes_selectors.hold_state(message_id, partner_id),
+    )
+    generated_at: float | None = None
     model = context.model
     started = time.monotonic()
     failure = NOT_GENERATED
@@ -215,13 +295,17 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
         watchdog = threading.Timer(settings.ARENA_GENERATION_TIMEOUT_SECONDS, time_out)
         watchdog.daemon = True
         watchdog.start()
-        for delta in request:
-            batcher.add(delta)
+        for delta in request.deltas(tick=batcher.interval):
+            if delta:
+                batcher.add(delta)
+            else:  # No text for an interval: show what the pace allows by now.
+                batcher.flush()
             if batcher.stop_requested:
                 request.cancel()
                 for _ in request:  # Wait until the engine has freed the slot; drop the rest.
                     pass
                 break
+        generated_at = time.monotonic()
         batcher.drain()
         if timed_out.is_set():
             failure = TIMED_OUT
@@ -267,6 +351,7 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
         started=started,
         tokens=stats.tokens,
         ttft_s=stats.ttft_s,
+        model_chars_per_s=None if generated_at is None else batcher.model_chars_per_s(generated_at),
     )
 
 
@@ -281,6 +366,7 @@ def _finish(
     tokens: int = 0,
     ttft_s: float | None = None,
     error: str | None = None,
+    model_chars_per_s: float | None = None,
 ) -> None:
     """Save the reply's final state, then announce it: the end frame never precedes the save."""
     text = batcher.published_text if status == Message.Status.STOPPED else batcher.text
@@ -296,6 +382,7 @@ def _finish(
         time_to_first_token_ms=ttft_ms,
         duration_ms=duration_ms,
         error=error or "",
+        model_chars_per_s=model_chars_per_s,
     )
     if not saved:
         logger.warning("Reply %s was failed as stalled before it finished; its end is dropped", context.message_id)
@@ -317,10 +404,12 @@ def _finish(
 def generate_text(model: LLM, system_prompt: str | None, conversation: list[tuple[str, str]], seed: int) -> str:
     """One whole reply from the model's engine, for evaluation runs (no streaming, no rows).
 
-    The model's own sampling settings and token limit apply, as in a battle.
+    Greedy, whatever the roster's sampling settings (real models sample in battles): a run
+    measures each model's most likely reply, reproducibly. The model's token limit applies, as
+    in a battle; ``seed`` is kept for the interface (it matters only to sampled decoding).
     """
     from inference import chat_templates, hosting
-    from inference.engine import SamplingParams
+    from inference.engine import GREEDY
     from votes.evaluation import ContextOverflow
 
     engine = hosting.engine_for(model_spec(model))
@@ -330,7 +419,7 @@ def generate_text(model: LLM, system_prompt: str | None, conversation: list[tupl
             chat_templates.render_prompt(model.family, system_prompt or None, turns),
             max_new_tokens=min(model.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS),
             stop_strings=chat_templates.stop_strings(model.family),
-            sampling=SamplingParams(temperature=model.temperature, top_k=model.top_k, top_p=model.top_p, seed=seed),
+            sampling=GREEDY,
         )
     except ValueError as error:  # The conversation is never empty: it does not fit the context.
         raise ContextOverflow(str(error)) from error

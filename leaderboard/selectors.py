@@ -140,6 +140,11 @@ def fix_rates(names: list[str]) -> dict[str, dict[str, ratings.FixRate]]:
     }
 
 
+def base_model_names() -> set[str]:
+    """Pretrained base models (not tuned to chat), labelled as such wherever they are ranked."""
+    return set(LLM.objects.filter(base=True).values_list("name", flat=True))
+
+
 def roster_names() -> list[str]:
     return list(LLM.objects.order_by("name").values_list("name", flat=True))
 

@@ -32,5 +32,6 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
         "win_map": charts.heatmap(snapshot.model_names, snapshot.win_fractions, kind="fraction"),
         "count_map": charts.heatmap(snapshot.model_names, snapshot.battle_counts, kind="count"),
         "excluded_total": sum(snapshot.excluded.values()),
+        "base_models": selectors.base_model_names(),
     }
     return render(request, "leaderboard/index.html", context)

@@ -11,6 +11,7 @@ import pytest
 import redis
 from asgiref.sync import sync_to_async
 from celery.contrib.testing.worker import start_worker
+from channels.layers import channel_layers
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.contrib.sessions.backends.db import SessionStore
@@ -96,6 +97,16 @@ def celery_worker(run_id: str, django_db_blocker: Any) -> Iterator[Any]:
         ) as worker,
     ):
         yield worker
+
+
+@pytest.fixture
+def embedded_mode(settings: Any) -> Iterator[None]:
+    """Embedded mode: no broker, replies generated on threads of this process, in-memory layer."""
+    settings.GENERATION_BACKEND = "in-process"
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    channel_layers.backends.clear()  # channels caches the layer built from the old setting
+    yield
+    channel_layers.backends.clear()
 
 
 @pytest.fixture

@@ -1,21 +1,19 @@
 """Embedded mode: no broker, replies generated on threads of the web process, in-memory layer."""
 
+import asyncio
+import sys
+from pathlib import Path
+
 import pytest
 from channels.db import database_sync_to_async
-from channels.layers import channel_layers
 
+from arena_site.stack import Stack
+from votes.loadtest import run_voters
 from votes.models import Message
 
+VOTERS = 4
+
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def embedded_mode(settings):
-    settings.GENERATION_BACKEND = "in-process"
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    channel_layers.backends.clear()  # channels caches the layer built from the old setting
-    yield
-    channel_layers.backends.clear()
 
 
 async def test_in_process_worker_streams_both_sides(embedded_mode, connect_battle, demo_llms) -> None:
@@ -32,3 +30,41 @@ async def test_in_process_worker_streams_both_sides(embedded_mode, connect_battl
         assert [d["seq"] for d in deltas] == list(range(len(deltas)))
         assert reply.status == Message.Status.DONE
         assert reply.content == "".join(d["text"] for d in deltas)
+
+
+def test_battles_streaming_at_once_on_sqlite_never_lock_or_hang(smollm2_preset: Path, tmp_path: Path) -> None:
+    """The embedded arena as scripts/serve runs it (SQLite, in-memory layer, in-process worker),
+    in a daphne of its own, with a real model as slow as the roster's (SmolLM2, both sides):
+    several voters play whole battles at once. Every reply streams to its end, none fails or
+    waits for the queue limit, and the server log has no lock error."""
+    presets = tmp_path / "presets"
+    presets.mkdir()
+    for name in ("smollm2-a", "smollm2-b"):  # Two contestants, one engine's worth of weights each.
+        (presets / name).symlink_to(smollm2_preset, target_is_directory=True)
+    stack = Stack(
+        database_url="",
+        redis_url="",
+        log_dir=tmp_path / "logs",
+        env={
+            "ARENA_VAR_DIR": str(tmp_path / "var"),
+            "ARENA_RATE_LIMITS": "battle=30/0/3600,message=20/0/60,vote=60/0/60",  # loopback voters
+            "ARENA_MAX_NEW_TOKENS": "64",
+        },
+    )
+    for command in (["migrate", "--noinput"], ["register_demo_models", "--dir", str(presets)]):
+        setup = stack.spawn(command[0], [sys.executable, "manage.py", *command])
+        assert setup.process.wait(timeout=120) == 0, setup.log_tail()
+    web, url = stack.start_web()
+    try:
+        results, _ = asyncio.run(run_voters(url, VOTERS))
+    finally:
+        stack.stop()
+    log = web.log.read_text(errors="replace")
+    assert "database is locked" not in log
+    assert [error for result in results for error in result.errors] == []
+    assert all(result.finished for result in results)
+    statuses = [record.status for result in results for record in result.replies.values()]
+    assert statuses == ["done"] * (3 * VOTERS), statuses  # Two replies to the prompt, one to the fix.
+    for result in results:
+        for record in result.replies.values():
+            assert record.delivered == record.saved and record.saved.strip()

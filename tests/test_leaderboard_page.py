@@ -164,3 +164,13 @@ def test_admin_flags_the_voters_of_battles(client, models) -> None:
     assert FlaggedVoter.objects.get().voter_key == battle.voter_key
     assert selectors.counted_votes().count() == 0
     assert selectors.excluded_votes()["flagged voter"] == 1
+
+
+def test_a_base_model_is_labelled_as_such(client, models) -> None:
+    strong, weak, _idle = models
+    LLM.objects.filter(pk=weak.pk).update(base=True)
+    make_battle(strong, weak, "a")
+    html = client.get("/leaderboard/").content.decode()
+    row = next(line for line in html.splitlines() if "<td>weak" in line)
+    assert "(base)" in row
+    assert "(base)" not in next(line for line in html.splitlines() if "<td>strong" in line)

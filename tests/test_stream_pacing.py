@@ -1,13 +1,16 @@
 """Every reply appears at the same pace (inference/pacing.py, inference.services.DeltaBatcher)."""
 
+import time as time_module
 from typing import Any
 
 import pytest
+from django.conf import settings
 
-from inference.pacing import Pace
+from inference.pacing import Pace, battle_pace, sustained_speed
 from inference.services import DeltaBatcher
 from votes import services
 from votes.models import Message
+from votes.selectors import HoldState
 
 
 def test_the_pace() -> None:
@@ -113,3 +116,180 @@ def test_a_nul_character_from_the_model_is_saved_and_shown_as_a_replacement(stre
     assert [frame["text"] for frame in recorder.frames] == ["ab\ufffdc"]
     streaming_reply.refresh_from_db()
     assert streaming_reply.content == "ab\ufffdc"
+
+
+# --- One pace per battle: what its slower model sustains; both sides start together --------
+
+
+def test_a_battle_is_paced_at_what_its_slower_model_sustains() -> None:
+    assert sustained_speed([]) is None
+    assert sustained_speed([90.0, 10.0, 100.0, 95.0, 80.0]) == 90.0  # The median: one bad reply is ignored.
+    assert battle_pace(250, [400.0, 100.0], unmeasured=40, margin=0.8) == pytest.approx(80.0)
+    assert battle_pace(50, [400.0, 100.0], unmeasured=40, margin=0.8) == 50  # Never above the site's pace.
+    assert battle_pace(250, [400.0, None], unmeasured=40, margin=0.8) == 40  # A new model: the cautious pace.
+    assert battle_pace(0, [400.0, 100.0], unmeasured=40, margin=0.8) == 0  # Pacing off stays off.
+
+
+class Partner:
+    """The other side's reply, as votes.selectors.hold_state reports it to a holding side."""
+
+    def __init__(self, time: FakeTime) -> None:
+        self.time = time
+        self.started_at: float | None = None
+        self.finished = False
+        self.stop = False  # The voter stopped the holding side's reply.
+        self.lookups = 0
+
+    def start_now(self) -> None:
+        self.started_at = self.time.now
+
+    def __call__(self) -> HoldState:
+        self.lookups += 1
+        ago = None if self.started_at is None else self.time.now - self.started_at
+        return HoldState(partner_started_s_ago=ago, partner_finished=self.finished, stop_requested=self.stop)
+
+
+def paired_batcher(reply: Message, pace: Pace, time: FakeTime, recorder: Recorder, partner: Partner) -> DeltaBatcher:
+    return DeltaBatcher(
+        message_id=reply.pk, group="g", side="a", turn=0, publisher=recorder, pace=pace, hold=partner,
+        clock=time.clock, sleep=time.sleep,
+    )  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_the_first_text_waits_until_the_other_side_has_text_too(streaming_reply: Message) -> None:
+    time, recorder = FakeTime(), Recorder()
+    partner = Partner(time)
+    batcher = paired_batcher(streaming_reply, Pace(chars_per_s=100, first_after_s=0.2), time, recorder, partner)
+    time.now = 0.1
+    batcher.add("x" * 300)  # The fast side has everything at once...
+    streaming_reply.refresh_from_db()
+    assert streaming_reply.first_token_at is not None  # ...and says so for the other side's worker.
+    for _ in range(20):  # ...but shows nothing while the slow side has none.
+        time.now += 0.05
+        batcher.flush()
+    assert recorder.frames == []
+    assert partner.lookups <= 21  # Looked up once an interval, not on every call.
+    time.now = 1.5
+    partner.start_now()  # The slow side's first text: the pace of both starts here.
+    batcher.drain()
+    assert "".join(frame["text"] for frame in recorder.frames) == "x" * 300
+    # First text 0.2 s after both had started (1.5 s), then 100 characters a second.
+    assert time.now == pytest.approx(1.5 + 0.2 + 299 / 100, abs=0.1)
+
+
+@pytest.mark.django_db
+def test_a_side_that_started_later_counts_from_its_own_first_text(streaming_reply: Message) -> None:
+    time, recorder = FakeTime(), Recorder()
+    partner = Partner(time)
+    partner.start_now()  # The other side had text at 0.0.
+    batcher = paired_batcher(streaming_reply, Pace(chars_per_s=100, first_after_s=0.2), time, recorder, partner)
+    time.now = 2.0
+    batcher.add("y" * 100)
+    batcher.drain()
+    assert batcher.origin == pytest.approx(2.0)
+    assert time.now == pytest.approx(2.0 + 0.2 + 99 / 100, abs=0.1)
+
+
+@pytest.mark.django_db
+def test_a_partner_that_ended_without_text_or_the_hold_limit_release_the_side(streaming_reply: Message) -> None:
+    time, recorder = FakeTime(), Recorder()
+    partner = Partner(time)
+    batcher = paired_batcher(streaming_reply, Pace(chars_per_s=1000), time, recorder, partner)
+    batcher.add("z")
+    partner.finished = True  # Failed or stopped before any text: nothing to wait for.
+    batcher.drain()
+    assert [frame["text"] for frame in recorder.frames] == ["z"]
+
+    time, recorder = FakeTime(), Recorder()
+    partner = Partner(time)
+    Message.objects.filter(pk=streaming_reply.pk).update(content="", delta_count=0)
+    batcher = paired_batcher(streaming_reply, Pace(chars_per_s=1000), time, recorder, partner)
+    batcher.add("w")
+    batcher.drain()  # The other side never starts: shown after the hold limit, not never.
+    assert [frame["text"] for frame in recorder.frames] == ["w"]
+    assert time.now == pytest.approx(settings.ARENA_STREAM_HOLD_SECONDS, abs=0.1)
+
+
+@pytest.mark.django_db
+def test_the_held_text_comes_out_at_the_pace_not_in_one_burst(streaming_reply: Message) -> None:
+    time, recorder = FakeTime(), Recorder()
+    partner = Partner(time)
+    batcher = paired_batcher(streaming_reply, Pace(chars_per_s=100), time, recorder, partner)
+    batcher.add("v" * 1000)
+    time.now = 5.0
+    partner.finished = True  # Ended without text after 5 s: the pace starts now, not at 0.
+    batcher.flush()
+    assert sum(len(frame["text"]) for frame in recorder.frames) == 1
+
+
+@pytest.mark.django_db
+def test_a_stop_while_holding_is_seen_at_the_next_look_up(streaming_reply: Message) -> None:
+    time, recorder = FakeTime(), Recorder()
+    partner = Partner(time)
+    batcher = paired_batcher(streaming_reply, Pace(chars_per_s=100), time, recorder, partner)
+    batcher.add("u" * 50)
+    partner.stop = True
+    time.now = 0.1
+    batcher.flush()
+    assert batcher.stop_requested and recorder.frames == []
+
+
+def test_the_model_speed_of_a_reply_is_measured_before_pacing() -> None:
+    time = FakeTime()
+    batcher = DeltaBatcher(
+        message_id=0, group="g", side="a", turn=0, publisher=Recorder(), pace=Pace(chars_per_s=10),
+        clock=time.clock, sleep=time.sleep,
+    )  # fmt: skip
+    batcher.flush = lambda now=None: None  # type: ignore[method-assign]  # No database here.
+    time.now = 1.0
+    batcher.add("a" * 10)
+    time.now = 3.0
+    batcher.add("b" * 200)
+    assert batcher.model_chars_per_s(3.0) == pytest.approx(100.0)  # 200 characters in 2 s, not the pace's 10.
+    assert batcher.model_chars_per_s(1.05) == pytest.approx(1000.0)  # Under 0.2 s: a lower bound.
+    short = DeltaBatcher(message_id=0, group="g", side="a", turn=0, publisher=Recorder(), clock=time.clock)
+    short.flush = lambda now=None: None  # type: ignore[method-assign]
+    short.add("ok")
+    assert short.model_chars_per_s(time.now + 1) is None  # Too little text to tell.
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_two_models_of_very_different_speed_look_alike_to_the_voter(
+    embedded_mode: None, connect_battle: Any, smollm2_preset: Any
+) -> None:
+    """A tiny random-weight model (thousands of tokens a second) against SmolLM2 (tens), served
+    by the in-process worker: a first battle measures them, a second is paced at the slower
+    one. As the voter's socket sees it, each side's first text and its characters per second
+    differ by less than 10%."""
+    from channels.db import database_sync_to_async
+
+    from inference.models import LLM
+    from tests.conftest import PRESETS_DIR
+
+    await database_sync_to_async(LLM.objects.create)(
+        name="fast", family="gemma", preset=str(PRESETS_DIR / "tiny-gemma"), max_new_tokens=48
+    )
+    await database_sync_to_async(LLM.objects.create)(
+        name="slow", family="chatml", preset=str(smollm2_preset), max_new_tokens=48
+    )
+    for _battle in ("measuring", "measured"):
+        client = await connect_battle()
+        sent = time_module.monotonic()
+        await client.send({"type": "prompt", "text": "Tell me about the sea, in a few sentences."})
+        arrivals: dict[str, list[tuple[float, int]]] = {"a": [], "b": []}
+        ended: set[str] = set()
+        while ended != {"a", "b"}:
+            frame = await client.receive()
+            if frame["type"] == "delta":
+                arrivals[frame["side"]].append((time_module.monotonic() - sent, len(frame["text"])))
+            elif frame["type"] == "end":
+                assert frame["status"] == "done", frame
+                ended.add(frame["side"])
+        await client.communicator.disconnect()
+    first_text = {side: times[0][0] for side, times in arrivals.items()}
+    speed = {
+        side: sum(chars for _, chars in times[1:]) / (times[-1][0] - times[0][0]) for side, times in arrivals.items()
+    }
+    assert abs(first_text["a"] - first_text["b"]) < 0.1 * max(first_text.values()), first_text
+    assert abs(speed["a"] - speed["b"]) < 0.1 * max(speed.values()), speed

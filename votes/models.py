@@ -134,6 +134,12 @@ class Battle(models.Model):
     excluded_reason = models.CharField(max_length=300, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     ended = models.DateTimeField(null=True, blank=True)
+    pace_chars_per_s = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Characters a second at which every reply of this battle is shown: what its slower model "
+        "sustains (inference.pacing). Empty: ARENA_STREAM_CHARS_PER_S.",
+    )
 
     class Meta:
         ordering = ["-created"]
@@ -216,6 +222,14 @@ class Message(models.Model):
     token_count = models.PositiveIntegerField(null=True, blank=True)
     time_to_first_token_ms = models.PositiveIntegerField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    first_token_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the model's first text of this reply reached its worker."
+    )
+    model_chars_per_s = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="The model's own speed on this reply, before pacing: characters a second after its first text.",
+    )
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -5,7 +5,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, Q
+from django.db.models.functions import Now
 
 from inference.models import LLM
 from votes import evaluation
@@ -169,6 +170,47 @@ class GenerationContext:
     system_prompt: str | None
     # (role, content) pairs of this side's conversation up to and including the prompt to answer.
     conversation: list[tuple[str, str]]
+    pace_chars_per_s: float | None  # The battle's pace; None: the site's.
+    # The other side's reply to the same prompt (a turn sent to both sides), or None.
+    partner_reply_id: int | None
+
+
+def recent_model_speeds(model: LLM, limit: int) -> list[float]:
+    """The model's own speeds (characters a second, before pacing) on its last ``limit`` replies."""
+    replies = Message.objects.filter(role=Message.Role.ASSISTANT, model_chars_per_s__isnull=False).filter(
+        Q(side="a", battle__model_a=model) | Q(side="b", battle__model_b=model)
+    )
+    return list(replies.order_by("-pk").values_list("model_chars_per_s", flat=True)[:limit])
+
+
+@dataclass(frozen=True)
+class HoldState:
+    """What a side holding its first text needs to know, read in one query: how long ago the
+    other side's model produced its first text (None: not yet; measured by the database's clock,
+    as it was recorded, so hosts' clocks never matter), whether the other side is over, and
+    whether the voter has asked to stop this reply."""
+
+    partner_started_s_ago: float | None
+    partner_finished: bool
+    stop_requested: bool
+
+
+def hold_state(message_id: int, partner_id: int) -> HoldState:
+    rows = {
+        row["pk"]: row
+        for row in Message.objects.filter(pk__in=[message_id, partner_id])
+        .annotate(now=Now())
+        .values("pk", "first_token_at", "status", "stop_requested", "now")
+    }
+    own, partner = rows.get(message_id), rows.get(partner_id)
+    if partner is None:  # Gone with its battle: nothing to wait for.
+        return HoldState(None, True, own is None or own["stop_requested"])
+    started = partner["first_token_at"]
+    return HoldState(
+        partner_started_s_ago=None if started is None else max(0.0, (partner["now"] - started).total_seconds()),
+        partner_finished=partner["status"] in Message.FINISHED_STATUSES,
+        stop_requested=own is None or own["stop_requested"],
+    )
 
 
 def generation_context(message_id: int) -> GenerationContext | None:
@@ -185,6 +227,12 @@ def generation_context(message_id: int) -> GenerationContext | None:
     # Within a turn the user message comes first ("user" > "assistant", hence -role); the reply
     # being generated is left out.
     conversation = [(m.role, m.content) for m in history if m.pk != reply.pk]
+    partner = (
+        Message.objects.filter(battle=reply.battle, turn=reply.turn, role=Message.Role.ASSISTANT)
+        .exclude(side=reply.side)
+        .values_list("pk", flat=True)
+        .first()
+    )
     return GenerationContext(
         message_id=reply.pk,
         battle_public_id=reply.battle.public_id,
@@ -194,6 +242,8 @@ def generation_context(message_id: int) -> GenerationContext | None:
         seed=reply.seed or 0,
         system_prompt=reply.battle.task.system_prompt if reply.battle.task else None,
         conversation=conversation,
+        pace_chars_per_s=reply.battle.pace_chars_per_s,
+        partner_reply_id=partner,
     )
 
 

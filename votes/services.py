@@ -13,8 +13,11 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import Max, Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
+from inference import pacing
+from inference.models import LLM
 from votes import pairing, selectors
 from votes.checkers import CheckerConfigError
 from votes.leaks import find_identity_leak
@@ -28,6 +31,7 @@ logger = logging.getLogger(__name__)
 # What the voter reads when a reply's worker was lost (votes.services.fail_stalled_replies).
 WORKER_LOST = "The model server stopped while writing this reply. Retry it, or vote."
 NOT_PICKED_UP = "No model server took this reply in time. Retry it, or vote."
+WORKER_ERROR = "The model server hit an error while writing this reply. Retry it, or vote."
 NOT_QUEUED = "The model servers can't be reached right now. Retry this reply in a moment, or vote."
 
 
@@ -98,7 +102,26 @@ def start_battle(*, voter_key: str, task: Task | None = None, rng: random.Random
     if not weights:
         raise ArenaError("no_models", "The arena needs at least two enabled models; try again later.")
     id_a, id_b = pairing.draw_pair(weights, rng)
-    return Battle.objects.create(model_a_id=id_a, model_b_id=id_b, task=task, voter_key=voter_key)
+    return Battle.objects.create(
+        model_a_id=id_a, model_b_id=id_b, task=task, voter_key=voter_key, pace_chars_per_s=battle_pace(id_a, id_b)
+    )
+
+
+def battle_pace(*model_ids: int) -> float:
+    """The pace of a battle between these models: what the slower one sustains (inference.pacing)."""
+    sustained = dict(LLM.objects.filter(pk__in=model_ids).values_list("pk", "sustained_chars_per_s"))
+    return pacing.battle_pace(
+        settings.ARENA_STREAM_CHARS_PER_S,
+        [sustained.get(pk) for pk in model_ids],
+        unmeasured=settings.ARENA_STREAM_UNMEASURED_CHARS_PER_S,
+        margin=settings.ARENA_STREAM_PACE_MARGIN,
+    )
+
+
+def mark_first_token(message_id: int) -> None:
+    """The reply's model produced its first text (the other side's worker may be waiting for it)."""
+    # The database's clock, as hold_state reads it: the two sides' hosts may disagree.
+    Message.objects.filter(pk=message_id, first_token_at__isnull=True).update(first_token_at=Now())
 
 
 def _locked(battle: Battle) -> Battle:
@@ -345,7 +368,7 @@ def claim_reply(message_id: int, attempt: int | None = None) -> str | None:
             return None
         previous = reply.status
         Message.objects.filter(pk=message_id).update(
-            status=Message.Status.STREAMING, content="", delta_count=0, heartbeat=timezone.now()
+            status=Message.Status.STREAMING, content="", delta_count=0, heartbeat=timezone.now(), first_token_at=None
         )
     return previous
 
@@ -384,11 +407,29 @@ def fail_unqueued_replies(message_ids: list[int]) -> list[FailedReply]:
         return [_fail(reply, NOT_QUEUED) for reply in replies.select_related("battle")]
 
 
+def fail_reply(message_id: int, error: str, attempt: int | None = None) -> FailedReply | None:
+    """Fail a reply whose worker hit an error it could not finish the reply through (its
+    database write failed, say): at once, so that the voter sees the error and Retry instead of
+    waiting for the stall or queue limit. None if the reply is no longer this job's to fail
+    (finished, stopped, retried since)."""
+    with transaction.atomic():
+        replies = Message.objects.select_for_update(of=("self",)).filter(
+            pk=message_id,
+            role=Message.Role.ASSISTANT,
+            status__in=[Message.Status.PENDING, Message.Status.STREAMING],
+        )
+        if attempt is not None:
+            replies = replies.filter(regenerations=attempt)
+        reply = replies.select_related("battle").first()
+        return _fail(reply, error) if reply is not None else None
+
+
 def _fail(reply: Message, error: str) -> FailedReply:
     reply.error = error
     reply.status = Message.Status.FAILED
     reply.stop_reason = "error"
-    reply.save(update_fields=["status", "stop_reason", "error"])
+    reply.model_chars_per_s = None  # An earlier attempt's speed is not this one's.
+    reply.save(update_fields=["status", "stop_reason", "error", "model_chars_per_s"])
     logger.warning("Reply %s/%s turn %s failed: %s", reply.battle.public_id, reply.side, reply.turn, error)
     return FailedReply(
         battle_public_id=reply.battle.public_id,
@@ -437,6 +478,7 @@ def finish_reply(
     time_to_first_token_ms: int | None,
     duration_ms: int,
     error: str = "",
+    model_chars_per_s: float | None = None,
 ) -> bool:
     """Save a reply's final state, its automatic check (task battles) and any identity leak.
 
@@ -453,11 +495,16 @@ def finish_reply(
             token_count=token_count,
             time_to_first_token_ms=time_to_first_token_ms,
             duration_ms=duration_ms,
+            model_chars_per_s=model_chars_per_s,
         )
         if not updated:
             return False
         reply = Message.objects.select_related("battle__task", "battle__model_a", "battle__model_b").get(pk=message_id)
         review_reply(reply)
+    if model_chars_per_s is not None:
+        model = reply.battle.model_on(reply.side)
+        speeds = selectors.recent_model_speeds(model, settings.ARENA_STREAM_PACE_SAMPLE)
+        LLM.objects.filter(pk=model.pk).update(sustained_chars_per_s=pacing.sustained_speed(speeds))
     return True
 
 

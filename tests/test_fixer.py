@@ -1,0 +1,80 @@
+"""The fine-tuned fixer (inference.building.fixer): its data, its loss mask, its preset built from
+the committed LoRA weights, and that it fixes more held-out mistakes than its base model.
+
+The full training and its measured rates are ``manage.py finetune_fixer`` (a 20-minute run, not a
+test); its report is committed beside the weights (inference/fixer/*.report.json).
+"""
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inference.building import fixer
+from inference.calendar_checker import check_reply
+from inference.calendar_data import eval_corrections, training_examples
+from inference.management.commands.finetune_fixer import DEFAULT_WEIGHTS
+
+pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
+
+
+def test_wilson_interval() -> None:
+    assert fixer.wilson_interval(0, 100) == (0.0, pytest.approx(0.037, abs=0.001))
+    low, high = fixer.wilson_interval(79, 100)
+    assert (round(low, 3), round(high, 3)) == (0.700, 0.858)
+    assert fixer.wilson_interval(0, 0) == (0.0, 1.0)
+    assert str(fixer.Rate(79, 100)) == "79% [70%, 86%] (79/100)"
+
+
+def test_the_loss_counts_the_assistants_fixes_only(smollm2_preset: Path) -> None:
+    lm = fixer.load_base(smollm2_preset)
+    tokenizer = lm.preprocessor.tokenizer
+    corrections = [e for e in training_examples(0, 200, mixture=fixer.MIXTURE) if e.kind == "correction"]
+    example = next(e for e in corrections if not all(e.trained))  # A dialog with a mistaken reply.
+    fixer.check_encoding(lm, example)  # Segment-wise ids are the whole conversation's ids.
+    encoded = fixer.encode(lm, example)
+    assert encoded.ids[0] == tokenizer.token_to_id("<|im_start|>")  # SmolLM2: no start token added.
+    trained = [i for i, w in zip(encoded.ids, encoded.weights, strict=True) if w]
+    replies = [t.content for t in example.turns if t.role == "assistant"]
+    kept = [reply for reply, flag in zip(replies, example.trained, strict=True) if flag]
+    assert tokenizer.detokenize(np.asarray(trained)) == "".join(f"{reply}<|im_end|>" for reply in kept)
+    mistaken = next(reply for reply, flag in zip(replies, example.trained, strict=True) if not flag)
+    assert mistaken not in tokenizer.detokenize(np.asarray(trained))
+
+
+@pytest.fixture(scope="module")
+def fixer_preset(smollm2_preset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fixer") / "smollm2-calendar-fixer"
+    return fixer.build_fixer_preset(smollm2_preset, DEFAULT_WEIGHTS, out, {"steps": "test"})
+
+
+def test_the_fixer_preset_is_the_base_with_the_committed_lora_merged(smollm2_preset: Path, fixer_preset: Path) -> None:
+    assert DEFAULT_WEIGHTS.stat().st_size < 8_000_000  # Small and committed: the LoRA factors only.
+    metadata = json.loads((fixer_preset / "metadata.json").read_text())["fix_arena"]
+    assert metadata["template"] == "chatml" and metadata["base"] is False
+    assert metadata["fine_tuned"]["lora_weights"] == DEFAULT_WEIGHTS.name
+    base, tuned = fixer.load_base(smollm2_preset), fixer.load_base(fixer_preset)
+    block, tuned_block = base.backbone.transformer_layers[0], tuned.backbone.transformer_layers[0]
+    for name, changed in (("_query_dense", True), ("_value_dense", True), ("_key_dense", False)):
+        before = np.asarray(getattr(block._self_attention_layer, name).kernel)
+        after = np.asarray(getattr(tuned_block._self_attention_layer, name).kernel)
+        assert (not np.array_equal(before, after)) == changed, name
+    assert not getattr(tuned_block._self_attention_layer._query_dense, "lora_enabled", False)  # Merged.
+
+
+def test_the_fixer_fixes_more_held_out_mistakes_than_its_base(smollm2_preset: Path, fixer_preset: Path) -> None:
+    items = eval_corrections(seed=1, count=8)  # Never trained on (held-out entries).
+
+    def fixed(preset: Path) -> int:
+        replies = fixer.engine_replies(fixer.load_base(preset), items)
+        verdicts = [check_reply(reply, item.expected).verdict for reply, item in zip(replies, items, strict=True)]
+        return verdicts.count("correct")
+
+    base, tuned = fixed(smollm2_preset), fixed(fixer_preset)
+    assert tuned > base, (base, tuned)
+    assert tuned >= 4, tuned
