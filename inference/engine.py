@@ -223,19 +223,12 @@ class Request:
         return self._finished.is_set()
 
     def __iter__(self) -> Iterator[str]:
-        while not self._drained:
-            item = self._deltas.get()
-            if item is _END:
-                self._drained = True
-                break
-            yield item
-        if self.stop_reason == "error":
-            raise EngineError(f"The engine's decode loop failed: {self.error!r}") from self.error
+        return self.deltas(tick=None)
 
-    def deltas(self, tick: float) -> Iterator[str]:
-        """The text deltas, as iterating the request gives them, and an empty string whenever
-        ``tick`` seconds pass without one: a reader that shows text on a clock (the arena's
-        pacing) gets to run between the model's bursts."""
+    def deltas(self, tick: float | None) -> Iterator[str]:
+        """The text deltas, as iterating the request gives them, and (with a ``tick``) an empty
+        string whenever ``tick`` seconds pass without one: a reader that shows text on a clock
+        (the arena's pacing) gets to run between the model's bursts."""
         while not self._drained:
             try:
                 item = self._deltas.get(timeout=tick)

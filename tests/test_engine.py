@@ -150,6 +150,21 @@ def test_greedy_equals_generate_in_one_batch(
     wait_for_free_slots(engine)
 
 
+def test_deltas_with_a_clock_tick_give_the_same_text_and_empty_ticks_between(
+    engine: Engine,
+    lm: keras_hub.models.CausalLM,
+    preset: PresetInfo,
+    prompts: list[str],
+    references: list[str],
+    max_length: int,
+) -> None:
+    request = submit_greedy(engine, lm, preset.family, prompts[0], max_length)
+    items = list(request.deltas(tick=1e-4))  # Far shorter than a dispatch: some ticks come empty.
+    assert "".join(items) == request.text == references[0]
+    assert "" in items and any(items)
+    wait_for_free_slots(engine)
+
+
 def test_requests_joining_mid_flight_produce_their_solo_text(
     engine: Engine,
     lm: keras_hub.models.CausalLM,
