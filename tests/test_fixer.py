@@ -23,11 +23,7 @@ from inference.management.commands.finetune_fixer import DEFAULT_WEIGHTS
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
 
 
-def test_wilson_interval() -> None:
-    assert fixer.wilson_interval(0, 100) == (0.0, pytest.approx(0.037, abs=0.001))
-    low, high = fixer.wilson_interval(79, 100)
-    assert (round(low, 3), round(high, 3)) == (0.700, 0.858)
-    assert fixer.wilson_interval(0, 0) == (0.0, 1.0)
+def test_rate_reads_as_share_interval_and_counts() -> None:
     assert str(fixer.Rate(79, 100)) == "79% [70%, 86%] (79/100)"
 
 

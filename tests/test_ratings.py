@@ -151,6 +151,13 @@ def test_matrices_and_inverse_probability_weights() -> None:
         ratings.inverse_probability_weights(outcomes, np.array([0.5]))
 
 
+def test_wilson_interval() -> None:
+    assert ratings.wilson_interval(0, 100) == (pytest.approx(0.0, abs=1e-12), pytest.approx(0.037, abs=0.001))
+    low, high = ratings.wilson_interval(79, 100)
+    assert (round(low, 3), round(high, 3)) == (0.700, 0.858)
+    assert ratings.wilson_interval(0, 0) == (0.0, 1.0)
+
+
 def test_fix_rate_with_wilson_interval() -> None:
     rate = ratings.fix_rate(8, 10)
     assert rate.rate == 0.8

@@ -149,18 +149,20 @@ class Partner:
         return HoldState(partner_started_s_ago=ago, partner_finished=self.finished, stop_requested=self.stop)
 
 
-def paired_batcher(reply: Message, pace: Pace, time: FakeTime, recorder: Recorder, partner: Partner) -> DeltaBatcher:
-    return DeltaBatcher(
+def paired_batcher(reply: Message, pace: Pace) -> tuple[DeltaBatcher, FakeTime, Recorder, Partner]:
+    """One side's batcher on a fake clock, its frames recorded, its first text held for ``partner``."""
+    time, recorder = FakeTime(), Recorder()
+    partner = Partner(time)
+    batcher = DeltaBatcher(
         message_id=reply.pk, group="g", side="a", turn=0, publisher=recorder, pace=pace, hold=partner,
         clock=time.clock, sleep=time.sleep,
     )  # fmt: skip
+    return batcher, time, recorder, partner
 
 
 @pytest.mark.django_db
 def test_the_first_text_waits_until_the_other_side_has_text_too(streaming_reply: Message) -> None:
-    time, recorder = FakeTime(), Recorder()
-    partner = Partner(time)
-    batcher = paired_batcher(streaming_reply, Pace(chars_per_s=100, first_after_s=0.2), time, recorder, partner)
+    batcher, time, recorder, partner = paired_batcher(streaming_reply, Pace(chars_per_s=100, first_after_s=0.2))
     time.now = 0.1
     batcher.add("x" * 300)  # The fast side has everything at once...
     streaming_reply.refresh_from_db()
@@ -180,10 +182,8 @@ def test_the_first_text_waits_until_the_other_side_has_text_too(streaming_reply:
 
 @pytest.mark.django_db
 def test_a_side_that_started_later_counts_from_its_own_first_text(streaming_reply: Message) -> None:
-    time, recorder = FakeTime(), Recorder()
-    partner = Partner(time)
+    batcher, time, _, partner = paired_batcher(streaming_reply, Pace(chars_per_s=100, first_after_s=0.2))
     partner.start_now()  # The other side had text at 0.0.
-    batcher = paired_batcher(streaming_reply, Pace(chars_per_s=100, first_after_s=0.2), time, recorder, partner)
     time.now = 2.0
     batcher.add("y" * 100)
     batcher.drain()
@@ -193,18 +193,14 @@ def test_a_side_that_started_later_counts_from_its_own_first_text(streaming_repl
 
 @pytest.mark.django_db
 def test_a_partner_that_ended_without_text_or_the_hold_limit_release_the_side(streaming_reply: Message) -> None:
-    time, recorder = FakeTime(), Recorder()
-    partner = Partner(time)
-    batcher = paired_batcher(streaming_reply, Pace(chars_per_s=1000), time, recorder, partner)
+    batcher, time, recorder, partner = paired_batcher(streaming_reply, Pace(chars_per_s=1000))
     batcher.add("z")
     partner.finished = True  # Failed or stopped before any text: nothing to wait for.
     batcher.drain()
     assert [frame["text"] for frame in recorder.frames] == ["z"]
 
-    time, recorder = FakeTime(), Recorder()
-    partner = Partner(time)
+    batcher, time, recorder, partner = paired_batcher(streaming_reply, Pace(chars_per_s=1000))
     Message.objects.filter(pk=streaming_reply.pk).update(content="", delta_count=0)
-    batcher = paired_batcher(streaming_reply, Pace(chars_per_s=1000), time, recorder, partner)
     batcher.add("w")
     batcher.drain()  # The other side never starts: shown after the hold limit, not never.
     assert [frame["text"] for frame in recorder.frames] == ["w"]
@@ -213,9 +209,7 @@ def test_a_partner_that_ended_without_text_or_the_hold_limit_release_the_side(st
 
 @pytest.mark.django_db
 def test_the_held_text_comes_out_at_the_pace_not_in_one_burst(streaming_reply: Message) -> None:
-    time, recorder = FakeTime(), Recorder()
-    partner = Partner(time)
-    batcher = paired_batcher(streaming_reply, Pace(chars_per_s=100), time, recorder, partner)
+    batcher, time, recorder, partner = paired_batcher(streaming_reply, Pace(chars_per_s=100))
     batcher.add("v" * 1000)
     time.now = 5.0
     partner.finished = True  # Ended without text after 5 s: the pace starts now, not at 0.
@@ -225,9 +219,7 @@ def test_the_held_text_comes_out_at_the_pace_not_in_one_burst(streaming_reply: M
 
 @pytest.mark.django_db
 def test_a_stop_while_holding_is_seen_at_the_next_look_up(streaming_reply: Message) -> None:
-    time, recorder = FakeTime(), Recorder()
-    partner = Partner(time)
-    batcher = paired_batcher(streaming_reply, Pace(chars_per_s=100), time, recorder, partner)
+    batcher, time, recorder, partner = paired_batcher(streaming_reply, Pace(chars_per_s=100))
     batcher.add("u" * 50)
     partner.stop = True
     time.now = 0.1

@@ -28,7 +28,8 @@ import importlib.metadata
 import json
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -232,6 +233,32 @@ def _fix_converter_gaps(preset_dir: Path, hf_config: dict[str, Any]) -> None:
             path.write_text(json.dumps(config, indent=4))
 
 
+@contextmanager
+def staged_preset(destination: Path) -> Iterator[Path]:
+    """A scratch folder beside ``destination`` to build a preset in, at ``<scratch>/preset``.
+
+    When the block completes, that preset replaces ``destination`` by a rename (a reader never
+    sees half a preset); however the block ends, the scratch folder is removed.
+    """
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{destination.name}.partial-", dir=destination.parent))
+    try:
+        yield scratch
+        if destination.exists():
+            shutil.rmtree(destination)
+        (scratch / "preset").rename(destination)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def write_arena_metadata(preset_dir: Path, fix_arena: dict[str, Any]) -> None:
+    """Record the arena's own entry (``fix_arena``) in a preset's ``metadata.json``."""
+    metadata_path = preset_dir / "metadata.json"
+    metadata = json.loads(metadata_path.read_text()) if metadata_path.is_file() else {}
+    metadata["fix_arena"] = fix_arena
+    metadata_path.write_text(json.dumps(metadata, indent=4))
+
+
 def import_checkpoint(
     source: str,
     name: str,
@@ -269,9 +296,7 @@ def import_checkpoint(
                 f"Checksum mismatch for {weights_file}: sha256 is {digest}, but {expected.lower()} {whose}."
             )
 
-    presets_dir.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{name}.partial-", dir=presets_dir))
-    try:
+    with staged_preset(destination) as scratch:
         if resolved.kind == "huggingface":
             hf_dir = resolved.path
             hf_config = _check_hugging_face_folder(hf_dir)
@@ -306,13 +331,5 @@ def import_checkpoint(
             base=chat_template is None,
             architecture=architecture,
         )
-        metadata_path = preset_dir / "metadata.json"
-        metadata = json.loads(metadata_path.read_text()) if metadata_path.is_file() else {}
-        metadata["fix_arena"] = imported.as_metadata()
-        metadata_path.write_text(json.dumps(metadata, indent=4))
-        if destination.exists():
-            shutil.rmtree(destination)
-        preset_dir.rename(destination)
-        return imported
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        write_arena_metadata(preset_dir, imported.as_metadata())
+    return imported

@@ -23,7 +23,6 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import json
-import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -32,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from inference.building.checkpoints import staged_preset, write_arena_metadata
 from inference.calendar_checker import check_reply
 from inference.calendar_data import (
     SYSTEM_PROMPT,
@@ -44,6 +44,7 @@ from inference.calendar_data import (
     training_examples,
 )
 from inference.chat_templates import render_prompt, stop_strings
+from leaderboard.ratings import wilson_interval
 
 FAMILY = "chatml"
 LORA_RANK = 8
@@ -161,7 +162,6 @@ def build_fixer_preset(base_preset: Path, weights_path: Path, out_dir: Path, rep
     matmuls at every token). The metadata names the base, the weights file and the training.
     """
     import shutil
-    import tempfile
 
     tuned = load_base(base_preset)
     tuned.backbone.load_lora_weights(str(weights_path))
@@ -174,40 +174,23 @@ def build_fixer_preset(base_preset: Path, weights_path: Path, out_dir: Path, rep
     layers = {layer.path: layer for layer in fixer.backbone._flatten_layers(include_self=False)}
     for path, kernel in merged.items():
         layers[path]._kernel.assign(kernel)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
-    try:
+    with staged_preset(out_dir) as scratch:
         fixer.save_to_preset(str(scratch / "preset"))
         for name in ("config.json", "task.json"):  # keras-hub's get_config gaps, as at import
             shutil.copy(base_preset / name, scratch / "preset" / name)
-        metadata_path = scratch / "preset" / "metadata.json"
-        metadata = json.loads(metadata_path.read_text())
         base_arena = json.loads((base_preset / "metadata.json").read_text()).get("fix_arena", {})
-        metadata["fix_arena"] = {
-            "template": base_arena.get("template", FAMILY),
-            "base": False,
-            "fine_tuned": {"base": base_preset.name, "lora_weights": weights_path.name, **report},
-        }
-        metadata_path.write_text(json.dumps(metadata, indent=4))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        (scratch / "preset").rename(out_dir)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        write_arena_metadata(
+            scratch / "preset",
+            {
+                "template": base_arena.get("template", FAMILY),
+                "base": False,
+                "fine_tuned": {"base": base_preset.name, "lora_weights": weights_path.name, **report},
+            },
+        )
     return out_dir
 
 
 # --- Evaluation ----------------------------------------------------------------------------------
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95% by default)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass(frozen=True)

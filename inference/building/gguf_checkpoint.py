@@ -111,7 +111,8 @@ def _dequantize(tensor: Any) -> np.ndarray:
     return np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
 
 
-_Renames = Iterator[tuple[str, str, Callable[[np.ndarray], np.ndarray]]]
+_Transform = Callable[[np.ndarray], np.ndarray]
+_Renames = Iterator[tuple[str, str, _Transform]]
 
 
 def _keep(array: np.ndarray) -> np.ndarray:
@@ -120,6 +121,23 @@ def _keep(array: np.ndarray) -> np.ndarray:
 
 def _minus_one(array: np.ndarray) -> np.ndarray:
     return array - 1.0
+
+
+# The projections both families name alike and llama.cpp stores as they are.
+_KEPT_PROJECTIONS: tuple[tuple[str, str, _Transform], ...] = (
+    ("attn_v", "self_attn.v_proj", _keep),
+    ("attn_output", "self_attn.o_proj", _keep),
+    ("ffn_gate", "mlp.gate_proj", _keep),
+    ("ffn_up", "mlp.up_proj", _keep),
+    ("ffn_down", "mlp.down_proj", _keep),
+)
+
+
+def _block_renames(config: dict[str, Any], block: tuple[tuple[str, str, _Transform], ...]) -> _Renames:
+    """Each transformer block's tensors: (llama.cpp name, Hugging Face name, transform) per layer."""
+    for i in range(config["num_hidden_layers"]):
+        for gguf_name, hf_name, transform in block:
+            yield f"blk.{i}.{gguf_name}.weight", f"model.layers.{i}.{hf_name}.weight", transform
 
 
 def _llama_config(reader: Any, path: Path, tensors: dict[str, Any]) -> dict[str, Any]:
@@ -147,24 +165,21 @@ def _llama_config(reader: Any, path: Path, tensors: dict[str, Any]) -> dict[str,
 def _llama_renames(config: dict[str, Any], undo_permutation: bool) -> _Renames:
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
 
-    def rotary(count: int) -> Callable[[np.ndarray], np.ndarray]:
+    def rotary(count: int) -> _Transform:
         return (lambda array: undo_rotary_permutation(array, count)) if undo_permutation else _keep
 
     yield "token_embd.weight", "model.embed_tokens.weight", _keep
     yield "output_norm.weight", "model.norm.weight", _keep
     if not config["tie_word_embeddings"]:
         yield "output.weight", "lm_head.weight", _keep
-    for i in range(config["num_hidden_layers"]):
-        block, layer = f"blk.{i}", f"model.layers.{i}"
-        yield f"{block}.attn_norm.weight", f"{layer}.input_layernorm.weight", _keep
-        yield f"{block}.ffn_norm.weight", f"{layer}.post_attention_layernorm.weight", _keep
-        yield f"{block}.attn_q.weight", f"{layer}.self_attn.q_proj.weight", rotary(heads)
-        yield f"{block}.attn_k.weight", f"{layer}.self_attn.k_proj.weight", rotary(kv_heads)
-        yield f"{block}.attn_v.weight", f"{layer}.self_attn.v_proj.weight", _keep
-        yield f"{block}.attn_output.weight", f"{layer}.self_attn.o_proj.weight", _keep
-        yield f"{block}.ffn_gate.weight", f"{layer}.mlp.gate_proj.weight", _keep
-        yield f"{block}.ffn_up.weight", f"{layer}.mlp.up_proj.weight", _keep
-        yield f"{block}.ffn_down.weight", f"{layer}.mlp.down_proj.weight", _keep
+    block = (
+        ("attn_norm", "input_layernorm", _keep),
+        ("ffn_norm", "post_attention_layernorm", _keep),
+        ("attn_q", "self_attn.q_proj", rotary(heads)),
+        ("attn_k", "self_attn.k_proj", rotary(kv_heads)),
+        *_KEPT_PROJECTIONS,
+    )
+    yield from _block_renames(config, block)
 
 
 # Gemma 3 alternates five sliding-window layers with one global layer (its config's
@@ -211,21 +226,18 @@ def _gemma3_renames(config: dict[str, Any], undo_norm_offset: bool) -> _Renames:
     norm = _minus_one if undo_norm_offset else _keep
     yield "token_embd.weight", "model.embed_tokens.weight", _keep
     yield "output_norm.weight", "model.norm.weight", norm
-    for i in range(config["num_hidden_layers"]):
-        block, layer = f"blk.{i}", f"model.layers.{i}"
-        yield f"{block}.attn_norm.weight", f"{layer}.input_layernorm.weight", norm
-        yield f"{block}.post_attention_norm.weight", f"{layer}.post_attention_layernorm.weight", norm
-        yield f"{block}.ffn_norm.weight", f"{layer}.pre_feedforward_layernorm.weight", norm
-        yield f"{block}.post_ffw_norm.weight", f"{layer}.post_feedforward_layernorm.weight", norm
-        yield f"{block}.attn_q_norm.weight", f"{layer}.self_attn.q_norm.weight", norm
-        yield f"{block}.attn_k_norm.weight", f"{layer}.self_attn.k_norm.weight", norm
-        yield f"{block}.attn_q.weight", f"{layer}.self_attn.q_proj.weight", _keep
-        yield f"{block}.attn_k.weight", f"{layer}.self_attn.k_proj.weight", _keep
-        yield f"{block}.attn_v.weight", f"{layer}.self_attn.v_proj.weight", _keep
-        yield f"{block}.attn_output.weight", f"{layer}.self_attn.o_proj.weight", _keep
-        yield f"{block}.ffn_gate.weight", f"{layer}.mlp.gate_proj.weight", _keep
-        yield f"{block}.ffn_up.weight", f"{layer}.mlp.up_proj.weight", _keep
-        yield f"{block}.ffn_down.weight", f"{layer}.mlp.down_proj.weight", _keep
+    block = (
+        ("attn_norm", "input_layernorm", norm),
+        ("post_attention_norm", "post_attention_layernorm", norm),
+        ("ffn_norm", "pre_feedforward_layernorm", norm),
+        ("post_ffw_norm", "post_feedforward_layernorm", norm),
+        ("attn_q_norm", "self_attn.q_norm", norm),
+        ("attn_k_norm", "self_attn.k_norm", norm),
+        ("attn_q", "self_attn.q_proj", _keep),
+        ("attn_k", "self_attn.k_proj", _keep),
+        *_KEPT_PROJECTIONS,
+    )
+    yield from _block_renames(config, block)
 
 
 def _write_bpe_tokenizer(reader: Any, path: Path, out_dir: Path) -> tuple[str, str]:
