@@ -31,9 +31,11 @@ wastes the machine. This engine follows JetStream's design (see shared/facts.md)
   says when it applies; Gemma 3 runs only this way, since its keras-hub cache also takes image
   inputs), used
   for decode steps (one token per slot) and prefill chunks (many tokens of one slot): the same
-  computation with the model's own layers (Gemma: its norms, rotary embedding and softmax, and
-  its matmul weights laid out once per engine for plain matmuls), but each layer's keys and
-  values are separate arrays updated in place. keras-hub's cached attention slices the layer
+  computation with the model's own layers (norms, rotary embeddings, kernels; the weights that
+  plain matmuls would otherwise transpose at every token laid out once per engine), but each
+  layer's keys and values are separate heads-first arrays updated in place, attended by
+  grouped-query contractions that never repeat them per query head
+  (``inference.forward.attention``). keras-hub's cached attention slices the layer
   out of one stacked cache, updates and restacks it at every token, which on a CPU costs more
   than the arithmetic (measured, 8 slots, a 256-position window: the first strong Gemma model
   2.1 ms a step through ``call_with_cache``, 0.55 ms in place; the 2-layer Mistral model
@@ -389,10 +391,9 @@ def _in_place_decoder(lm: Any, context: int) -> _InPlaceDecoder | None:
     none.
 
     Only where the pass computes exactly what ``lm.call_with_cache`` does: Gemma without
-    sliding windows or soft caps (caches ``[slots, kv_heads, positions, head_dim]``), Gemma 3
-    text models, and Llama 3 / Mistral decoders whose sliding window, if any, covers the context
-    (caches ``[slots, positions, kv_heads, head_dim]``, the layout their attention's own
-    ``_compute_attention`` takes).
+    sliding windows or soft caps, Gemma 3 text models, and Llama 3 / Mistral decoders whose
+    sliding window, if any, covers the context. All keep heads-first caches ``[slots, kv_heads,
+    positions, head_dim]`` (``inference.forward.attention``).
     """
     import keras_hub
 
@@ -410,13 +411,13 @@ def _in_place_decoder(lm: Any, context: int) -> _InPlaceDecoder | None:
             return gemma.gemma_forward, gemma.gemma_weights, True
         return None
     if gemma3.supports(lm):
-        return gemma3.gemma3_forward, gemma3.no_weights, False
+        return gemma3.gemma3_forward, gemma3.gemma3_weights, True
     # Vicuna (LlamaCausalLM) has the same blocks but no engine test yet: it keeps the generic step.
     llama_like = (keras_hub.models.Llama3CausalLM, keras_hub.models.MistralCausalLM)
     if type(lm) in llama_like and type(backbone) in (keras_hub.models.Llama3Backbone, keras_hub.models.MistralBackbone):
         window = getattr(backbone, "sliding_window", None)
         if (window is None or window >= context) and not getattr(backbone, "dropout", 0):
-            return llama.llama_forward, llama.no_weights, False
+            return llama.llama_forward, llama.llama_weights, True
     return None
 
 
@@ -456,7 +457,7 @@ class _Programs:
 
         if gemma3.supports(lm):
             # Gemma 3's _build_cache and call_with_cache also take image inputs: it only runs
-            # through its own forward pass, whose caches are laid out as Llama's.
+            # through its own forward pass (keras-hub's layout here: the engine lays it out).
             layers, kv_heads, head_dim, dtype = gemma3.cache_layout(lm)
             one = two = jax.ShapeDtypeStruct((1, layers, 2, 2, kv_heads, head_dim), dtype)
             length_axes = [2]

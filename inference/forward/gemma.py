@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from inference.forward.attention import grouped_attention, write_heads_first
+
 
 def gemma_weights(model: Any) -> tuple[Any, ...]:
     """Gemma's matmul weights laid out for plain 2-D matmuls (once per engine: a copy of them).
@@ -38,16 +40,6 @@ def gemma_weights(model: Any) -> tuple[Any, ...]:
         weights += [qkv, output.reshape(-1, output.shape[-1]), gates, ops.convert_to_tensor(block.ffw_linear.kernel)]
     weights.append(jnp.transpose(ops.convert_to_tensor(backbone.token_embedding.embeddings)))
     return tuple(weights)
-
-
-def masked_softmax(logits: Any, mask: Any) -> Any:
-    """keras's ``Softmax`` layer with a mask, as keras-hub's attention calls it: masked logits
-    set to -1e9, softmax over the last axis. The layer also zeroes masked outputs afterwards,
-    which changes nothing when every row keeps a position (here, its own) and costs a pass."""
-    import jax
-    import jax.numpy as jnp
-
-    return jax.nn.softmax(jnp.where(mask, logits, -1e9), axis=-1)
 
 
 def gemma_forward(
@@ -92,11 +84,8 @@ def gemma_forward(
         key = rope(qkv[..., heads * head_dim : (heads + kv_heads) * head_dim].reshape(rows, length, kv_heads, head_dim))
         value = qkv[..., (heads + kv_heads) * head_dim :].reshape(rows, length, kv_heads, head_dim)
 
-        def write(cache: Any, update: Any, start: Any) -> Any:  # [kv_heads, positions, head_dim]
-            return jax.lax.dynamic_update_slice(cache, jnp.swapaxes(update, 0, 1), (0, start, 0))
-
-        keys = jax.vmap(write)(keys, key, starts)
-        values = jax.vmap(write)(values, value, starts)
+        keys = write_heads_first(keys, key, starts)
+        values = write_heads_first(values, value, starts)
         updated += [keys, values]
 
         # GemmaAttention._compute_attention, with the cache's heads-first layout.
@@ -105,19 +94,7 @@ def gemma_forward(
         else:
             normalization = 1 / np.sqrt(attention.hidden_dim // heads)
         query = query * ops.cast(normalization, query.dtype)
-        groups = heads // kv_heads
-        mask = jnp.arange(keys.shape[2])[None, None, :] <= query_positions[:, :, None]  # [rows, T, positions]
-        if length == 1:  # The decode step: simpler contractions, measurably faster on a CPU.
-            query = ops.reshape(query, (rows, kv_heads, groups, head_dim))
-            probabilities = masked_softmax(jnp.einsum("bkgh,bksh->bkgs", query, keys), mask[:, :, None])
-            attended = jnp.einsum("bkgs,bksh->bkgh", probabilities, values)
-        else:
-            # Logits laid out [rows, kv_heads, T, groups, positions]: what the matmul produces,
-            # positions last for the softmax (other orders cost a transpose of all the logits).
-            query = ops.reshape(query, (rows, length, kv_heads, groups, head_dim))
-            probabilities = masked_softmax(jnp.einsum("btkgh,bksh->bktgs", query, keys), mask[:, None, :, None])
-            attended = jnp.einsum("bktgs,bksh->btkgh", probabilities, values)
-        attended = jnp.dot(attended.reshape(rows, length, heads * head_dim), output_kernel)
+        attended = jnp.dot(grouped_attention(query, keys, values, query_positions), output_kernel)
 
         if block.use_post_attention_norm:
             attended = block.post_attention_norm(attended)

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from inference.forward.attention import grouped_attention, write_heads_first
+
 
 def supports(lm: Any) -> bool:
     """Whether ``gemma3_forward`` computes exactly what ``lm.call_with_cache`` does: text only,
@@ -37,9 +39,17 @@ def cache_layout(lm: Any) -> tuple[int, int, int, str]:
     return backbone.num_layers, backbone.num_key_value_heads, backbone.head_dim, backbone.compute_dtype
 
 
-def no_weights(model: Any) -> tuple[Any, ...]:
-    """Gemma 3 uses its layers' own kernels."""
-    return ()
+def gemma3_weights(model: Any) -> tuple[Any, ...]:
+    """The tied embedding's transpose ``[hidden, vocabulary]``, laid out once per engine.
+
+    Gemma 3's vocabulary is 262,144 entries (of 270M's 268M parameters, 168M are the
+    embedding): used as it is, XLA transposes it at every token. The layers' other kernels are
+    small and used as they are.
+    """
+    import jax.numpy as jnp
+    from keras import ops
+
+    return (jnp.transpose(ops.convert_to_tensor(model.backbone.token_embedding.embeddings)),)
 
 
 def gemma3_forward(
@@ -53,8 +63,9 @@ def gemma3_forward(
     positions; attention over the cache up to each token's position (and, on sliding-window
     layers, no further back than the window), through the layer's own float32 masked softmax;
     output projection, post-attention norm, residual; pre-feed-forward norm, GELU-gated
-    feed-forward, post-feed-forward norm, residual. Caches are ``[rows, positions, kv_heads,
-    head_dim]`` per layer, keys then values.
+    feed-forward, post-feed-forward norm, residual; final norm, tied logits through
+    ``gemma3_weights``. Caches are heads-first per layer (``inference.forward.attention``),
+    keys then values.
     """
     import jax
     import jax.numpy as jnp
@@ -82,32 +93,20 @@ def gemma3_forward(
         query, key = rope(query), rope(key)
         value = attention.value_dense(normalized)
 
-        def write(cache: Any, update: Any, start: Any) -> Any:  # [positions, kv_heads, head_dim]
-            return jax.lax.dynamic_update_slice(cache, update, (start, 0, 0))
-
-        keys = jax.vmap(write)(keys, key, starts)
-        values = jax.vmap(write)(values, value, starts)
+        keys = write_heads_first(keys, key, starts)
+        values = write_heads_first(values, value, starts)
         updated += [keys, values]
 
-        positions = jnp.arange(keys.shape[1])[None, None, :]
-        mask = positions <= query_positions[:, :, None]  # [rows, T, positions]
-        if attention.use_sliding_window_attention:
-            mask = mask & (positions > query_positions[:, :, None] - attention.sliding_window_size)
         # CachedGemma3Attention._compute_attention without its fused path (never taken on a
-        # CPU) and with the mask above instead of its own sliding mask, which assumes one
-        # cache index for the whole batch.
+        # CPU), with a mask per row instead of its own sliding mask, which assumes one cache
+        # index for the whole batch.
         if attention.query_head_dim_normalize:
             normalization = 1 / np.sqrt(attention.head_dim)
         else:
             normalization = 1 / np.sqrt(attention.hidden_dim // attention.num_query_heads)
         query = query * ops.cast(normalization, query.dtype)
-        kv_heads = attention.num_key_value_heads
-        groups = attention.num_query_heads // kv_heads
-        query = ops.reshape(query, (rows, length, kv_heads, groups, attention.head_dim))
-        logits = ops.einsum("btkgh,bskh->bkgts", query, keys)
-        probabilities = attention.softmax(logits, mask=mask[:, None, None, :, :])
-        probabilities = ops.cast(probabilities, logits.dtype)
-        attended = ops.einsum("bkgts,bskh->btkgh", probabilities, values)
+        window = attention.sliding_window_size if attention.use_sliding_window_attention else None
+        attended = grouped_attention(query, keys, values, query_positions, window=window)
         attended = attention.output_dense(ops.reshape(attended, (rows, length, attention.num_query_heads, -1)))
 
         if block.use_post_attention_norm:
@@ -120,4 +119,4 @@ def gemma3_forward(
             hidden = block.post_ffw_norm(hidden)
         x = hidden + attention_x
     x = backbone.layer_norm(x)
-    return backbone.token_embedding(x, reverse=True), tuple(updated)
+    return jnp.dot(x, weights[0]), tuple(updated)
