@@ -208,6 +208,17 @@ def _serial_generate(lm: Any, max_length: int) -> Callable[[str], None]:
     return generate
 
 
+def _best_seconds(run: Callable[[], Any], seconds: float) -> float:
+    """The fastest of repeated runs of ``run`` for about ``seconds`` (after one to warm up)."""
+    run()
+    fastest, deadline = math.inf, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        began = time.perf_counter()
+        run()
+        fastest = min(fastest, time.perf_counter() - began)
+    return fastest
+
+
 def machine_rates(seconds: float = 1.0) -> dict[str, float]:
     """This machine's memory read bandwidth (bytes/s: numpy summing a 512 MB float32 array,
     larger than any cache) and float32 matmul rate (FLOP/s: JAX, 1024 x 1024, the engine's
@@ -215,22 +226,48 @@ def machine_rates(seconds: float = 1.0) -> dict[str, float]:
     import jax
     import jax.numpy as jnp
 
-    def best(run: Callable[[], Any]) -> float:
-        run()
-        fastest, deadline = math.inf, time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            began = time.perf_counter()
-            run()
-            fastest = min(fastest, time.perf_counter() - began)
-        return fastest
-
     array = np.ones(128 * 1024 * 1024, dtype=np.float32)
-    bandwidth = array.nbytes / best(lambda: array.sum())
+    bandwidth = array.nbytes / _best_seconds(lambda: array.sum(), seconds)
     size = 1024
     a = jnp.ones((size, size), jnp.float32)
     matmul = jax.jit(lambda x: x @ x)
-    flops = 2 * size**3 / best(lambda: matmul(a).block_until_ready())
+    flops = 2 * size**3 / _best_seconds(lambda: matmul(a).block_until_ready(), seconds)
     return {"memory_bytes_per_s": bandwidth, "flops_per_s": flops}
+
+
+def matmul_floor(lm: Any, batch: int, seconds: float = 1.0) -> float:
+    """Tokens/s if a decode step of ``batch`` tokens cost only its weight matmuls: one jitted
+    function multiplies ``batch`` rows by every kernel of the model and by the output
+    projection (each read from memory once, as in a step), best of repeated runs.
+
+    The memory and compute bounds assume the matmuls run at the bandwidth or at the 1024 x
+    1024 rate; at a few rows they run at neither (the matrix is read once but the multiply
+    does not reach the large-matmul rate), and this measures what they do reach: no forward
+    pass can beat it. Kernels are laid out 2-D as the engine's passes use them (an embedding
+    transposed, ``[hidden, vocabulary]``); the bytes and FLOPs are the model's.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    hidden = int(lm.backbone.hidden_dim)
+    kernels = []
+    for variable in lm.backbone.weights:
+        array = np.asarray(variable)
+        if array.ndim < 2:
+            continue
+        if variable.path.rsplit("/", 1)[-1] == "embeddings":  # The input embedding:
+            if not getattr(lm.backbone.token_embedding, "tie_weights", True):
+                continue  # a lookup, not a matmul, where the output projection is its own
+            array = array.T  # else also the output projection, laid out [hidden, vocabulary]
+        elif array.ndim > 2 and array.shape[0] == hidden:  # [hidden, heads, head_dim]
+            array = array.reshape(hidden, -1)
+        elif array.ndim > 2:  # [heads, head_dim, hidden] (or Gemma's [heads, hidden, head_dim])
+            array = array.reshape(-1, array.shape[-1])
+        kernels.append(jnp.asarray(array))
+    rows = [jnp.ones((batch, kernel.shape[0]), kernels[0].dtype) for kernel in kernels]
+    # Every product is returned (not reduced), so that XLA cannot simplify any matmul away.
+    step = jax.jit(lambda rows, kernels: [x @ w for x, w in zip(rows, kernels, strict=True)])
+    return batch / _best_seconds(lambda: jax.block_until_ready(step(rows, kernels)), seconds)
 
 
 def roofline(lm: Any, rates: dict[str, float], batch: int) -> dict[str, float]:
@@ -396,6 +433,8 @@ def run_bench(
             bound = roofline(lm, rates, min(level, slots))
             bound["engine_tokens_per_s"] = by_level[level]["aggregate_tokens_per_s"]
             bound["engine_share_of_bound"] = bound["engine_tokens_per_s"] / bound["bound_tokens_per_s"]
+            bound["matmul_floor_tokens_per_s"] = matmul_floor(lm, bound["batch"])
+            bound["engine_share_of_matmul_floor"] = bound["engine_tokens_per_s"] / bound["matmul_floor_tokens_per_s"]
             bounds.append(bound)
     serial_rate = serial_summary["aggregate_tokens_per_s"]
     speedup_8 = by_level[8]["aggregate_tokens_per_s"] / serial_rate if 8 in by_level and serial_rate else None
@@ -487,5 +526,10 @@ def format_table(result: dict[str, Any]) -> str:
             f"step, {bound['flops_per_token'] / 1e6:.0f} MFLOP per token -> memory "
             f"{bound['memory_bound_tokens_per_s']:.0f} / compute {bound['compute_bound_tokens_per_s']:.0f} tokens/s; "
             f"engine {bound['engine_tokens_per_s']:.0f} tokens/s = {bound['engine_share_of_bound']:.0%} of the bound"
+        )
+        lines.append(
+            f"  the step's weight matmuls alone at batch {bound['batch']}: "
+            f"{bound['matmul_floor_tokens_per_s']:.0f} tokens/s; engine = "
+            f"{bound['engine_share_of_matmul_floor']:.0%} of that"
         )
     return "\n".join(lines)

@@ -52,6 +52,10 @@ def check_result(result: dict[str, Any]) -> None:
     assert bound["batch"] == 1
     assert bound["bound_tokens_per_s"] == min(bound["memory_bound_tokens_per_s"], bound["compute_bound_tokens_per_s"])
     assert bound["engine_share_of_bound"] == pytest.approx(bound["engine_tokens_per_s"] / bound["bound_tokens_per_s"])
+    assert bound["matmul_floor_tokens_per_s"] > 0
+    assert bound["engine_share_of_matmul_floor"] == pytest.approx(
+        bound["engine_tokens_per_s"] / bound["matmul_floor_tokens_per_s"]
+    )
 
 
 def test_roofline_arithmetic() -> None:
