@@ -382,13 +382,12 @@ def _sample(logits: Any, temperature: Any, top_k: Any, top_p: Any, keys: Any, gr
     return jax.lax.cond(jnp.any(sampling), sampled, lambda: (greedy, keys))
 
 
-_InPlaceDecoder = tuple[Callable[..., Any], Callable[[Any], tuple[Any, ...]], bool]
+_InPlaceDecoder = tuple[Callable[..., Any], Callable[[Any], tuple[Any, ...]]]
 
 
 def _in_place_decoder(lm: Any, context: int) -> _InPlaceDecoder | None:
     """The engine's own forward pass for ``lm`` (``inference.forward``), the function that lays
-    out its matmul weights for it, and whether its caches are heads-first; None where there is
-    none.
+    out its matmul weights for it; None where there is none.
 
     Only where the pass computes exactly what ``lm.call_with_cache`` does: Gemma without
     sliding windows or soft caps, Gemma 3 text models, and Llama 3 / Mistral decoders whose
@@ -408,16 +407,16 @@ def _in_place_decoder(lm: Any, context: int) -> _InPlaceDecoder | None:
             and not block.dropout
             for block in blocks
         ):
-            return gemma.gemma_forward, gemma.gemma_weights, True
+            return gemma.gemma_forward, gemma.gemma_weights
         return None
     if gemma3.supports(lm):
-        return gemma3.gemma3_forward, gemma3.gemma3_weights, True
+        return gemma3.gemma3_forward, gemma3.gemma3_weights
     # Vicuna (LlamaCausalLM) has the same blocks but no engine test yet: it keeps the generic step.
     llama_like = (keras_hub.models.Llama3CausalLM, keras_hub.models.MistralCausalLM)
     if type(lm) in llama_like and type(backbone) in (keras_hub.models.Llama3Backbone, keras_hub.models.MistralBackbone):
         window = getattr(backbone, "sliding_window", None)
         if (window is None or window >= context) and not getattr(backbone, "dropout", 0):
-            return llama.llama_forward, llama.llama_weights, True
+            return llama.llama_forward, llama.llama_weights
     return None
 
 
@@ -475,8 +474,10 @@ class _Programs:
         keras_hub_layout = one.shape == (1, lm.backbone.num_layers, 2, 2, *one.shape[4:])
         decoder = _in_place_decoder(lm, context) if keras_hub_layout else None
         self.in_place = in_place = decoder is not None
-        forward, prepare, heads_first = decoder or (None, None, False)
-        position_axis = 2 if heads_first else 1  # Of a per-layer cache [slots, ...].
+        forward, prepare = decoder or (None, None)
+        # Of a per-layer cache: every in-place pass keeps them heads-first, [slots, kv_heads,
+        # positions, head_dim] (inference.forward.attention).
+        position_axis = 2
         cache_shape = jax.ShapeDtypeStruct(
             tuple(context if i == length_axes[0] else n for i, n in enumerate(one.shape)), one.dtype
         )  # [1, layers, 2, context, kv_heads, head_dim] for keras-hub's decoders.
@@ -486,7 +487,7 @@ class _Programs:
 
         def layer_parts(rows: int, length: int) -> tuple[Any, ...]:
             _, layers, _, _, kv_heads, head_dim = cache_shape.shape
-            part = (rows, kv_heads, length, head_dim) if heads_first else (rows, length, kv_heads, head_dim)
+            part = (rows, kv_heads, length, head_dim)
             return tuple(jnp.zeros(part, cache_shape.dtype) for _ in range(2 * layers))
 
         def init(state: Any) -> tuple[Any, dict[str, Any], Any, Any]:
