@@ -361,6 +361,8 @@ def run_bench(
     steps_per_dispatch: int | None = None,
     repeats: int = 3,
     prefix_cache: bool = True,
+    buckets: Sequence[int] | None = None,
+    windows: Sequence[int] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run both paths on one preset and return the figures as a JSON-serialisable dict.
@@ -368,6 +370,8 @@ def run_bench(
     The whole set of prompts goes through serial ``generate()`` and then through the engine at
     each concurrency level, ``repeats`` times in turn, and each path's figures pool its
     repeats: a passing slowdown of a shared machine then weighs on every path alike.
+    ``buckets`` and ``windows`` go to the ``Engine`` (default: the engine's, as the arena
+    serves); fewer of them make a smoke run's warm-up shorter.
     """
     from inference.engine import DEFAULT_PREFIX_CACHE_ROWS, DEFAULT_STEPS_PER_DISPATCH, Engine
     from inference.streaming import context_length, encode_prompt
@@ -391,7 +395,7 @@ def run_bench(
     generate(texts[0])  # Compiles generate() for this max_length; untimed.
     steps = steps_per_dispatch or DEFAULT_STEPS_PER_DISPATCH
     rows = DEFAULT_PREFIX_CACHE_ROWS if prefix_cache else 0
-    engine = Engine(lm, slots=slots, steps_per_dispatch=steps, prefix_cache_rows=rows)
+    engine = Engine(lm, slots=slots, steps_per_dispatch=steps, prefix_cache_rows=rows, buckets=buckets, windows=windows)
     serial = _Samples()
     engine_samples = {level: _Samples() for level in concurrency}
     consistent = True

@@ -49,18 +49,41 @@ def fixer_preset(smollm2_preset: Path, tmp_path_factory: pytest.TempPathFactory)
     return fixer.build_fixer_preset(smollm2_preset, DEFAULT_WEIGHTS, out, {"steps": "test"})
 
 
+def test_lora_goes_to_the_named_kernels_of_the_upper_blocks_only(smollm2_preset: Path) -> None:
+    lm = fixer.load_base(smollm2_preset)
+    fixer.enable_fixer_lora(lm.backbone)
+    blocks = lm.backbone.transformer_layers
+    enabled = [
+        (index, layer.name)
+        for index, block in enumerate(blocks)
+        for layer in block._flatten_layers()
+        if getattr(layer, "lora_enabled", False)
+    ]
+    expected_blocks = range(fixer.LORA_FIRST_BLOCK, len(blocks))
+    assert sorted(enabled) == sorted((i, name) for i in expected_blocks for name in fixer.LORA_LAYER_NAMES)
+    # Only the LoRA factors train: two per enabled kernel.
+    assert len(lm.trainable_variables) == 2 * len(enabled)
+    assert len(lm.backbone._lora_enabled_layers) == len(enabled)  # Where save/load_lora_weights look.
+
+
 def test_the_fixer_preset_is_the_base_with_the_committed_lora_merged(smollm2_preset: Path, fixer_preset: Path) -> None:
     assert DEFAULT_WEIGHTS.stat().st_size < 8_000_000  # Small and committed: the LoRA factors only.
     metadata = json.loads((fixer_preset / "metadata.json").read_text())["fix_arena"]
     assert metadata["template"] == "chatml" and metadata["base"] is False
     assert metadata["fine_tuned"]["lora_weights"] == DEFAULT_WEIGHTS.name
     base, tuned = fixer.load_base(smollm2_preset), fixer.load_base(fixer_preset)
-    block, tuned_block = base.backbone.transformer_layers[0], tuned.backbone.transformer_layers[0]
-    for name, changed in (("_query_dense", True), ("_value_dense", True), ("_key_dense", False)):
-        before = np.asarray(getattr(block._self_attention_layer, name).kernel)
-        after = np.asarray(getattr(tuned_block._self_attention_layer, name).kernel)
-        assert (not np.array_equal(before, after)) == changed, name
-    assert not getattr(tuned_block._self_attention_layer._query_dense, "lora_enabled", False)  # Merged.
+
+    def kernels(lm: object, index: int) -> dict[str, np.ndarray]:
+        block = lm.backbone.transformer_layers[index]  # type: ignore[attr-defined]
+        return {layer.name: np.asarray(layer.kernel) for layer in block._flatten_layers() if hasattr(layer, "kernel")}
+
+    for index, lora in ((0, ()), (fixer.LORA_FIRST_BLOCK - 1, ()), (fixer.LORA_FIRST_BLOCK, fixer.LORA_LAYER_NAMES)):
+        before, after = kernels(base, index), kernels(tuned, index)
+        assert "key" in before and set(lora) < set(before)
+        for name in before:
+            assert (not np.array_equal(before[name], after[name])) == (name in lora), (index, name)
+    merged = tuned.backbone.transformer_layers[fixer.LORA_FIRST_BLOCK]._self_attention_layer._query_dense
+    assert not getattr(merged, "lora_enabled", False)  # Merged into the kernel, served as the base is.
 
 
 def test_the_fixer_fixes_more_held_out_mistakes_than_its_base(smollm2_preset: Path, fixer_preset: Path) -> None:
