@@ -9,11 +9,13 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
+import io
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from django.core.management import call_command
 
 from inference.building import fixer
 from inference.calendar_checker import check_reply
@@ -84,6 +86,20 @@ def test_the_fixer_preset_is_the_base_with_the_committed_lora_merged(smollm2_pre
             assert (not np.array_equal(before[name], after[name])) == (name in lora), (index, name)
     merged = tuned.backbone.transformer_layers[fixer.LORA_FIRST_BLOCK]._self_attention_layer._query_dense
     assert not getattr(merged, "lora_enabled", False)  # Merged into the kernel, served as the base is.
+
+
+def test_the_fixer_is_rebuilt_only_when_its_weights_change(
+    smollm2_preset: Path, fixer_preset: Path, tmp_path: Path
+) -> None:
+    assert fixer.is_built_from(fixer_preset, DEFAULT_WEIGHTS)
+    changed = tmp_path / "changed.lora.h5"
+    changed.write_bytes(DEFAULT_WEIGHTS.read_bytes() + b"\0")
+    assert not fixer.is_built_from(fixer_preset, changed)
+    assert not fixer.is_built_from(tmp_path / "missing", DEFAULT_WEIGHTS)
+    out = io.StringIO()
+    options = ("--base", str(smollm2_preset), "--out", str(fixer_preset), "--if-stale")
+    call_command("build_fixer_preset", *options, stdout=out)
+    assert "is up to date" in out.getvalue()
 
 
 def test_the_fixer_fixes_more_held_out_mistakes_than_its_base(smollm2_preset: Path, fixer_preset: Path) -> None:

