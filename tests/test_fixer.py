@@ -91,11 +91,17 @@ def test_the_fixer_preset_is_the_base_with_the_committed_lora_merged(smollm2_pre
 def test_the_fixer_is_rebuilt_only_when_its_weights_change(
     smollm2_preset: Path, fixer_preset: Path, tmp_path: Path
 ) -> None:
-    assert fixer.is_built_from(fixer_preset, DEFAULT_WEIGHTS)
+    assert fixer.is_built_from(fixer_preset, smollm2_preset, DEFAULT_WEIGHTS)
     changed = tmp_path / "changed.lora.h5"
     changed.write_bytes(DEFAULT_WEIGHTS.read_bytes() + b"\0")
-    assert not fixer.is_built_from(fixer_preset, changed)
-    assert not fixer.is_built_from(tmp_path / "missing", DEFAULT_WEIGHTS)
+    assert not fixer.is_built_from(fixer_preset, smollm2_preset, changed)
+    assert not fixer.is_built_from(tmp_path / "missing", smollm2_preset, DEFAULT_WEIGHTS)
+    reimported = tmp_path / "reimported"  # The base imported again, with another context.
+    reimported.mkdir()
+    metadata = json.loads((smollm2_preset / "metadata.json").read_text())
+    metadata["fix_arena"]["imported"]["context"] = 4096
+    (reimported / "metadata.json").write_text(json.dumps(metadata))
+    assert not fixer.is_built_from(fixer_preset, reimported, DEFAULT_WEIGHTS)
     out = io.StringIO()
     options = ("--base", str(smollm2_preset), "--out", str(fixer_preset), "--if-stale")
     call_command("build_fixer_preset", *options, stdout=out)

@@ -28,7 +28,7 @@ from inference.streaming import encode_prompt
 
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
 NEW_TOKENS = 20
-CONTEXT = 256  # Of the test engines: fewer shapes to compile than the models' 1024.
+CONTEXT = 256  # Of the test engines: fewer shapes to compile than the models' 2048.
 SYSTEM = "You are a helpful assistant."
 QUESTIONS = ("What is the capital of France?", "Name three colours.")
 

@@ -50,6 +50,13 @@ class CheckpointSource:
     expected_sha256: str | None = None  # What the source itself declares (a package's checksum).
 
 
+# keras-hub's preprocessors default to 1024 tokens, which the seed's full dialog (six turns, up
+# to three corrections each, after a 104-token system prompt) outgrows by its fourth turn even
+# with replies of 40 tokens (measured on SmolLM2). 2048 holds it; each slot's cache doubles.
+DEFAULT_CONTEXT = 2048
+MIN_CONTEXT = 64
+
+
 @dataclass(frozen=True)
 class ImportedCheckpoint:
     """What an import wrote to the preset's metadata.json (under "fix_arena")."""
@@ -64,6 +71,7 @@ class ImportedCheckpoint:
     template: str
     base: bool
     architecture: str
+    context: int  # Tokens of prompt plus reply the preset's preprocessor allows (sequence_length).
 
     def as_metadata(self) -> dict[str, Any]:
         return {"imported": asdict(self), "template": self.template, "base": self.base}
@@ -269,6 +277,7 @@ def import_checkpoint(
     template: str | None = None,
     cache_dir: Path | None = None,
     replace: bool = False,
+    context: int = DEFAULT_CONTEXT,
     report: Callable[[str], None] = lambda line: None,
 ) -> ImportedCheckpoint:
     """Import ``source`` as the keras-hub preset ``presets_dir/name``; returns its metadata.
@@ -276,9 +285,12 @@ def import_checkpoint(
     ``sha256`` (optional) must match the source's GGUF file (or model.safetensors); a package
     that declares its own checksum is always checked against it. ``template`` overrides the
     chat template family found in the checkpoint. An existing preset is kept unless ``replace``.
+    ``context``: the preset's sequence length (prompt plus reply), at most the checkpoint's own.
     """
     if not name or "/" in name or name.startswith("."):
         raise CheckpointError(f"{name!r} is not a usable preset name (a plain folder name).")
+    if context < MIN_CONTEXT:
+        raise CheckpointError(f"A context of {context} tokens is too short; at least {MIN_CONTEXT}.")
     if template is not None and template not in FAMILIES:
         raise CheckpointError(f"Unknown template family {template!r}; expected one of {', '.join(FAMILIES)}.")
     destination = presets_dir / name
@@ -315,6 +327,8 @@ def import_checkpoint(
             quantization = f"GGUF {summary.quantization}, dequantized to float32"
         report("loading with keras-hub's Hugging Face converter")
         lm = load_hugging_face_folder(hf_dir, architecture)
+        trained_context = int(hf_config.get("max_position_embeddings") or context)
+        lm.preprocessor.sequence_length = min(context, trained_context)
         preset_dir = scratch / "preset"
         lm.save_to_preset(str(preset_dir))
         _fix_converter_gaps(preset_dir, hf_config)
@@ -330,6 +344,7 @@ def import_checkpoint(
             template=family,
             base=chat_template is None,
             architecture=architecture,
+            context=int(lm.preprocessor.sequence_length),
         )
         write_arena_metadata(preset_dir, imported.as_metadata())
     return imported

@@ -235,6 +235,7 @@ def build_fixer_preset(base_preset: Path, weights_path: Path, out_dir: Path, rep
                     "base": base_preset.name,
                     "lora_weights": weights_path.name,
                     "lora_sha256": file_sha256(weights_path),
+                    "base_metadata_sha256": file_sha256(base_preset / "metadata.json"),
                     **report,
                 },
             },
@@ -242,15 +243,21 @@ def build_fixer_preset(base_preset: Path, weights_path: Path, out_dir: Path, rep
     return out_dir
 
 
-def is_built_from(preset_dir: Path, weights_path: Path) -> bool:
-    """Whether ``preset_dir`` is a fixer preset built from exactly these LoRA weights (by
-    sha256): a checkout whose committed weights changed rebuilds its fixer at the next start."""
+def is_built_from(preset_dir: Path, base_preset: Path, weights_path: Path) -> bool:
+    """Whether ``preset_dir`` is a fixer preset built from exactly this base import and these
+    LoRA weights (by the sha256 of the weights and of the base's metadata, which names its
+    checkpoint and context): a checkout whose committed weights changed, or whose base was
+    imported again differently, rebuilds its fixer at the next start."""
     try:
-        metadata = json.loads((preset_dir / "metadata.json").read_text())
+        built = json.loads((preset_dir / "metadata.json").read_text()).get("fix_arena", {}).get("fine_tuned", {})
+        base_metadata = file_sha256(base_preset / "metadata.json")
     except (OSError, ValueError):
         return False
-    built = metadata.get("fix_arena", {}).get("fine_tuned", {}).get("lora_sha256")
-    return (preset_dir / "config.json").is_file() and built == file_sha256(weights_path)
+    return (
+        (preset_dir / "config.json").is_file()
+        and built.get("lora_sha256") == file_sha256(weights_path)
+        and built.get("base_metadata_sha256") == base_metadata
+    )
 
 
 # --- Evaluation ----------------------------------------------------------------------------------

