@@ -12,6 +12,7 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -75,8 +76,8 @@ def test_the_fixer_preset_is_the_base_with_the_committed_lora_merged(smollm2_pre
     assert metadata["fine_tuned"]["lora_weights"] == DEFAULT_WEIGHTS.name
     base, tuned = fixer.load_base(smollm2_preset), fixer.load_base(fixer_preset)
 
-    def kernels(lm: object, index: int) -> dict[str, np.ndarray]:
-        block = lm.backbone.transformer_layers[index]  # type: ignore[attr-defined]
+    def kernels(lm: Any, index: int) -> dict[str, np.ndarray]:
+        block = lm.backbone.transformer_layers[index]
         return {layer.name: np.asarray(layer.kernel) for layer in block._flatten_layers() if hasattr(layer, "kernel")}
 
     for index, lora in ((0, ()), (fixer.LORA_FIRST_BLOCK - 1, ()), (fixer.LORA_FIRST_BLOCK, fixer.LORA_LAYER_NAMES)):
