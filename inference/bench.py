@@ -238,16 +238,17 @@ def machine_rates(seconds: float = 1.0) -> dict[str, float]:
 def matmul_floor(lm: Any, batch: int, seconds: float = 1.0) -> float:
     """Tokens/s if a decode step of ``batch`` tokens cost only its weight matmuls: one jitted
     function multiplies ``batch`` rows by every kernel of the model and by the output
-    projection (each read from memory once, as in a step), best of repeated runs.
+    projection (each read from memory once, as in a step), best of repeated runs, in whichever
+    orientation is faster here.
 
     The memory and compute bounds assume the matmuls run at the bandwidth or at the 1024 x
     1024 rate; at a few rows they run at neither (the matrix is read once but the multiply
     does not reach the large-matmul rate), and this measures what they do reach: no forward
-    pass can beat it. Kernels are laid out 2-D as the engine's passes use them (an embedding
-    transposed, ``[hidden, vocabulary]``); the bytes and FLOPs are the model's.
+    pass can beat it. Both orientations a pass can take are timed: ``rows [B, in] @ kernel
+    [in, out]`` (keras-hub's, and the Gemma passes') and ``kernel [out, in] @ columns [in, B]``
+    (the Llama pass's, ``inference.forward.llama``), each with its kernels laid out for it
+    beforehand; the bytes and FLOPs are the model's.
     """
-    import jax
-    import jax.numpy as jnp
 
     hidden = int(lm.backbone.hidden_dim)
     kernels = []
@@ -263,11 +264,30 @@ def matmul_floor(lm: Any, batch: int, seconds: float = 1.0) -> float:
             array = array.reshape(hidden, -1)
         elif array.ndim > 2:  # [heads, head_dim, hidden] (or Gemma's [heads, hidden, head_dim])
             array = array.reshape(-1, array.shape[-1])
-        kernels.append(jnp.asarray(array))
-    rows = [jnp.ones((batch, kernel.shape[0]), kernels[0].dtype) for kernel in kernels]
-    # Every product is returned (not reduced), so that XLA cannot simplify any matmul away.
-    step = jax.jit(lambda rows, kernels: [x @ w for x, w in zip(rows, kernels, strict=True)])
-    return batch / _best_seconds(lambda: jax.block_until_ready(step(rows, kernels)), seconds)
+        kernels.append(array)
+    # Rows first, then columns (each set of kernels is freed before the next is laid out).
+    best = min(
+        _products_seconds(kernels, batch, columns=False, seconds=seconds),
+        _products_seconds(kernels, batch, columns=True, seconds=seconds),
+    )
+    return batch / best
+
+
+def _products_seconds(kernels: list[np.ndarray], batch: int, *, columns: bool, seconds: float) -> float:
+    """Best time of one jitted function that multiplies ``batch`` rows (or columns) by every
+    kernel; every product is returned (not reduced), so that XLA cannot simplify any away."""
+    import jax
+    import jax.numpy as jnp
+
+    if columns:
+        laid_out = [jnp.asarray(np.ascontiguousarray(kernel.T)) for kernel in kernels]
+        inputs = [jnp.ones((kernel.shape[0], batch), kernel.dtype) for kernel in kernels]
+        step = jax.jit(lambda inputs, kernels: [w @ x for x, w in zip(inputs, kernels, strict=True)])
+    else:
+        laid_out = [jnp.asarray(kernel) for kernel in kernels]
+        inputs = [jnp.ones((batch, kernel.shape[0]), kernel.dtype) for kernel in kernels]
+        step = jax.jit(lambda inputs, kernels: [x @ w for x, w in zip(inputs, kernels, strict=True)])
+    return _best_seconds(lambda: jax.block_until_ready(step(inputs, laid_out)), seconds)
 
 
 def roofline(lm: Any, rates: dict[str, float], batch: int) -> dict[str, float]:
