@@ -3,7 +3,7 @@
 The pass runs feature-major: the residual stream is ``[hidden, tokens]`` and every projection
 is ``kernel [out, in] @ activations [in, tokens]``. On a CPU, XLA's matmul with a handful of
 rows (a decode step's batch) is about twice as fast in that orientation as ``activations
-[tokens, in] @ kernel [in, out]`` (keras-hub's): with 8 rows, 60-68 ms against 120-130 ms for
+[tokens, in] @ kernel [in, out]`` (keras-hub's): with 8 rows, 60-68 ms against 121-130 ms for
 SmolLM2's 30 blocks of projections on this 2-core AVX2 machine (scripts measured on the
 orientation alone; the README gives the step's figures). The kernels are therefore laid out
 ``[out, in]`` once per engine (``llama_weights``), a second copy of the block weights.
@@ -54,8 +54,9 @@ def llama_weights(model: Any) -> tuple[Any, ...]:
 
 
 def _rms_norm(layer: Any, x: Any) -> Any:
-    """keras-hub's ``LlamaLayerNorm`` over axis 0 of a feature-major ``x [hidden, tokens]``:
-    float32, mean of squares, rsqrt with the layer's epsilon, its scale, cast back."""
+    """keras-hub's ``LlamaLayerNorm`` (and ``MistralLayerNormalization``, the same arithmetic)
+    over axis 0 of a feature-major ``x [hidden, tokens]``: float32, mean of squares, rsqrt with
+    the layer's epsilon, its scale, cast back."""
     import jax
     import jax.numpy as jnp
     from keras import ops
