@@ -56,7 +56,8 @@ def llama_weights(model: Any) -> tuple[Any, ...]:
 def _rms_norm(layer: Any, x: Any) -> Any:
     """keras-hub's ``LlamaLayerNorm`` (and ``MistralLayerNormalization``, the same arithmetic)
     over axis 0 of a feature-major ``x [hidden, tokens]``: float32, mean of squares, rsqrt with
-    the layer's epsilon, its scale, cast back."""
+    the layer's epsilon, its scale, cast back. Not the layer on ``x.T``: XLA folds such
+    transposes into the neighbouring matmuls and picks the slow orientation again."""
     import jax
     import jax.numpy as jnp
     from keras import ops
