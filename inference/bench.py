@@ -393,7 +393,7 @@ def run_bench(
     ``buckets`` and ``windows`` go to the ``Engine`` (default: the engine's, as the arena
     serves); fewer of them make a smoke run's warm-up shorter.
     """
-    from inference.engine import DEFAULT_PREFIX_CACHE_ROWS, DEFAULT_STEPS_PER_DISPATCH, Engine
+    from inference.engine import DEFAULT_PREFIX_CACHE_ROWS, Engine
     from inference.streaming import context_length, encode_prompt
 
     if prompts < 1 or max_new_tokens < 1 or repeats < 1:
@@ -413,9 +413,15 @@ def run_bench(
 
     generate = _serial_generate(lm, max_length)
     generate(texts[0])  # Compiles generate() for this max_length; untimed.
-    steps = steps_per_dispatch or DEFAULT_STEPS_PER_DISPATCH
     rows = DEFAULT_PREFIX_CACHE_ROWS if prefix_cache else 0
-    engine = Engine(lm, slots=slots, steps_per_dispatch=steps, prefix_cache_rows=rows, buckets=buckets, windows=windows)
+    engine = Engine(
+        lm,
+        slots=slots,
+        steps_per_dispatch=steps_per_dispatch,
+        prefix_cache_rows=rows,
+        buckets=buckets,
+        windows=windows,
+    )
     serial = _Samples()
     engine_samples = {level: _Samples() for level in concurrency}
     consistent = True
@@ -434,6 +440,7 @@ def run_bench(
                 reference = reference or outputs
                 consistent = consistent and outputs == reference
         recompiles = engine.compilations - after_warmup
+        settled_steps = engine.steps_per_dispatch
         prefix_stats = {
             "rows": engine.prefix_cache.entries,
             "hits": engine.prefix_cache.hits,
@@ -477,7 +484,11 @@ def run_bench(
         "tokens_per_prompt_min": min(new_tokens),
         "tokens_per_prompt_max": max(new_tokens),
         "slots": slots,
-        "steps_per_dispatch": steps,
+        # None: the engine's default, as the arena serves (the fewest steps that last
+        # DISPATCH_TARGET_S, measured as it runs); then the count it settled at.
+        "steps_per_dispatch": steps_per_dispatch,
+        "steps_per_dispatch_settled": settled_steps,
+        "max_steps_per_dispatch": engine.max_steps_per_dispatch,
         "repeats": repeats,
         "cpu_count": os.cpu_count(),
         "serial_generate": serial_summary,
@@ -503,6 +514,13 @@ def _prefix_line(stats: dict[str, Any]) -> str:
     )
 
 
+def _steps_text(result: dict[str, Any]) -> str:
+    if result["steps_per_dispatch"] is not None:
+        return f"{result['steps_per_dispatch']} steps/dispatch"
+    most, settled = result["max_steps_per_dispatch"], result["steps_per_dispatch_settled"]
+    return f"steps/dispatch adaptive up to {most} (settled at {settled})"
+
+
 def format_table(result: dict[str, Any]) -> str:
     """The figures as a plain-text table, with the headline ratios underneath."""
     header = (
@@ -512,7 +530,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"preset {result['preset']} ({result['family']}); {result['prompts']} prompts of "
         f"{result['prompt_tokens_min']}-{result['prompt_tokens_max']} tokens, "
         f"{result['tokens_per_prompt_min']}-{result['tokens_per_prompt_max']} new tokens each; "
-        f"{result['slots']} slots, {result['steps_per_dispatch']} steps/dispatch; {result['repeats']} rounds "
+        f"{result['slots']} slots, {_steps_text(result)}; {result['repeats']} rounds "
         f"pooled; {result['cpu_count']} CPUs",
         header,
         "-" * len(header),

@@ -4,13 +4,14 @@
 (Python, dispatch, per-op costs, reading the weights), so serving requests one after another
 wastes the machine. This engine follows JetStream's design (see shared/facts.md):
 
-* a fixed number of decode **slots**, each with its own key/value cache of the model's full
-  context length: one array shaped like keras-hub's cache with a leading slot axis,
-  ``[slots, 1, layers, 2, context, kv_heads, head_dim]``, or, for the families with an
-  in-place forward pass (below), per layer, separate key and value arrays;
-* **prefill** runs each new request alone and **inserts** the prompt's keys and values, the
-  first new token, its position, the sampling parameters and the advanced PRNG key into a free
-  slot, all in one jitted function (one compilation per length bucket). As keras-hub's
+* a fixed number of decode **slots**, each with its own key/value cache: one array shaped like
+  keras-hub's cache with a leading slot axis, ``[slots, 1, layers, 2, positions, kv_heads,
+  head_dim]``, or, for the families with an in-place forward pass (below), per layer, separate
+  key and value arrays (``inference.forward.attention``'s layout);
+* **prefill** runs each new request alone, into a **staging row** of the full context length,
+  and sets the slot's first new token, position, sampling parameters and advanced PRNG key (one
+  compilation per length bucket); **insert** then copies the staging row into the free slot
+  (one compilation per window). As keras-hub's
   ``generate_step`` does, the first new token comes from the last prompt token run again as a
   one-token step at its own index (so greedy output stays ``generate()``'s); it reaches the
   reader right after prefill, without waiting for a decode step. Families with an in-place
@@ -20,9 +21,12 @@ wastes the machine. This engine follows JetStream's design (see shared/facts.md)
   previous turn of its dialog), and only the rest is computed, padded to a bucket. Other
   families run keras-hub's own ``_build_cache`` over the whole prompt;
 * one jitted **generate** step advances *every* slot by ``steps_per_dispatch`` tokens
-  (``lax.fori_loop``). Slots sit at different positions, while keras-hub's
-  ``call_with_cache`` takes one ``cache_update_index`` for the whole batch, so the step
-  ``jax.vmap``s a batch-1 ``call_with_cache`` over the slot axis with a per-slot index: the
+  (``lax.fori_loop`` with a traced trip count: by default the fewest steps that last about
+  ``DISPATCH_TARGET_S``, measured as the engine runs, up to 8, so that neither a tiny model's
+  dispatches nor a real model's new requests wait on a long dispatch). Slots sit at
+  different positions, while keras-hub's ``call_with_cache`` takes one
+  ``cache_update_index`` for the whole batch, so the step ``jax.vmap``s a batch-1
+  ``call_with_cache`` over the slot axis with a per-slot index: the
   cache write (``dynamic_update_slice``, a scatter under vmap), the rotary position and the
   causal mask all accept a traced per-slot index. Free slots compute too (the shape is fixed);
   their output is ignored and their index is clamped into the cache;
@@ -40,11 +44,13 @@ wastes the machine. This engine follows JetStream's design (see shared/facts.md)
   than the arithmetic (measured, 8 slots, a 256-position window: the first strong Gemma model
   2.1 ms a step through ``call_with_cache``, 0.55 ms in place; the 2-layer Mistral model
   0.67 ms, 0.45 ms);
-* the step attends over a **window** of the cache, the smallest of a few lengths (powers of
-  two) that holds every running request's positions during the dispatch, copied out of the
-  cache at the start of a dispatch and written back at its end (with the in-place step, only
-  the positions the dispatch wrote), so a step costs in proportion to slots x window, not
-  slots x context;
+* the slot caches hold a **window** of positions, the smallest of a few lengths (powers of
+  two, up to the context) that holds every running request's positions during the next
+  dispatch, so a step costs in proportion to slots x window, not slots x context. The caches
+  are **resized** (cut, or padded with zeros) only when that window changes, one neighbouring
+  length at a time (one compilation per pair); a decode step works on them in place. (An
+  earlier version kept full-context caches and copied the window out and back at every
+  dispatch: with SmolLM2 that copy cost more than the attention itself.);
 * a slot is freed on a stop token, its token limit, the end of the context, or cancellation,
   and the next queued request is prefilled into it at the next iteration.
 
@@ -54,8 +60,8 @@ as the decode thread produces them. Per dispatch the host reads the new tokens o
 (``np.asarray``) and dispatches the next step *before* turning the previous tokens into text,
 so detokenisation overlaps the device work (JAX dispatches asynchronously); a slot freed by
 that processing simply has one wasted dispatch, and the thread waits a fraction of a
-millisecond for its reader's next request (``_await_resubmission``). Cache, pool and slot
-arrays are donated to every jitted call, so they are updated in place.
+millisecond for its reader's next request (``_await_resubmission``). Cache, staging, pool and
+slot arrays are donated to the jitted calls that write them, so they are updated in place.
 
 Sampling happens inside the jitted step with per-slot parameter arrays, so mixed requests share
 one compiled step: greedy (temperature 0: the same float32 softmax as keras-hub's
@@ -64,10 +70,11 @@ per-slot PRNG key derived from the request's seed and split once per token (same
 prompt, same text, whatever else is in the batch). The sort that top-k/top-p need and the key
 splits only run when some running slot samples (``lax.cond`` on the batch).
 
-Compilations: ``warm_up()`` compiles every prefill bucket and every decode window; after it, no
-request compiles anything. ``Engine.compilations`` counts XLA compilations done on the
-engine's thread (a ``jax.monitoring`` listener), so a benchmark can show that none happen after
-warm-up. Compiled functions are shared by engines of the same model and configuration.
+Compilations: ``warm_up()`` compiles every prefill bucket, every decode window (with its insert)
+and every resize between neighbouring windows; after it, no request compiles anything.
+``Engine.compilations`` counts XLA compilations done on the engine's thread (a
+``jax.monitoring`` listener), so a benchmark can show that none happen after warm-up. Compiled
+functions are shared by engines of the same model and configuration.
 
 The model variables are passed to the jitted functions as arguments (stateless, as
 ``generate()`` does), so variables sharded with ``keras.distribution`` keep their shardings,
@@ -113,10 +120,16 @@ logger = logging.getLogger(__name__)
 
 EngineStopReason = Literal["stop", "length", "cancelled", "error"]
 
-# Measured with the strong demo model (bench_engine, 2 CPU cores, 8 concurrent requests): 8 tokens
-# per dispatch gave 5276 tokens/s against 4245 with 4 and 5063 with 16; a newly submitted
-# request waits at most one dispatch for its prefill, which also yields its first token.
+# Tokens per slot per dispatch, at most. Measured with the strong demo model (bench_engine, 2 CPU
+# cores, 8 concurrent requests): 8 tokens per dispatch gave 5276 tokens/s against 4245 with 4
+# and 5063 with 16.
 DEFAULT_STEPS_PER_DISPATCH = 8
+# By default a dispatch runs the fewest steps that take this long (measured as the engine runs),
+# up to the maximum: a dispatch amortises the host's work of a loop iteration (about a
+# millisecond), while every step beyond what that needs delays a new request's prefill and
+# keeps a finished request's slot busy. A tiny model's step takes a fraction of a millisecond
+# (all 8 steps); a real model's tens of milliseconds (1 step).
+DISPATCH_TARGET_S = 0.01
 DEFAULT_PREFIX_CACHE_ROWS = 16
 PREFIX_BLOCK = 16  # Prefixes are cached and matched in blocks of this many tokens.
 # How long the decode thread waits for a new request after one ends (see _await_resubmission):
@@ -283,19 +296,29 @@ class Request:
 
 @dataclass
 class _DeviceState:
-    """What the decode thread keeps on the device: the model variables, the engine's layout of
-    its matmul weights (in-place families), the slot caches and state, the prefix pool."""
+    """What the decode thread keeps on the device: the model variables, the slot caches at the
+    current window, the staging row prefills write into, the slot state, the prefix pool and
+    the engine's layout of the matmul weights (in-place families)."""
 
     state: Any
     cache: Any
+    staging: Any
     slot_state: dict[str, Any]
     pool: Any
     weights: tuple[Any, ...]
 
 
-# A dispatched generate step: its token array [slots, steps], the slot owners when it was
-# dispatched, and how many of its steps ran.
-_Dispatch = tuple[Any, tuple[Request | None, ...], int]
+@dataclass(frozen=True)
+class _Dispatch:
+    """A dispatched generate step: its token array [slots, steps] (the first ``count`` columns
+    hold tokens), the slot owners when it was dispatched, and when; ``timed`` when nothing was
+    dispatched just before it (no prefill), so that it ran alone and its duration is a step's."""
+
+    tokens: Any
+    owners: tuple[Request | None, ...]
+    count: int
+    dispatched_at: float
+    timed: bool
 
 
 @dataclass
@@ -421,10 +444,16 @@ def _in_place_decoder(lm: Any, context: int) -> _InPlaceDecoder | None:
 
 
 class _Programs:
-    """The jitted init, prefill(+insert) and generate functions for one model and configuration.
+    """The jitted functions for one model and configuration: init, prefill (keras-hub's or a
+    chunk after a cached prefix, into the staging row), insert (staging row into a slot),
+    resize (the slot caches to another window) and generate.
 
-    Shared by every Engine with the same (slots, steps per dispatch, context, prefix rows and
-    capacity), so a second engine of the same model compiles nothing new.
+    The slot caches are a tuple of parts, each with its positions on one axis
+    (``position_axes``): for the in-place families, per layer, keys and values in
+    ``inference.forward.attention``'s layout; otherwise one array shaped like keras-hub's cache
+    with a leading slot axis. Shared by every Engine with the same (slots, steps per dispatch,
+    context, prefix rows and capacity), so a second engine of the same model compiles nothing
+    new.
     """
 
     def __init__(
@@ -435,6 +464,7 @@ class _Programs:
         import keras_hub
 
         from inference.forward import gemma3
+        from inference.forward.attention import KEY_POSITION_AXIS, VALUE_POSITION_AXIS, cache_shapes
 
         if not (hasattr(lm, "_build_cache") and hasattr(lm, "call_with_cache")):
             raise TypeError(f"{type(lm).__name__} has no cached decoding (_build_cache).")
@@ -467,7 +497,6 @@ class _Programs:
             length_axes = [i for i, (a, b) in enumerate(zip(one.shape, two.shape, strict=True)) if a != b]
         if len(length_axes) != 1:
             raise TypeError(f"Cannot find the sequence axis of {type(lm).__name__}'s cache {one.shape}.")
-        seq_axis = length_axes[0] + 1  # In the engine's cache, after the slot axis.
         # Gemma, Gemma 3, Llama 3 and Mistral get a forward pass of the engine's own that updates
         # per-layer caches in place (inference.forward); other families go through keras-hub's
         # call_with_cache and _build_cache.
@@ -475,33 +504,54 @@ class _Programs:
         decoder = _in_place_decoder(lm, context) if keras_hub_layout else None
         self.in_place = in_place = decoder is not None
         forward, prepare = decoder or (None, None)
-        # Of a per-layer cache: every in-place pass keeps them heads-first, [slots, kv_heads,
-        # positions, head_dim] (inference.forward.attention).
-        position_axis = 2
-        cache_shape = jax.ShapeDtypeStruct(
-            tuple(context if i == length_axes[0] else n for i, n in enumerate(one.shape)), one.dtype
-        )  # [1, layers, 2, context, kv_heads, head_dim] for keras-hub's decoders.
+        if in_place:
+            _, layers, _, _, kv_heads, head_dim = one.shape
+            self.position_axes = (KEY_POSITION_AXIS, VALUE_POSITION_AXIS) * layers
+        else:
+            self.position_axes = (length_axes[0] + 1,)  # In keras-hub's cache after the slot axis.
+        axes = self.position_axes
         # The prefix pool: `prefix_rows` rows and a scratch row that prefills without a row to
         # fill write to (so that writing is unconditional).
         self.scratch_row = prefix_rows
 
-        def layer_parts(rows: int, length: int) -> tuple[Any, ...]:
-            _, layers, _, _, kv_heads, head_dim = cache_shape.shape
-            part = (rows, kv_heads, length, head_dim)
-            return tuple(jnp.zeros(part, cache_shape.dtype) for _ in range(2 * layers))
+        def caches(rows: int, length: int) -> tuple[Any, ...]:
+            """Zeroed caches of ``rows`` rows and ``length`` positions."""
+            if in_place:
+                key, value = cache_shapes(rows, kv_heads, head_dim, length)
+                return tuple(jnp.zeros(shape, one.dtype) for _ in range(layers) for shape in (key, value))
+            shape = tuple(length if i == length_axes[0] else n for i, n in enumerate(one.shape))
+            return (jnp.zeros((rows, *shape), one.dtype),)
 
-        def init(state: Any) -> tuple[Any, dict[str, Any], Any, Any]:
+        def fitted(parts: tuple[Any, ...], length: int) -> tuple[Any, ...]:
+            """Each part cut or zero-padded to ``length`` positions."""
+            out = []
+            for part, axis in zip(parts, axes, strict=True):
+                have = part.shape[axis]
+                if length <= have:
+                    out.append(jax.lax.slice_in_dim(part, 0, length, axis=axis))
+                else:
+                    pad = [(0, 0)] * part.ndim
+                    pad[axis] = (0, length - have)
+                    out.append(jnp.pad(part, pad))
+            return tuple(out)
+
+        def put_row(parts: tuple[Any, ...], rows: tuple[Any, ...], index: Any) -> tuple[Any, ...]:
+            """``rows`` (one row each) written into row ``index`` of ``parts``, from position 0."""
+            return tuple(
+                jax.lax.dynamic_update_slice(part, row, (index,) + (0,) * (part.ndim - 1))
+                for part, row in zip(parts, rows, strict=True)
+            )
+
+        def init(state: Any, window: int) -> tuple[Any, ...]:
             # Takes the variables so that the arrays land on the devices they live on.
             self.traces["init"] += 1
-            if in_place:  # Per layer, keys and values.
-                cache: Any = layer_parts(slots, context)
-                pool: Any = layer_parts(prefix_rows + 1, capacity)
+            pool: Any = None
+            weights: Any = ()
+            if in_place:
+                pool = caches(prefix_rows + 1, capacity)
                 model, scope = stateless(state)
                 with scope:
                     weights = prepare(model)
-            else:
-                cache = jnp.zeros((slots, *cache_shape.shape), cache_shape.dtype)
-                pool, weights = None, ()
             slot_state = {
                 "tokens": jnp.zeros((slots,), jnp.int32),
                 "positions": jnp.zeros((slots,), jnp.int32),
@@ -510,7 +560,7 @@ class _Programs:
                 "top_k": jnp.zeros((slots,), jnp.int32),
                 "top_p": jnp.ones((slots,), jnp.float32),
             }
-            return cache, slot_state, pool, weights
+            return caches(slots, window), caches(1, context), slot_state, pool, weights
 
         def resume(slot_state: dict[str, Any], slot: Any, first: Any, length: Any, key: Any, *params: Any) -> Any:
             # The slot resumes with the first new token, at the index after the prompt.
@@ -527,7 +577,7 @@ class _Programs:
 
         def prefill(
             state: Any,
-            cache: Any,
+            staging: Any,
             slot_state: dict[str, Any],
             token_ids: Any,
             length: Any,
@@ -550,33 +600,33 @@ class _Programs:
             first, next_key = _sample(
                 logits[:, 0], temperature[None], top_k[None], top_p[None], key[None], greedy_sampler
             )
-            # Insert: the prompt's cache at the start of the slot's. Whatever an earlier request
+            # The prompt's cache at the start of the staging row. Whatever an earlier request
             # left beyond the prompt is masked by the causal mask until overwritten.
-            start = (slot,) + (0,) * prompt_cache.ndim
-            cache = jax.lax.dynamic_update_slice(cache, prompt_cache[None].astype(cache.dtype), start)
+            staging = put_row(staging, (prompt_cache[None].astype(staging[0].dtype),), 0)
             slot_state = resume(slot_state, slot, first, length, next_key, temperature, top_k, top_p)
-            return cache, slot_state, first
+            return staging, slot_state, first
 
         def prefill_chunk(
             state: Any,
             weights: tuple[Any, ...],
-            cache: Any,
+            staging: Any,
             slot_state: dict[str, Any],
             pool: Any,
             integers: Any,
             reals: Any,
         ) -> tuple[Any, dict[str, Any], Any, Any]:
-            """Prefill after a cached prefix (in-place families).
+            """Prefill after a cached prefix (in-place families), into the staging row.
 
             ``integers`` (uint32, filled by ``Engine._prefill``: one transfer instead of ten) holds
             the chunk, then ``last``, ``start``, ``length``, ``slot``, the pool rows to read and
-            to write, ``top_k`` and the PRNG key; ``reals`` the temperature and top-p. The slot's
-            first positions come from the row read (its first ``start`` positions hold the
-            prompt's cached prefix; 0 for none), the chunk (the prompt's tokens after it but the
-            last, padded) runs at ``start`` onwards, then ``last`` at ``length - 1`` as a
+            to write, ``top_k`` and the PRNG key; ``reals`` the temperature and top-p. The
+            prompt's first positions come from the row read (its first ``start`` positions hold
+            the prompt's cached prefix; 0 for none), the chunk (the prompt's tokens after it but
+            the last, padded) runs at ``start`` onwards, then ``last`` at ``length - 1`` as a
             one-token step, as keras-hub's generate_step computes the first new token. The
-            prompt's positions are then copied into the slot and into the row written (the
-            scratch row if the host keeps no new prefix).
+            prompt's positions are then copied into the staging row (``insert`` takes them to
+            the slot) and into the pool row written (the scratch row if the host keeps no new
+            prefix).
             """
             size = integers.shape[0] - _CHUNK_FIELDS
             self.traces[f"prefill[{size}]"] += 1
@@ -590,40 +640,43 @@ class _Programs:
             kept = min(capacity, span)  # Pool positions the prefill can use or fill.
             model, scope = stateless(state)
             with scope:
-                local = []
-                for part in pool:
-                    row = jax.lax.dynamic_index_in_dim(part, read_row, axis=0)  # [1, ..., capacity, ...]
-                    row = jax.lax.slice_in_dim(row, 0, kept, axis=position_axis)
-                    pad = [(0, 0)] * row.ndim
-                    pad[position_axis] = (0, span - kept)
-                    local.append(jnp.pad(row, pad))
-                _, local = forward(model, chunk, tuple(local), start[None], weights)
+                row = tuple(jax.lax.dynamic_index_in_dim(part, read_row, axis=0) for part in pool)
+                local = fitted(fitted(row, kept), span)
+                _, local = forward(model, chunk, local, start[None], weights)
                 logits, local = forward(model, last[None, None], local, (length - 1)[None], weights)
             first, next_key = _sample(
                 logits[:, 0], temperature[None], top_k[None], top_p[None], key[None], greedy_sampler
             )
-            # Beyond the prompt, the slot gets padding's keys and values: masked until overwritten.
-            at_slot, at_row = [0] * local[0].ndim, [0] * local[0].ndim
-            at_slot[0], at_row[0] = slot, write_row
-            cache = tuple(
-                jax.lax.dynamic_update_slice(part, update, tuple(at_slot))
-                for part, update in zip(cache, local, strict=True)
-            )
-            pool = tuple(
-                jax.lax.dynamic_update_slice(
-                    part, jax.lax.slice_in_dim(update, 0, kept, axis=position_axis), tuple(at_row)
-                )
-                for part, update in zip(pool, local, strict=True)
-            )
+            # Beyond the prompt, the staging row keeps padding's keys and values: masked until
+            # overwritten.
+            staging = put_row(staging, local, 0)
+            pool = put_row(pool, fitted(local, kept), write_row)
             slot_state = resume(slot_state, slot, first, length, next_key, temperature, top_k, top_p)
-            return cache, slot_state, pool, first
+            return staging, slot_state, pool, first
+
+        def insert(cache: Any, staging: Any, slot: Any) -> Any:
+            """The staging row's first positions (as many as the window has) into ``slot``."""
+            window = cache[0].shape[axes[0]]
+            self.traces[f"insert[{window}]"] += 1
+            return put_row(cache, fitted(staging, window), slot)
+
+        def resize(cache: Any, window: int) -> Any:
+            """The slot caches cut or zero-padded to ``window`` positions: every running
+            request's positions are below both lengths (the host resizes only then)."""
+            self.traces[f"resize[{cache[0].shape[axes[0]]}->{window}]"] += 1
+            return fitted(cache, window)
 
         def generate(
-            state: Any, weights: tuple[Any, ...], cache: Any, slot_state: dict[str, Any], active: Any, window: int
+            state: Any, weights: tuple[Any, ...], cache: Any, slot_state: dict[str, Any], active: Any, count: Any
         ) -> tuple[Any, dict[str, Any], Any]:
+            # `count` steps (at most `steps`): a traced bound, so that the engine can change how
+            # many steps a dispatch runs without compiling anything.
+            # The slot caches hold `window` positions: every active slot's positions in this
+            # dispatch are below it (the host resizes them to fit), so a step costs in
+            # proportion to slots x window, not slots x context.
+            window = cache[0].shape[axes[0]]
             self.traces[f"generate[{window}]"] += 1
             model, scope = stateless(state)
-            limit = min(window, context)
 
             def one_slot(token: Any, slot_cache: Any, position: Any) -> tuple[Any, Any]:
                 # Batch 1 inside, one cache index per slot outside (vmap).
@@ -636,12 +689,13 @@ class _Programs:
                 cache, tokens, positions, keys, out = carry
                 # Free slots keep running: clamp their index into the window (active slots are
                 # below it); their writes are never read.
-                clamped = jnp.minimum(positions, limit - 1)
+                clamped = jnp.minimum(positions, window - 1)
                 if in_place:
                     logits, cache = forward(model, tokens[:, None], cache, clamped, weights)
                     logits = logits[:, 0]
                 else:
-                    logits, cache = all_slots(tokens, cache, clamped)
+                    logits, only = all_slots(tokens, cache[0], clamped)
+                    cache = (only,)
                 tokens, keys = _sample(
                     logits,
                     # A free slot keeps its last request's parameters: never let it sample.
@@ -655,51 +709,23 @@ class _Programs:
                 positions = jnp.minimum(positions + 1, context)  # Bounded for free slots.
                 return cache, tokens, positions, keys, out
 
-            # Attend over the first `window` positions only: every active slot's positions in
-            # this dispatch are below it (the host picks it), and each step copies/transposes
-            # the cache it sees, so the cost of a step grows with slots x window, not context.
-            # The step gets a copy of the first `window` positions and it is written back after.
-            if in_place:
-                view = tuple(jax.lax.slice_in_dim(part, 0, limit, axis=position_axis) for part in cache)
-            else:
-                view = jax.lax.slice_in_dim(cache, 0, limit, axis=seq_axis)
             out = jnp.zeros((slots, steps), jnp.int32)
-            carry = (view, slot_state["tokens"], slot_state["positions"], slot_state["keys"], out)
+            carry = (cache, slot_state["tokens"], slot_state["positions"], slot_state["keys"], out)
             with scope:
-                view, tokens, positions, keys, out = jax.lax.fori_loop(0, steps, body, carry)
-            if in_place:
-                # Only the positions this dispatch wrote go back: per slot, `steps` positions
-                # from where it started (dynamic_slice clamps the start so that they fit in
-                # the window; the host picked a window that holds start + steps).
-                chunk = min(steps, limit)
-                starts = slot_state["positions"]
-
-                axis = position_axis - 1  # Of one slot's cache.
-
-                def written(window: Any, start: Any) -> Any:
-                    return jax.lax.dynamic_slice_in_dim(window, start, chunk, axis=axis)
-
-                def put(part: Any, update: Any, start: Any) -> Any:
-                    return jax.lax.dynamic_update_slice_in_dim(
-                        part, update, jnp.minimum(start, limit - chunk), axis=axis
-                    )
-
-                cache = tuple(
-                    jax.vmap(put)(part, jax.vmap(written)(window, starts), starts)
-                    for part, window in zip(cache, view, strict=True)
-                )
-            else:
-                cache = jax.lax.dynamic_update_slice_in_dim(cache, view, 0, axis=seq_axis)
+                cache, tokens, positions, keys, out = jax.lax.fori_loop(0, count, body, carry)
             slot_state = {**slot_state, "tokens": tokens, "positions": positions, "keys": keys}
             return cache, slot_state, out
 
-        self.init = jax.jit(init)
+        self.init = jax.jit(init, static_argnums=(1,))
         # One compilation per prefill length (bucket).
         self.prefill = jax.jit(prefill, donate_argnums=(1, 2))
         # One compilation per chunk length.
         self.prefill_chunk = jax.jit(prefill_chunk, donate_argnums=(2, 3, 4))
-        # One compilation per decode window.
-        self.generate = jax.jit(generate, donate_argnums=(2, 3), static_argnums=(5,))
+        # One compilation per window (insert, generate) and pair of neighbouring windows
+        # (resize: the engine steps through the windows between two).
+        self.insert = jax.jit(insert, donate_argnums=(0,))
+        self.resize = jax.jit(resize, static_argnums=(1,))
+        self.generate = jax.jit(generate, donate_argnums=(2, 3))
 
 
 _programs: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], _Programs]] = weakref.WeakKeyDictionary()
@@ -764,7 +790,8 @@ class Engine:
     decode step attends over, the smallest that holds every running request's positions
     (default ``default_windows``). The context length is always added to both, so every prompt
     that leaves room for one new token is served. ``steps_per_dispatch``: tokens per slot per
-    jitted call. Each bucket and each window is one compilation, all done by ``warm_up()``.
+    jitted call, at most (default: adaptive, see ``DISPATCH_TARGET_S``). Each bucket and each
+    window is one compilation, all done by ``warm_up()``.
 
     ``prefix_cache_rows`` prompt prefixes of up to ``prefix_cache_tokens`` tokens (default half
     the context, at most 1024) are kept on the device (see ``inference.prefix_cache``): a prompt
@@ -783,17 +810,22 @@ class Engine:
         slots: int = 8,
         buckets: Sequence[int] | None = None,
         windows: Sequence[int] | None = None,
-        steps_per_dispatch: int = DEFAULT_STEPS_PER_DISPATCH,
+        steps_per_dispatch: int | None = None,
         prefix_cache_rows: int = DEFAULT_PREFIX_CACHE_ROWS,
         prefix_cache_tokens: int | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}.")
-        if steps_per_dispatch < 1:
+        if steps_per_dispatch is not None and steps_per_dispatch < 1:
             raise ValueError(f"steps_per_dispatch must be at least 1, got {steps_per_dispatch}.")
         self.lm = lm
         self.slots = slots
-        self.steps_per_dispatch = steps_per_dispatch
+        self.max_steps_per_dispatch = steps_per_dispatch or DEFAULT_STEPS_PER_DISPATCH
+        # Fixed if given, else the fewest steps that last DISPATCH_TARGET_S, once measured.
+        self.steps_per_dispatch = self.max_steps_per_dispatch
+        self._adaptive = steps_per_dispatch is None
+        self._step_s: float | None = None  # Measured duration of one decode step (moving average).
+        self._last_done: float | None = None  # When the host last saw a dispatch end.
         if prefix_cache_rows < 0:
             raise ValueError(f"prefix_cache_rows must be at least 0, got {prefix_cache_rows}.")
         self.context_length = context_length(lm)
@@ -802,7 +834,7 @@ class Engine:
         if not PREFIX_BLOCK <= capacity <= context // 2:
             raise ValueError(f"prefix_cache_tokens must be within {PREFIX_BLOCK}..{context // 2}, got {capacity}.")
         capacity -= capacity % PREFIX_BLOCK
-        self._programs = _programs_for(lm, slots, steps_per_dispatch, context, prefix_cache_rows, capacity)
+        self._programs = _programs_for(lm, slots, self.max_steps_per_dispatch, context, prefix_cache_rows, capacity)
         self.in_place = self._programs.in_place
         self.prefix_cache = PrefixCache(prefix_cache_rows if self.in_place else 0, capacity, PREFIX_BLOCK)
         smallest = PREFIX_BLOCK if self.in_place else MIN_BUCKET
@@ -825,6 +857,7 @@ class Engine:
         self._closed = False
         self._failure: BaseException | None = None
         self._device: _DeviceState | None = None
+        self._window = self.windows[0]  # Positions the slot caches hold now (one of the windows).
         # Small per-dispatch arguments already on the device, re-sent only when they change:
         # a NumPy argument costs a host-to-device transfer on every call (~70 us a dispatch).
         self._inputs: dict[Any, Any] = {}
@@ -978,7 +1011,8 @@ class Engine:
 
     def _reset_device(self) -> None:
         state = _model_state(self.lm)
-        self._device = _DeviceState(state, *self._programs.init(state))
+        self._window = self.windows[0]
+        self._device = _DeviceState(state, *self._programs.init(state, self._window))
         self.prefix_cache.clear()
 
     def _run(self) -> None:
@@ -1054,33 +1088,33 @@ class Engine:
     ) -> _Dispatch | None:
         """One loop iteration; returns the dispatch whose tokens are not processed yet."""
         for job in jobs:  # On an idle engine: compile every shape, with dummy inputs.
-            inactive = self._input((False,) * self.slots, np.bool_)
-            for bucket in job.buckets:
-                np.asarray(self._prefill([self._pad_id], 0, GREEDY, bucket=bucket))
-            for window in job.windows:
-                np.asarray(self._generate(inactive, window))
-            job.done.set()
+            self._warm_up(job)
 
-        first_tokens: list[tuple[Request, Any]] = []
         for request, slot in zip(admitted, free, strict=False):
             self._slots[slot] = request
             self.peak_active_slots = max(self.peak_active_slots, self.active_slots)
             request._slot = slot
             request._position = len(request.prompt_ids)  # Index of the next step.
-            first_tokens.append((request, self._prefill(request.prompt_ids, slot, request.sampling)))
-
-        dispatched = None
         owners = tuple(self._slots)
         running = [r for r in owners if r is not None]
+        count = self.steps_per_dispatch
+        resized = False
         if running:
-            count = self.steps_per_dispatch
             # The smallest window that holds every position this dispatch writes.
             needed = max(r._position for r in running) + count
-            window = next((w for w in self.windows if w >= needed), self.context_length)
+            resized = self._resize(next((w for w in self.windows if w >= needed), self.context_length))
+        first_tokens: list[tuple[Request, Any]] = []
+        for request in admitted:
+            assert request._slot is not None
+            first_tokens.append((request, self._prefill(request.prompt_ids, request._slot, request.sampling)))
+            self._insert(request._slot)
+
+        dispatched = None
+        if running:
             for request in running:
                 request._position += count
-            out = self._generate(self._input(tuple(r is not None for r in owners), np.bool_), window)
-            dispatched = (out, owners, count)
+            out = self._generate(self._input(tuple(r is not None for r in owners), np.bool_), count)
+            dispatched = _Dispatch(out, owners, count, time.perf_counter(), timed=not (admitted or resized))
 
         # Host work below overlaps the dispatched step (JAX dispatches asynchronously). Prefill
         # sampled each new request's first token: it reaches the reader first (the device ran
@@ -1093,20 +1127,56 @@ class Engine:
             else:
                 self._accept(request, [int(np.asarray(first)[0])])
         if in_flight is not None:
-            self._process(*in_flight)
+            self._process(in_flight)
         return dispatched
 
-    def _generate(self, active: Any, window: int) -> Any:
-        """Dispatch one decode step of every slot; returns its tokens [slots, steps] (on the device)."""
+    def _warm_up(self, job: _WarmUp) -> None:
+        """Compile every shape, on an idle engine, with dummy inputs: each prefill bucket, then
+        for each window (ascending) the resize to it, an insert and a decode step, then the
+        resizes back down."""
+        inactive = self._input((False,) * self.slots, np.bool_)
+        for bucket in job.buckets:
+            np.asarray(self._prefill([self._pad_id], 0, GREEDY, bucket=bucket))
+        for window in job.windows:
+            self._resize(window)
+            self._insert(0)
+            np.asarray(self._generate(inactive, self.steps_per_dispatch))
+        self._resize(job.windows[0])
+        job.done.set()
+
+    def _resize(self, window: int) -> bool:
+        """Bring the slot caches to ``window`` positions, one neighbouring window at a time (so
+        that each pair compiles once), keeping every running request's positions; whether
+        anything was dispatched."""
+        device = self._device
+        assert device is not None
+        levels = self.windows
+        resized = self._window != window
+        while self._window != window:
+            index = levels.index(self._window)
+            self._window = levels[index + 1] if window > self._window else levels[index - 1]
+            device.cache = self._programs.resize(device.cache, self._window)
+        return resized
+
+    def _insert(self, slot: int) -> None:
+        """Dispatch the copy of the staging row (the last prefill) into ``slot``."""
+        device = self._device
+        assert device is not None
+        device.cache = self._programs.insert(device.cache, device.staging, np.int32(slot))
+
+    def _generate(self, active: Any, count: int) -> Any:
+        """Dispatch ``count`` decode steps of every slot; returns their tokens [slots, steps] (on
+        the device; the first ``count`` columns)."""
         device = self._device
         assert device is not None
         device.cache, device.slot_state, out = self._programs.generate(
-            device.state, device.weights, device.cache, device.slot_state, active, window
+            device.state, device.weights, device.cache, device.slot_state, active, self._input(count, np.int32)
         )
         return out
 
     def _prefill(self, prompt_ids: list[int], slot: int, sampling: SamplingParams, bucket: int | None = None) -> Any:
-        """Dispatch a prompt's prefill into ``slot``; returns its first new token (on the device).
+        """Dispatch a prompt's prefill into the staging row, and ``slot``'s state; returns its
+        first new token (on the device). ``_insert`` then copies the staging row to the slot.
 
         In-place families start from the longest cached prefix (leaving at least the last
         token to run) and keep the prompt's prefix for later prompts. ``bucket`` forces a
@@ -1121,8 +1191,8 @@ class Engine:
             bucket = bucket or next(b for b in self.buckets if b >= length)
             token_ids = np.full((1, bucket), self._pad_id, dtype=np.int32)
             token_ids[0, :length] = prompt_ids
-            device.cache, device.slot_state, first = programs.prefill(
-                device.state, device.cache, device.slot_state, token_ids, np.int32(length), np.int32(slot), *params
+            device.staging, device.slot_state, first = programs.prefill(
+                device.state, device.staging, device.slot_state, token_ids, np.int32(length), np.int32(slot), *params
             )
             return first
         match = NO_MATCH if bucket else self.prefix_cache.lookup(prompt_ids, limit=length - 1)
@@ -1144,10 +1214,10 @@ class Engine:
             top_k,
             *key,
         )
-        device.cache, device.slot_state, device.pool, first = programs.prefill_chunk(
+        device.staging, device.slot_state, device.pool, first = programs.prefill_chunk(
             device.state,
             device.weights,
-            device.cache,
+            device.staging,
             device.slot_state,
             device.pool,
             integers,
@@ -1168,9 +1238,16 @@ class Engine:
             array = self._inputs[key] = jax.device_put(np.asarray(value, dtype=dtype))
         return array
 
-    def _process(self, out: Any, owners: tuple[Request | None, ...], count: int) -> None:
-        rows = np.asarray(out)[:, :count].tolist()  # The one device-to-host read of a dispatch.
-        for row, request in zip(rows, owners, strict=True):
+    def _process(self, dispatch: _Dispatch) -> None:
+        # The one device-to-host read of a dispatch.
+        rows = np.asarray(dispatch.tokens)[:, : dispatch.count].tolist()
+        done = time.perf_counter()
+        if dispatch.timed and self._adaptive:
+            # The device ran it after the previous dispatch, or from when it was sent.
+            began = max(dispatch.dispatched_at, self._last_done or 0.0)
+            self._measured_step((done - began) / dispatch.count)
+        self._last_done = done
+        for row, request in zip(rows, dispatch.owners, strict=True):
             if request is None or request._finished.is_set():
                 continue  # A free slot, or a request that ended after this dispatch started.
             if request._cancel_requested:
@@ -1178,6 +1255,12 @@ class Engine:
                 request._end("cancelled")
                 continue
             self._accept(request, row)
+
+    def _measured_step(self, seconds: float) -> None:
+        """Take one measured step duration: the moving average sets the steps per dispatch."""
+        self._step_s = seconds if self._step_s is None else 0.7 * self._step_s + 0.3 * seconds
+        wanted = math.ceil(DISPATCH_TARGET_S / max(self._step_s, 1e-6))
+        self.steps_per_dispatch = max(1, min(self.max_steps_per_dispatch, wanted))
 
     def _accept(self, request: Request, token_ids: Sequence[int]) -> None:
         """Take a slot's new tokens: stop, limit, text; end the request when it is done."""

@@ -33,6 +33,9 @@ def check_result(result: dict[str, Any]) -> None:
     assert "speedup_8" in result and result["speedup_8"] is None  # No level 8 in this run.
     assert result["recompiles_after_warmup"] == 0
     assert result["outputs_consistent"] is True
+    # The engine's own dispatch size, as served, and the one it settled at.
+    assert result["steps_per_dispatch"] is None
+    assert 1 <= result["steps_per_dispatch_settled"] <= result["max_steps_per_dispatch"]
     assert result["tokens_per_prompt_min"] >= 8
     serial = result["serial_generate"]
     levels = result["engine"]

@@ -21,6 +21,7 @@ import pytest
 from inference.chat_templates import ChatTurn, render_prompt, stop_strings
 from inference.demo_models import SYSTEM_PROMPT
 from inference.engine import (
+    DEFAULT_STEPS_PER_DISPATCH,
     GREEDY,
     Engine,
     EngineClosedError,
@@ -404,6 +405,44 @@ def test_mixed_sampling_in_one_batch_keeps_greedy_exact(
     assert collect(greedy) == references[0]
     collect(hot)
     wait_for_free_slots(engine)
+
+
+# --- Dispatch size and windows -------------------------------------------------------------
+
+
+def test_a_tiny_model_dispatches_the_most_steps(engine: Engine, prompts: list[str]) -> None:
+    """The demo models' steps take well under a millisecond: measured, they keep the largest
+    dispatch (the host's work per dispatch would otherwise dominate)."""
+    collect(engine.submit(prompts[0], max_new_tokens=40, ignore_stop_tokens=True))
+    assert engine.steps_per_dispatch == engine.max_steps_per_dispatch == DEFAULT_STEPS_PER_DISPATCH
+
+
+def test_fixed_steps_per_dispatch_give_the_same_text(
+    lm: keras_hub.models.CausalLM, engine: Engine, preset: PresetInfo, prompts: list[str], max_length: int
+) -> None:
+    """A fixed dispatch size (its own compiled programs) decodes the same greedy text, and
+    stays fixed."""
+    expected = [collect(submit_greedy(engine, lm, preset.family, p, max_length)) for p in prompts]
+    with Engine(lm, slots=SLOTS, buckets=BUCKETS, windows=WINDOWS, steps_per_dispatch=3) as fixed:
+        requests = [submit_greedy(fixed, lm, preset.family, p, max_length) for p in prompts]
+        assert [collect(r) for r in requests] == expected
+        assert fixed.steps_per_dispatch == fixed.max_steps_per_dispatch == 3
+
+
+def test_the_caches_shrink_back_and_keep_running_requests(
+    lm: keras_hub.models.CausalLM, engine: Engine, preset: PresetInfo, prompts: list[str]
+) -> None:
+    """A long request takes the slot caches to the context's window; once it ends, a short one
+    brings them back to the smallest window, and each gives the text it gives alone."""
+    long_prompt = prompt_of_length(lm, preset.family, 200)
+    short_prompt = render_prompt(preset.family, None, [ChatTurn("user", REQUESTS[1])])
+    assert len(encode_prompt(lm, short_prompt)) + 20 + DEFAULT_STEPS_PER_DISPATCH <= WINDOWS[0]
+    alone = collect(engine.submit(short_prompt, max_new_tokens=20, ignore_stop_tokens=True))
+    wait_for_free_slots(engine)
+    collect(engine.submit(long_prompt, max_new_tokens=10, ignore_stop_tokens=True))
+    assert engine._window == engine.context_length
+    assert collect(engine.submit(short_prompt, max_new_tokens=20, ignore_stop_tokens=True)) == alone
+    assert engine._window == WINDOWS[0]
 
 
 # --- Compilations --------------------------------------------------------------------------

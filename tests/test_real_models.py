@@ -69,6 +69,16 @@ def test_engine_uses_the_in_place_forward_pass(engine: Engine) -> None:
     assert engine.in_place
 
 
+def test_a_real_model_dispatches_few_steps_at_a_time(real_lm: tuple[Any, str], engine: Engine) -> None:
+    """A real model's decode step takes tens of milliseconds on a CPU: the engine measures it
+    and runs the fewest steps per dispatch that last its target, so a new request's prefill
+    never waits behind eight of them."""
+    _, family = real_lm
+    prompt = render_prompt(family, SYSTEM, [ChatTurn("user", QUESTIONS[0])])
+    engine.submit(prompt, max_new_tokens=24, sampling=GREEDY, ignore_stop_tokens=True).result(120)
+    assert engine.steps_per_dispatch < engine.max_steps_per_dispatch
+
+
 @pytest.mark.parametrize("question", QUESTIONS)
 def test_streamed_greedy_tokens_equal_keras_hub_generate(
     real_lm: tuple[Any, str], engine: Engine, question: str

@@ -1,16 +1,29 @@
-"""Attention over the engine's heads-first caches, shared by the families' forward passes.
+"""Attention over the engine's caches, shared by the families' forward passes.
 
-Each layer keeps its keys and values as ``[rows, kv_heads, positions, head_dim]``: the decode
-step's contractions then read the cache as it lies, where ``[rows, positions, kv_heads,
-head_dim]`` (keras-hub's order) makes XLA transpose the whole cache of every layer at every
-token. Grouped-query attention contracts each key/value head with its group of query heads
-directly, never repeating keys and values to the number of query heads (which, on a CPU, costs
-more than the attention itself).
+Each layer keeps its keys as ``[rows, kv_heads, head_dim, positions]`` and its values as
+``[rows, kv_heads, positions, head_dim]``: a decode step's logits are then each head's query
+rows times a ``[head_dim, positions]`` matrix, and its output the probabilities times a
+``[positions, head_dim]`` one, both read as they lie. With keys laid out like the values, the
+logits contraction ran at about two thirds of the speed on a CPU (30 layers of SmolLM2's 8 x 3
+key/value heads over 256 positions: 13.9 ms against 8.8 ms, scratch measurement), and
+keras-hub's own order (``[rows, positions, kv_heads, head_dim]``) makes XLA transpose the whole
+cache of every layer at every token. Grouped-query attention contracts each key/value head with
+its group of query heads directly, never repeating keys and values to the number of query heads
+(which, on a CPU, costs more than the attention itself).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+# Where the positions lie in a layer's key and value caches (after the rows axis).
+KEY_POSITION_AXIS = 3
+VALUE_POSITION_AXIS = 2
+
+
+def cache_shapes(rows: int, kv_heads: int, head_dim: int, positions: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes of one layer's key and value caches."""
+    return (rows, kv_heads, head_dim, positions), (rows, kv_heads, positions, head_dim)
 
 
 def masked_softmax(logits: Any, mask: Any, axis: int = -1) -> Any:
@@ -25,7 +38,19 @@ def masked_softmax(logits: Any, mask: Any, axis: int = -1) -> Any:
     return probabilities.astype(logits.dtype)
 
 
-def write_heads_first(cache: Any, update: Any, starts: Any) -> Any:
+def write_keys(cache: Any, update: Any, starts: Any) -> Any:
+    """``cache [rows, kv_heads, head_dim, positions]`` with ``update [rows, T, kv_heads,
+    head_dim]`` written at each row's positions ``starts[r]`` onwards (in place under jit)."""
+    import jax
+    import jax.numpy as jnp
+
+    def write(row: Any, part: Any, start: Any) -> Any:
+        return jax.lax.dynamic_update_slice(row, jnp.transpose(part, (1, 2, 0)), (0, 0, start))
+
+    return jax.vmap(write)(cache, update, starts)
+
+
+def write_values(cache: Any, update: Any, starts: Any) -> Any:
     """``cache [rows, kv_heads, positions, head_dim]`` with ``update [rows, T, kv_heads,
     head_dim]`` written at each row's positions ``starts[r]`` onwards (in place under jit)."""
     import jax
@@ -46,9 +71,9 @@ def grouped_attention(
     window: int | None = None,
     logit_scale: float | None = None,
 ) -> Any:
-    """Causal attention of ``query [rows, T, heads, head_dim]`` over heads-first ``keys`` and
-    ``values``, each token up to its own position (``query_positions [rows, T]``) and, with a
-    sliding ``window``, no further back than it; returns ``[rows, T, heads * head_dim]``.
+    """Causal attention of ``query [rows, T, heads, head_dim]`` over a layer's ``keys`` and
+    ``values`` caches, each token up to its own position (``query_positions [rows, T]``) and,
+    with a sliding ``window``, no further back than it; returns ``[rows, T, heads * head_dim]``.
 
     The query comes scaled where the family scales the query (Gemma); ``logit_scale`` scales
     the logits instead, where the family does that (Llama, Mistral): the same arithmetic in the
@@ -58,7 +83,7 @@ def grouped_attention(
     rows, length, heads, head_dim = query.shape
     kv_heads = keys.shape[1]
     groups = heads // kv_heads
-    positions = jnp.arange(keys.shape[2])[None, None, :]
+    positions = jnp.arange(keys.shape[KEY_POSITION_AXIS])[None, None, :]
     mask = positions <= query_positions[:, :, None]  # [rows, T, positions]
     if window is not None:
         mask = mask & (positions > query_positions[:, :, None] - window)
@@ -66,17 +91,15 @@ def grouped_attention(
     def scaled(logits: Any) -> Any:
         return logits if logit_scale is None else logits * jnp.asarray(logit_scale, logits.dtype)
 
+    # Logits laid out with the positions last, as the key matmul produces them and the softmax
+    # reduces them.
     if length == 1:  # The decode step: simpler contractions, measurably faster on a CPU.
-        # Logits laid out [rows, kv_heads, positions, groups]: each key/value head's keys
-        # [positions, head_dim] times its queries, the many-row side first (faster on a CPU).
         query = query.reshape(rows, kv_heads, groups, head_dim)
-        logits = scaled(jnp.einsum("bksh,bkgh->bksg", keys, query))
-        probabilities = masked_softmax(logits, mask[:, :, :, None], axis=2)
-        attended = jnp.einsum("bksg,bksh->bkgh", probabilities, values)
+        logits = scaled(jnp.einsum("bkgh,bkhs->bkgs", query, keys))
+        probabilities = masked_softmax(logits, mask[:, :, None, :])
+        attended = jnp.einsum("bkgs,bksh->bkgh", probabilities, values)
     else:
-        # Logits laid out [rows, kv_heads, T, groups, positions]: what the matmul produces,
-        # positions last for the softmax (other orders cost a transpose of all the logits).
         query = query.reshape(rows, length, kv_heads, groups, head_dim)
-        logits = scaled(jnp.einsum("btkgh,bksh->bktgs", query, keys))
+        logits = scaled(jnp.einsum("btkgh,bkhs->bktgs", query, keys))
         attended = jnp.einsum("bktgs,bksh->btkgh", masked_softmax(logits, mask[:, None, :, None]), values)
     return attended.reshape(rows, length, heads * head_dim)

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.forward.attention import grouped_attention, write_heads_first
+from inference.forward.attention import grouped_attention, write_keys, write_values
 
 
 def gemma_weights(model: Any) -> tuple[Any, ...]:
@@ -84,11 +84,11 @@ def gemma_forward(
         key = rope(qkv[..., heads * head_dim : (heads + kv_heads) * head_dim].reshape(rows, length, kv_heads, head_dim))
         value = qkv[..., (heads + kv_heads) * head_dim :].reshape(rows, length, kv_heads, head_dim)
 
-        keys = write_heads_first(keys, key, starts)
-        values = write_heads_first(values, value, starts)
+        keys = write_keys(keys, key, starts)
+        values = write_values(values, value, starts)
         updated += [keys, values]
 
-        # GemmaAttention._compute_attention, with the cache's heads-first layout.
+        # GemmaAttention._compute_attention, over the engine's cache layout.
         if attention.query_head_dim_normalize:
             normalization = 1 / np.sqrt(head_dim)
         else:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from inference.forward.attention import grouped_attention, write_heads_first
+from inference.forward.attention import grouped_attention, write_keys, write_values
 
 
 def supports(lm: Any) -> bool:
@@ -64,8 +64,8 @@ def gemma3_forward(
     layers, no further back than the window), through the layer's own float32 masked softmax;
     output projection, post-attention norm, residual; pre-feed-forward norm, GELU-gated
     feed-forward, post-feed-forward norm, residual; final norm, tied logits through
-    ``gemma3_weights``. Caches are heads-first per layer (``inference.forward.attention``),
-    keys then values.
+    ``gemma3_weights``. Caches are per layer, keys then values, in the engine's layout
+    (``inference.forward.attention``).
     """
     import jax
     import jax.numpy as jnp
@@ -93,8 +93,8 @@ def gemma3_forward(
         query, key = rope(query), rope(key)
         value = attention.value_dense(normalized)
 
-        keys = write_heads_first(keys, key, starts)
-        values = write_heads_first(values, value, starts)
+        keys = write_keys(keys, key, starts)
+        values = write_values(values, value, starts)
         updated += [keys, values]
 
         # CachedGemma3Attention._compute_attention without its fused path (never taken on a

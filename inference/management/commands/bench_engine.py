@@ -29,7 +29,12 @@ class Command(BaseCommand):
         parser.add_argument("--max-new-tokens", type=int, default=64, help="New tokens for the longest prompt.")
         parser.add_argument("--concurrency", default="1,4,8,16", help="Comma-separated client counts.")
         parser.add_argument("--slots", type=int, default=8, help="Engine decode slots.")
-        parser.add_argument("--steps-per-dispatch", type=int, default=None, help="Engine tokens per dispatch.")
+        parser.add_argument(
+            "--steps-per-dispatch",
+            type=int,
+            default=None,
+            help="Engine tokens per slot per dispatch (default: adaptive, as the arena serves).",
+        )
         parser.add_argument(
             "--repeats", type=int, default=3, help="Rounds of every path, taken in turn and pooled (default 3)."
         )
