@@ -8,18 +8,19 @@ wastes the machine. This engine follows JetStream's design (see shared/facts.md)
   keras-hub's cache with a leading slot axis, ``[slots, 1, layers, 2, positions, kv_heads,
   head_dim]``, or, for the families with an in-place forward pass (below), per layer, separate
   key and value arrays (``inference.forward.attention``'s layout);
-* **prefill** runs each new request alone, into a **staging row** of the full context length,
-  and sets the slot's first new token, position, sampling parameters and advanced PRNG key (one
-  compilation per length bucket); **insert** then copies the staging row into the free slot
-  (one compilation per window). As keras-hub's
-  ``generate_step`` does, the first new token comes from the last prompt token run again as a
-  one-token step at its own index (so greedy output stays ``generate()``'s); it reaches the
-  reader right after prefill, without waiting for a decode step. Families with an in-place
-  forward pass prefill in **chunks after a cached prefix** (``inference.prefix_cache``): the
-  keys and values of recent prompts' beginnings stay in a device pool, a new prompt starts
-  from the longest one it shares (the chat template and system prompt of its task, or the
-  previous turn of its dialog), and only the rest is computed, padded to a bucket. Other
-  families run keras-hub's own ``_build_cache`` over the whole prompt;
+* **prefill** runs each new request alone, computing the keys and values of all of its prompt
+  but the last token into a **staging row** of the full context length, and sets the slot's
+  state (one compilation per length bucket); **insert** then copies the staging row into the
+  free slot (one compilation per window). The slot starts from the prompt's last token at its
+  own index: its first decode step runs that token and samples the first new token, as
+  keras-hub's generate loop does after ``_build_cache`` (so greedy output stays
+  ``generate()``'s), and no prefill pays a separate one-token pass over the weights. Families
+  with an in-place forward pass prefill in **chunks after a cached prefix**
+  (``inference.prefix_cache``): the keys and values of recent prompts' beginnings stay in a
+  device pool, a new prompt starts from the longest one it shares (the chat template and
+  system prompt of its task, or the previous turn of its dialog), only the rest is computed,
+  padded to a bucket, and **store** copies a new prefix from the staging row into a pool row.
+  Other families run keras-hub's own ``_build_cache`` over the whole prompt;
 * one jitted **generate** step advances *every* slot by ``steps_per_dispatch`` tokens
   (``lax.fori_loop`` with a traced trip count: by default the fewest steps that last about
   ``DISPATCH_TARGET_S``, measured as the engine runs, up to 8, so that neither a tiny model's
@@ -445,8 +446,9 @@ def _in_place_decoder(lm: Any, context: int) -> _InPlaceDecoder | None:
 
 class _Programs:
     """The jitted functions for one model and configuration: init, prefill (keras-hub's or a
-    chunk after a cached prefix, into the staging row), insert (staging row into a slot),
-    resize (the slot caches to another window) and generate.
+    chunk after a cached prefix, into the staging row), store (staging row into a prefix pool
+    row), insert (staging row into a slot), resize (the slot caches to another window) and
+    generate.
 
     The slot caches are a tuple of parts, each with its positions on one axis
     (``position_axes``): for the in-place families, per layer, keys and values in
@@ -510,9 +512,6 @@ class _Programs:
         else:
             self.position_axes = (length_axes[0] + 1,)  # In keras-hub's cache after the slot axis.
         axes = self.position_axes
-        # The prefix pool: `prefix_rows` rows and a scratch row that prefills without a row to
-        # fill write to (so that writing is unconditional).
-        self.scratch_row = prefix_rows
 
         def caches(rows: int, length: int) -> tuple[Any, ...]:
             """Zeroed caches of ``rows`` rows and ``length`` positions."""
@@ -548,7 +547,7 @@ class _Programs:
             pool: Any = None
             weights: Any = ()
             if in_place:
-                pool = caches(prefix_rows + 1, capacity)
+                pool = caches(max(prefix_rows, 1), capacity)  # A row to read even when off.
                 model, scope = stateless(state)
                 with scope:
                     weights = prepare(model)
@@ -562,13 +561,15 @@ class _Programs:
             }
             return caches(slots, window), caches(1, context), slot_state, pool, weights
 
-        def resume(slot_state: dict[str, Any], slot: Any, first: Any, length: Any, key: Any, *params: Any) -> Any:
-            # The slot resumes with the first new token, at the index after the prompt.
+        def start(slot_state: dict[str, Any], slot: Any, last: Any, length: Any, key: Any, *params: Any) -> Any:
+            # The slot starts from the prompt's last token, at its own index: the first decode
+            # step runs it and samples the first new token, as keras-hub's generate loop does
+            # after _build_cache (so greedy output stays generate()'s).
             temperature, top_k, top_p = params
             updates = {
-                "tokens": first[0],
-                "positions": length,
-                "keys": key[0],
+                "tokens": last,
+                "positions": length - 1,
+                "keys": key,
                 "temperature": temperature,
                 "top_k": top_k,
                 "top_p": top_p,
@@ -586,25 +587,18 @@ class _Programs:
             top_k: Any,
             top_p: Any,
             key: Any,
-        ) -> tuple[Any, dict[str, Any], Any]:
-            """keras-hub's own prefill (families without an in-place forward)."""
+        ) -> tuple[Any, dict[str, Any]]:
+            """keras-hub's own prefill (families without an in-place forward): its cache of the
+            whole prompt at the start of the staging row (beyond the prompt, whatever an earlier
+            request left, masked by the causal mask until overwritten)."""
             self.traces[f"prefill[{token_ids.shape[1]}]"] += 1
             model, scope = stateless(state)
             with scope:
                 _, prompt_cache = model._build_cache(token_ids)
-                # The first new token, as generate_step computes it: the last prompt token run
-                # again at its own index through call_with_cache (batch 1, so exactly
-                # generate()'s arithmetic), then sampled with the request's parameters.
-                last = jax.lax.dynamic_slice(token_ids, (0, length - 1), (1, 1))
-                logits, _, prompt_cache = model.call_with_cache(last, prompt_cache, length - 1)
-            first, next_key = _sample(
-                logits[:, 0], temperature[None], top_k[None], top_p[None], key[None], greedy_sampler
-            )
-            # The prompt's cache at the start of the staging row. Whatever an earlier request
-            # left beyond the prompt is masked by the causal mask until overwritten.
             staging = put_row(staging, (prompt_cache[None].astype(staging[0].dtype),), 0)
-            slot_state = resume(slot_state, slot, first, length, next_key, temperature, top_k, top_p)
-            return staging, slot_state, first
+            last = jax.lax.dynamic_index_in_dim(token_ids[0], length - 1, keepdims=False)
+            slot_state = start(slot_state, slot, last, length, key, temperature, top_k, top_p)
+            return staging, slot_state
 
         def prefill_chunk(
             state: Any,
@@ -614,45 +608,44 @@ class _Programs:
             pool: Any,
             integers: Any,
             reals: Any,
-        ) -> tuple[Any, dict[str, Any], Any, Any]:
+        ) -> tuple[Any, dict[str, Any]]:
             """Prefill after a cached prefix (in-place families), into the staging row.
 
             ``integers`` (uint32, filled by ``Engine._prefill``: one transfer instead of ten) holds
-            the chunk, then ``last``, ``start``, ``length``, ``slot``, the pool rows to read and
-            to write, ``top_k`` and the PRNG key; ``reals`` the temperature and top-p. The
-            prompt's first positions come from the row read (its first ``start`` positions hold
-            the prompt's cached prefix; 0 for none), the chunk (the prompt's tokens after it but
-            the last, padded) runs at ``start`` onwards, then ``last`` at ``length - 1`` as a
-            one-token step, as keras-hub's generate_step computes the first new token. The
-            prompt's positions are then copied into the staging row (``insert`` takes them to
-            the slot) and into the pool row written (the scratch row if the host keeps no new
-            prefix).
+            the chunk, then ``last``, ``start``, ``length``, ``slot``, the pool row to read,
+            ``top_k`` and the PRNG key; ``reals`` the temperature and top-p. The prompt's first
+            positions come from the row read (its first ``start`` positions hold the prompt's
+            cached prefix; 0 for none), and the chunk (the prompt's tokens after it but the
+            last, padded) runs at ``start`` onwards. Its positions are then copied into the
+            staging row (``insert`` takes them to the slot, ``store`` to a pool row); the slot
+            starts from ``last``. The pool is only read here: a program that reads a row and
+            writes another of the same pool made XLA copy the whole pool first (about 380 MB a
+            prefill for SmolLM2).
             """
             size = integers.shape[0] - _CHUNK_FIELDS
             self.traces[f"prefill[{size}]"] += 1
             fields = integers[size:]
             chunk = integers[None, :size].astype(jnp.int32)
-            last, start, length, slot, read_row, write_row, top_k = (fields[i].astype(jnp.int32) for i in range(7))
-            key, (temperature, top_p) = fields[7:9], (reals[0], reals[1])
-            # The positions the prefill touches: the host keeps start (at most the capacity) +
-            # size within the context, and the last token, at length - 1 <= start + size, fits.
-            span = min(capacity + size + 1, context)
-            kept = min(capacity, span)  # Pool positions the prefill can use or fill.
+            last, begin, length, slot, read_row, top_k = (fields[i].astype(jnp.int32) for i in range(6))
+            key, (temperature, top_p) = fields[6:8], (reals[0], reals[1])
+            # The positions the prefill touches: the host keeps begin (at most the capacity) +
+            # size within the context.
+            span = min(capacity + size, context)
+            kept = min(capacity, span)  # Pool positions the prefill can use.
             model, scope = stateless(state)
             with scope:
                 row = tuple(jax.lax.dynamic_index_in_dim(part, read_row, axis=0) for part in pool)
-                local = fitted(fitted(row, kept), span)
-                _, local = forward(model, chunk, local, start[None], weights)
-                logits, local = forward(model, last[None, None], local, (length - 1)[None], weights)
-            first, next_key = _sample(
-                logits[:, 0], temperature[None], top_k[None], top_p[None], key[None], greedy_sampler
-            )
+                _, local = forward(model, chunk, fitted(fitted(row, kept), span), begin[None], weights)
             # Beyond the prompt, the staging row keeps padding's keys and values: masked until
             # overwritten.
             staging = put_row(staging, local, 0)
-            pool = put_row(pool, fitted(local, kept), write_row)
-            slot_state = resume(slot_state, slot, first, length, next_key, temperature, top_k, top_p)
-            return staging, slot_state, pool, first
+            slot_state = start(slot_state, slot, last, length, key, temperature, top_k, top_p)
+            return staging, slot_state
+
+        def store(pool: Any, staging: Any, row: Any) -> Any:
+            """The staging row's first positions (as many as a pool row has) into pool ``row``."""
+            self.traces["store"] += 1
+            return put_row(pool, fitted(staging, capacity), row)
 
         def insert(cache: Any, staging: Any, slot: Any) -> Any:
             """The staging row's first positions (as many as the window has) into ``slot``."""
@@ -720,7 +713,8 @@ class _Programs:
         # One compilation per prefill length (bucket).
         self.prefill = jax.jit(prefill, donate_argnums=(1, 2))
         # One compilation per chunk length.
-        self.prefill_chunk = jax.jit(prefill_chunk, donate_argnums=(2, 3, 4))
+        self.prefill_chunk = jax.jit(prefill_chunk, donate_argnums=(2, 3))
+        self.store = jax.jit(store, donate_argnums=(0,))
         # One compilation per window (insert, generate) and pair of neighbouring windows
         # (resize: the engine steps through the windows between two).
         self.insert = jax.jit(insert, donate_argnums=(0,))
@@ -1094,7 +1088,8 @@ class Engine:
             self._slots[slot] = request
             self.peak_active_slots = max(self.peak_active_slots, self.active_slots)
             request._slot = slot
-            request._position = len(request.prompt_ids)  # Index of the next step.
+            # Index of the next step: the first one runs the prompt's last token.
+            request._position = len(request.prompt_ids) - 1
         owners = tuple(self._slots)
         running = [r for r in owners if r is not None]
         count = self.steps_per_dispatch
@@ -1103,10 +1098,9 @@ class Engine:
             # The smallest window that holds every position this dispatch writes.
             needed = max(r._position for r in running) + count
             resized = self._resize(next((w for w in self.windows if w >= needed), self.context_length))
-        first_tokens: list[tuple[Request, Any]] = []
         for request in admitted:
             assert request._slot is not None
-            first_tokens.append((request, self._prefill(request.prompt_ids, request._slot, request.sampling)))
+            self._prefill(request.prompt_ids, request._slot, request.sampling)
             self._insert(request._slot)
 
         dispatched = None
@@ -1116,16 +1110,7 @@ class Engine:
             out = self._generate(self._input(tuple(r is not None for r in owners), np.bool_), count)
             dispatched = _Dispatch(out, owners, count, time.perf_counter(), timed=not (admitted or resized))
 
-        # Host work below overlaps the dispatched step (JAX dispatches asynchronously). Prefill
-        # sampled each new request's first token: it reaches the reader first (the device ran
-        # the prefills right after the dispatch in flight), before that dispatch's tokens are
-        # turned into text and without waiting for the dispatch above, which continues from it.
-        for request, first in first_tokens:
-            if request._cancel_requested:
-                self._release(request)
-                request._end("cancelled")
-            else:
-                self._accept(request, [int(np.asarray(first)[0])])
+        # Host work below overlaps the dispatched step (JAX dispatches asynchronously).
         if in_flight is not None:
             self._process(in_flight)
         return dispatched
@@ -1136,7 +1121,8 @@ class Engine:
         resizes back down."""
         inactive = self._input((False,) * self.slots, np.bool_)
         for bucket in job.buckets:
-            np.asarray(self._prefill([self._pad_id], 0, GREEDY, bucket=bucket))
+            self._prefill([self._pad_id, self._pad_id], 0, GREEDY, bucket=bucket)
+        self.prefix_cache.clear()  # The dummy prefills were stored in a pool row.
         for window in job.windows:
             self._resize(window)
             self._insert(0)
@@ -1174,13 +1160,14 @@ class Engine:
         )
         return out
 
-    def _prefill(self, prompt_ids: list[int], slot: int, sampling: SamplingParams, bucket: int | None = None) -> Any:
-        """Dispatch a prompt's prefill into the staging row, and ``slot``'s state; returns its
-        first new token (on the device). ``_insert`` then copies the staging row to the slot.
+    def _prefill(self, prompt_ids: list[int], slot: int, sampling: SamplingParams, bucket: int | None = None) -> None:
+        """Dispatch the prefill of a prompt's keys and values (all but its last token's) into
+        the staging row, and start ``slot`` from its last token; ``_insert`` then copies the
+        staging row to the slot, and the slot's first decode step gives the first new token.
 
         In-place families start from the longest cached prefix (leaving at least the last
         token to run) and keep the prompt's prefix for later prompts. ``bucket`` forces a
-        prefill length (warm-up: a one-token prompt, nothing cached).
+        prefill length (warm-up: a two-token prompt, nothing cached).
         """
         programs = self._programs
         device = self._device
@@ -1191,30 +1178,22 @@ class Engine:
             bucket = bucket or next(b for b in self.buckets if b >= length)
             token_ids = np.full((1, bucket), self._pad_id, dtype=np.int32)
             token_ids[0, :length] = prompt_ids
-            device.staging, device.slot_state, first = programs.prefill(
+            device.staging, device.slot_state = programs.prefill(
                 device.state, device.staging, device.slot_state, token_ids, np.int32(length), np.int32(slot), *params
             )
-            return first
+            return
         match = NO_MATCH if bucket else self.prefix_cache.lookup(prompt_ids, limit=length - 1)
         size = bucket or next(b for b in self.buckets if b >= max(length - 1 - match.length, 1))
         if match.length + size > self.context_length:  # The chunk would not fit after the prefix.
             match = NO_MATCH
             size = next(b for b in self.buckets if b >= max(length - 1, 1))
-        row = None if bucket else self.prefix_cache.store(prompt_ids, match)
+        # The prefill computes every position but the last token's: only those can be kept.
+        row = None if bucket else self.prefix_cache.store(prompt_ids[:-1], match)
         integers = np.full(size + _CHUNK_FIELDS, self._pad_id, dtype=np.uint32)
         integers[: length - 1 - match.length] = prompt_ids[match.length : length - 1]
         temperature, top_k, top_p, key = params
-        integers[size:] = (
-            prompt_ids[-1],
-            match.length,
-            length,
-            slot,
-            match.entry,
-            programs.scratch_row if row is None else row,
-            top_k,
-            *key,
-        )
-        device.staging, device.slot_state, device.pool, first = programs.prefill_chunk(
+        integers[size:] = (prompt_ids[-1], match.length, length, slot, match.entry, top_k, *key)
+        device.staging, device.slot_state = programs.prefill_chunk(
             device.state,
             device.weights,
             device.staging,
@@ -1223,7 +1202,8 @@ class Engine:
             integers,
             np.array([temperature, top_p], dtype=np.float32),
         )
-        return first
+        if row is not None or bucket:  # Warm-up compiles it.
+            device.pool = programs.store(device.pool, device.staging, np.int32(row or 0))
 
     def _input(self, value: Any, dtype: type) -> Any:
         """``value`` as a device array, kept for reuse (a step count, the last active mask)."""
@@ -1306,9 +1286,9 @@ class Engine:
             self._cond.wait_for(lambda: self._pending or self._jobs or self._closing, timeout=RESUBMIT_GRACE_S)
 
 
-# After the chunk in prefill_chunk's integer argument: last, start, length, slot, the pool rows
-# read and written, top_k and the two words of the PRNG key.
-_CHUNK_FIELDS = 9
+# After the chunk in prefill_chunk's integer argument: last, start, length, slot, the pool row
+# read, top_k and the two words of the PRNG key.
+_CHUNK_FIELDS = 8
 
 
 def _slot_params(sampling: SamplingParams) -> tuple[Any, ...]:
