@@ -18,6 +18,7 @@ from pathlib import Path
 import keras_hub
 import pytest
 
+from inference import engine as engine_module
 from inference.chat_templates import ChatTurn, render_prompt, stop_strings
 from inference.demo_models import SYSTEM_PROMPT
 from inference.engine import (
@@ -76,27 +77,28 @@ def max_length(lm: keras_hub.models.CausalLM, prompts: list[str]) -> int:
     return max(len(encode_prompt(lm, p)) for p in prompts) + NEW_TOKENS
 
 
-@pytest.fixture(scope="module")
-def references(lm: keras_hub.models.CausalLM, preset: PresetInfo, prompts: list[str], max_length: int) -> list[str]:
-    """generate()'s greedy replies, with one fixed max_length (one compilation) for all prompts.
+def generate_reply(lm: keras_hub.models.CausalLM, family: str, prompt: str, max_length: int) -> str:
+    """generate()'s greedy reply, with the engine's stop tokens.
 
-    Same stop tokens as the engine; the stop token text generate() leaves at the end (Gemma's
-    <end_of_turn> is not a keras "special" token) is removed, as the engine never shows it. The
-    Llama 3 template's leading <|begin_of_text|> is removed because the preprocessor adds it (the
-    engine does the same, instead of doubling it).
+    The stop token text generate() leaves at the end (Gemma's <end_of_turn> is not a keras
+    "special" token) is removed, as the engine never shows it. The Llama 3 template's leading
+    <|begin_of_text|> is removed because the preprocessor adds it (the engine does the same,
+    instead of doubling it).
     """
     tokenizer = lm.preprocessor.tokenizer
-    stops = stop_strings(preset.family)
+    stops = stop_strings(family)
     stop_ids = tuple(sorted({tokenizer.token_to_id(s) for s in stops} | {tokenizer.end_token_id}))
     start = tokenizer.start_token if lm.preprocessor.add_start_token else ""
-    texts = []
-    for prompt in prompts:
-        prompt = prompt.removeprefix(start)
-        text = lm.generate(prompt, max_length=max_length, stop_token_ids=stop_ids, strip_prompt=True)
-        for stop in stops:
-            text = text.removesuffix(stop)
-        texts.append(text)
-    return texts
+    text = lm.generate(prompt.removeprefix(start), max_length=max_length, stop_token_ids=stop_ids, strip_prompt=True)
+    for stop in stops:
+        text = text.removesuffix(stop)
+    return text
+
+
+@pytest.fixture(scope="module")
+def references(lm: keras_hub.models.CausalLM, preset: PresetInfo, prompts: list[str], max_length: int) -> list[str]:
+    """generate()'s greedy replies, with one fixed max_length (one compilation) for all prompts."""
+    return [generate_reply(lm, preset.family, p, max_length) for p in prompts]
 
 
 def submit_greedy(engine: Engine, lm: keras_hub.models.CausalLM, family: str, prompt: str, max_length: int) -> Request:
@@ -201,15 +203,7 @@ def test_a_dialog_continues_from_its_cached_prefix(
     turns = [ChatTurn("user", REQUESTS[0]), ChatTurn("assistant", references[0]), ChatTurn("user", REQUESTS[1])]
     follow_up = render_prompt(preset.family, SYSTEM_PROMPT, turns)
     length = len(encode_prompt(lm, follow_up))
-    tokenizer = lm.preprocessor.tokenizer
-    stops = stop_strings(preset.family)
-    stop_ids = tuple(sorted({tokenizer.token_to_id(s) for s in stops} | {tokenizer.end_token_id}))
-    start = tokenizer.start_token if lm.preprocessor.add_start_token else ""
-    expected = lm.generate(
-        follow_up.removeprefix(start), max_length=length + NEW_TOKENS, stop_token_ids=stop_ids, strip_prompt=True
-    )
-    for stop in stops:
-        expected = expected.removesuffix(stop)
+    expected = generate_reply(lm, preset.family, follow_up, length + NEW_TOKENS)
 
     collect(engine.submit(prompts[0], max_new_tokens=5))  # The first turn: its prefix is cached.
     hits, reused = engine.prefix_cache.hits, engine.prefix_cache.reused_tokens
@@ -220,6 +214,32 @@ def test_a_dialog_continues_from_its_cached_prefix(
     first_turn = len(encode_prompt(lm, prompts[0]))
     assert engine.prefix_cache.reused_tokens - reused >= first_turn - first_turn % 16 - 16
     wait_for_free_slots(engine)
+
+
+def test_short_and_long_cached_prefixes_give_the_text_of_the_whole_prompt(
+    lm: keras_hub.models.CausalLM, preset: PresetInfo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short chunk after a short cached prefix attends over SHORT_PREFIX positions, anything
+    else over the whole pool row: both give what generate() gives for the whole prompt. The
+    bundled models' pool rows are as short as the real models' SHORT_PREFIX, so it is lowered."""
+    monkeypatch.setattr(engine_module, "SHORT_PREFIX", 48)
+    first = [ChatTurn("user", REQUESTS[0])]
+    dialog = [*first, ChatTurn("assistant", "Done."), ChatTurn("user", REQUESTS[2])]
+    short_first, short_dialog = (render_prompt(preset.family, None, turns) for turns in (first, dialog))
+    long_first, long_dialog = (render_prompt(preset.family, SYSTEM_PROMPT, turns) for turns in (first, dialog))
+    with Engine(lm, slots=SLOTS, buckets=(48, *BUCKETS), windows=WINDOWS) as short_chunks:
+        texts, expected = [], []
+        for opening, follow_up in ((short_first, short_dialog), (long_first, long_dialog)):
+            collect(short_chunks.submit(opening, max_new_tokens=5))  # Its prefix is cached.
+            length = len(encode_prompt(lm, follow_up))
+            texts.append(collect(submit_greedy(short_chunks, lm, preset.family, follow_up, length + NEW_TOKENS)))
+            expected.append(generate_reply(lm, preset.family, follow_up, length + NEW_TOKENS))
+        traces, hits = short_chunks._programs.traces, short_chunks.prefix_cache.hits
+    assert texts == expected
+    assert hits == 2
+    # Both follow-ups are short chunks: after a 16-token prefix without the system prompt, after
+    # one of over 48 tokens with it. No other engine compiles 48-token chunks.
+    assert traces["prefill[48, 48]"] and traces["prefill[48, 256]"]
 
 
 def test_without_a_prefix_cache_the_text_is_the_same(
