@@ -20,7 +20,9 @@ wastes the machine. This engine follows JetStream's design (see shared/facts.md)
   device pool, a new prompt starts from the longest one it shares (the chat template and
   system prompt of its task, or the previous turn of its dialog), only the rest is computed,
   padded to a bucket, and **store** copies a new prefix from the staging row into a pool row.
-  Other families run keras-hub's own ``_build_cache`` over the whole prompt;
+  A short chunk after a short prefix attends over ``SHORT_PREFIX`` positions plus its own
+  rather than a whole pool row (such buckets compile twice). Other families run keras-hub's
+  own ``_build_cache`` over the whole prompt;
 * one jitted **generate** step advances *every* slot by ``steps_per_dispatch`` tokens
   (``lax.fori_loop`` with a traced trip count: by default the fewest steps that last about
   ``DISPATCH_TARGET_S``, measured as the engine runs, up to 8, so that neither a tiny model's
@@ -46,7 +48,7 @@ wastes the machine. This engine follows JetStream's design (see shared/facts.md)
   2.1 ms a step through ``call_with_cache``, 0.55 ms in place; the 2-layer Mistral model
   0.67 ms, 0.45 ms);
 * the slot caches hold a **window** of positions, the smallest of a few lengths (powers of
-  two, up to the context) that holds every running request's positions during the next
+  two, from 256 on also 1.5 times each, up to the context) that holds every running request's positions during the next
   dispatch, so a step costs in proportion to slots x window, not slots x context. The caches
   are **resized** (cut, or padded with zeros) only when that window changes, one neighbouring
   length at a time (one compilation per pair); a decode step works on them in place. (An
@@ -71,7 +73,7 @@ per-slot PRNG key derived from the request's seed and split once per token (same
 prompt, same text, whatever else is in the batch). The sort that top-k/top-p need and the key
 splits only run when some running slot samples (``lax.cond`` on the batch).
 
-Compilations: ``warm_up()`` compiles every prefill bucket, every decode window (with its insert)
+Compilations: ``warm_up()`` compiles every prefill shape, every decode window (with its insert)
 and every resize between neighbouring windows; after it, no request compiles anything.
 ``Engine.compilations`` counts XLA compilations done on the engine's thread (a
 ``jax.monitoring`` listener), so a benchmark can show that none happen after warm-up. Compiled
@@ -763,12 +765,22 @@ def default_buckets(context: int, smallest: int = MIN_BUCKET) -> tuple[int, ...]
     return (*buckets, context)
 
 
+# From this window up, a window also between each power of two and the next (384, 768, ...):
+# there a step's attention is a sizeable part of it. SmolLM2, 8 slots, a decode step over 256,
+# 384 and 512 positions: 67, 76 and 81 ms (scratch timing); a chat's prompt and reply often
+# end between 256 and 384 positions.
+THREE_HALVES_WINDOWS_FROM = 256
+
+
 def default_windows(context: int) -> tuple[int, ...]:
-    """Decode windows: powers of two from 64, and the context (see ``Engine``)."""
+    """Decode windows: powers of two from 64, with 1.5 times each from
+    ``THREE_HALVES_WINDOWS_FROM`` on, and the context (see ``Engine``)."""
     windows = []
     window = MIN_BUCKET
     while window < context:
         windows.append(window)
+        if window >= THREE_HALVES_WINDOWS_FROM and window * 3 // 2 < context:
+            windows.append(window * 3 // 2)
         window *= 2
     return (*windows, context)
 
