@@ -628,9 +628,8 @@ class _Programs:
             staging row (``insert`` takes them to the slot, ``store`` to a pool row); the slot
             starts from ``last``. ``prefix`` (static: ``SHORT_PREFIX`` or the pool's capacity)
             bounds ``start``: the chunk attends over ``prefix`` + its own positions. The pool
-            is only read here: a program that reads a row and
-            writes another of the same pool made XLA copy the whole pool first (about 380 MB a
-            prefill for SmolLM2).
+            is only read here: a program that reads a row and writes another of the same pool
+            made XLA copy the whole pool first (about 380 MB a prefill for SmolLM2).
             """
             size = integers.shape[0] - _CHUNK_FIELDS
             self.traces[f"prefill[{size}, {prefix}]"] += 1
@@ -722,7 +721,7 @@ class _Programs:
         self.init = jax.jit(init, static_argnums=(1,))
         # One compilation per prefill length (bucket).
         self.prefill = jax.jit(prefill, donate_argnums=(1, 2))
-        # One compilation per chunk length.
+        # One compilation per chunk length and prefix bound (Engine._prefixes).
         self.prefill_chunk = jax.jit(prefill_chunk, donate_argnums=(2, 3), static_argnums=(7,))
         self.store = jax.jit(store, donate_argnums=(0,))
         # One compilation per window (insert, generate) and pair of neighbouring windows
