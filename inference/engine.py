@@ -48,12 +48,13 @@ wastes the machine. This engine follows JetStream's design (see shared/facts.md)
   2.1 ms a step through ``call_with_cache``, 0.55 ms in place; the 2-layer Mistral model
   0.67 ms, 0.45 ms);
 * the slot caches hold a **window** of positions, the smallest of a few lengths (powers of
-  two, from 256 on also 1.5 times each, up to the context) that holds every running request's positions during the next
-  dispatch, so a step costs in proportion to slots x window, not slots x context. The caches
-  are **resized** (cut, or padded with zeros) only when that window changes, one neighbouring
-  length at a time (one compilation per pair); a decode step works on them in place. (An
-  earlier version kept full-context caches and copied the window out and back at every
-  dispatch: with SmolLM2 that copy cost more than the attention itself.);
+  two, from 256 on also 1.5 times each, up to the context) that holds every running
+  request's positions during the next dispatch, so a step costs in proportion to slots x
+  window, not slots x context. The caches are **resized** (cut, or padded with zeros) only
+  when that window changes, one neighbouring length at a time (one compilation per pair); a
+  decode step works on them in place. (An earlier version kept full-context caches and copied
+  the window out and back at every dispatch: with SmolLM2 that copy cost more than the
+  attention itself.);
 * a slot is freed on a stop token, its token limit, the end of the context, or cancellation,
   and the next queued request is prefilled into it at the next iteration.
 
