@@ -755,14 +755,7 @@ def default_buckets(context: int, smallest: int = MIN_BUCKET) -> tuple[int, ...]
     prefill wasted on padding) are worth their compilations. The context itself is always one.
     With a prefix cache the chunks after a cached prefix are short: they start at 16.
     """
-    buckets = []
-    bucket = smallest
-    while bucket < context:
-        buckets.append(bucket)
-        if bucket * 3 // 2 < context:
-            buckets.append(bucket * 3 // 2)
-        bucket *= 2
-    return (*buckets, context)
+    return _lengths(context, smallest, three_halves_from=smallest)
 
 
 # From this window up, a window also between each power of two and the next (384, 768, ...):
@@ -775,14 +768,20 @@ THREE_HALVES_WINDOWS_FROM = 256
 def default_windows(context: int) -> tuple[int, ...]:
     """Decode windows: powers of two from 64, with 1.5 times each from
     ``THREE_HALVES_WINDOWS_FROM`` on, and the context (see ``Engine``)."""
-    windows = []
-    window = MIN_BUCKET
-    while window < context:
-        windows.append(window)
-        if window >= THREE_HALVES_WINDOWS_FROM and window * 3 // 2 < context:
-            windows.append(window * 3 // 2)
-        window *= 2
-    return (*windows, context)
+    return _lengths(context, MIN_BUCKET, three_halves_from=THREE_HALVES_WINDOWS_FROM)
+
+
+def _lengths(context: int, smallest: int, three_halves_from: int) -> tuple[int, ...]:
+    """Powers of two times ``smallest`` below the context, each from ``three_halves_from`` on
+    followed by 1.5 times it (when below the context), and the context."""
+    lengths = []
+    length = smallest
+    while length < context:
+        lengths.append(length)
+        if length >= three_halves_from and length * 3 // 2 < context:
+            lengths.append(length * 3 // 2)
+        length *= 2
+    return (*lengths, context)
 
 
 def _sizes(name: str, sizes: Sequence[int] | None, default: tuple[int, ...], context: int) -> tuple[int, ...]:
@@ -848,7 +847,6 @@ class Engine:
         if not PREFIX_BLOCK <= capacity <= context // 2:
             raise ValueError(f"prefix_cache_tokens must be within {PREFIX_BLOCK}..{context // 2}, got {capacity}.")
         capacity -= capacity % PREFIX_BLOCK
-        self._capacity = capacity  # Positions of a prefix pool row.
         self._programs = _programs_for(lm, slots, self.max_steps_per_dispatch, context, prefix_cache_rows, capacity)
         self.in_place = self._programs.in_place
         self.prefix_cache = PrefixCache(prefix_cache_rows if self.in_place else 0, capacity, PREFIX_BLOCK)
@@ -1184,8 +1182,9 @@ class Engine:
 
     def _prefixes(self, size: int) -> tuple[int, ...]:
         """The prefix lengths a chunk of ``size`` tokens is compiled for (see SHORT_PREFIX)."""
-        short = min(SHORT_PREFIX, self._capacity)
-        return (short, self._capacity) if size <= short < self._capacity else (self._capacity,)
+        capacity = self.prefix_cache.capacity  # Positions of a prefix pool row.
+        short = min(SHORT_PREFIX, capacity)
+        return (short, capacity) if size <= short < capacity else (capacity,)
 
     def _prefill(
         self,
