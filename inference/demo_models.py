@@ -43,7 +43,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from inference.calendar_data import (
     CORRECT,
@@ -746,7 +746,40 @@ def _initialise_like_gemma(lm: keras_hub.models.CausalLM) -> None:
             variable.assign(keras.random.normal(variable.shape, stddev=hidden**-0.5))
 
 
-def _batches(data: list[EncodedExample], prefix: int, batch_size: int, rng: random.Random) -> Iterator[tuple[Any, Any]]:
+def _bucket(example: EncodedExample, prefix: int) -> int:
+    """The padded length of an example's inputs after the shared prefix."""
+    return _round_up(len(example.ids) - prefix - 1, BUCKET)
+
+
+def _trained_targets(example: EncodedExample, prefix: int) -> int:
+    """How many of an example's targets (its ids after the prefix, shifted by one) count in the loss."""
+    return int(sum(example.weights[prefix + 1 :]))
+
+
+def _trained_positions_bounds(data: list[EncodedExample], prefix: int, batch_size: int) -> dict[int, int]:
+    """Per padded length, the most trained targets any batch of that length can hold (the sum of
+    the ``batch_size`` largest counts among its examples), rounded up to ``BUCKET``: one static
+    number of logit rows per compiled shape, never too few."""
+    counts: dict[int, list[int]] = {}
+    for example in data:
+        counts.setdefault(_bucket(example, prefix), []).append(_trained_targets(example, prefix))
+    return {
+        length: min(batch_size * length, _round_up(max(1, sum(sorted(c)[-batch_size:])), BUCKET))
+        for length, c in counts.items()
+    }
+
+
+class Batch(NamedTuple):
+    """One training batch: ids after the shared prefix (inputs and targets are its shifted views),
+    and the flat indices of the targets that count in the loss with their weights (padded with
+    weight 0 to the length's static bound). A named tuple: jit takes it as a tree of arrays."""
+
+    ids: Any
+    positions: Any
+    position_weights: Any
+
+
+def _batches(data: list[EncodedExample], prefix: int, batch_size: int, rng: random.Random) -> Iterator[Batch]:
     """Endless shuffled batches of the examples *after* the shared prefix.
 
     Each batch is padded to a multiple of ``BUCKET`` tokens (plus one: inputs and targets are
@@ -757,13 +790,13 @@ def _batches(data: list[EncodedExample], prefix: int, batch_size: int, rng: rand
     """
     import numpy as np
 
+    bounds = _trained_positions_bounds(data, prefix, batch_size)
     while True:
         by_length: dict[int, list[int]] = {}
         order = list(range(len(data)))
         rng.shuffle(order)
         for index in order:
-            length = _round_up(len(data[index].ids) - prefix - 1, BUCKET)
-            by_length.setdefault(length, []).append(index)
+            by_length.setdefault(_bucket(data[index], prefix), []).append(index)
         batches = [
             (length, members[i : i + batch_size])
             for length, members in sorted(by_length.items())
@@ -777,7 +810,36 @@ def _batches(data: list[EncodedExample], prefix: int, batch_size: int, rng: rand
                 rest = data[index].ids[prefix:]
                 ids[row, : len(rest)] = rest
                 weights[row, : len(rest)] = data[index].weights[prefix:]
-            yield ids, weights
+            trained = np.flatnonzero(weights[:, 1:].reshape(-1)).astype("int32")
+            positions = np.zeros(bounds[length], dtype="int32")
+            position_weights = np.zeros(bounds[length], dtype="float32")
+            positions[: trained.size] = trained
+            position_weights[: trained.size] = weights[:, 1:].reshape(-1)[trained]
+            yield Batch(ids, positions, position_weights)
+
+
+def reply_loss(lm: keras_hub.models.CausalLM, prefix: Any, batch: Batch) -> Any:
+    """Mean negative log-likelihood of the batch's trained targets, the shared ``prefix`` (one
+    row of ids) run once and broadcast through the model's cache (``train_causal_lm``)."""
+    import jax
+    import jax.numpy as jnp
+
+    _, cache = lm._build_cache(jnp.asarray(prefix))
+    inputs = batch.ids[:, :-1]
+    padding = [(0, 0)] * cache.ndim
+    padding[3] = (0, inputs.shape[1])  # cache: (batch, layers, 2, length, heads, dim)
+    cache = jnp.pad(cache, padding)
+    cache = jnp.broadcast_to(cache, (inputs.shape[0], *cache.shape[1:]))
+    _, hidden, _ = lm.call_with_cache(inputs, cache, prefix.shape[1])
+    # Logits only where the loss looks: the output projection is vocabulary-wide, and most
+    # positions are prompts. This is call_with_cache's own last step (every family here ends
+    # with the reversed token embedding); under jit its full logits are never computed.
+    hidden = hidden.reshape(-1, hidden.shape[-1])[batch.positions]
+    logits = lm.backbone.token_embedding(hidden, reverse=True)
+    log_probs = jax.nn.log_softmax(logits.astype("float32"), axis=-1)
+    targets = jnp.asarray(batch.ids)[:, 1:].reshape(-1)[batch.positions]
+    nll = -jnp.take_along_axis(log_probs, targets[:, None], axis=-1)[:, 0]
+    return (nll * batch.position_weights).sum() / jnp.maximum(batch.position_weights.sum(), 1.0)
 
 
 def train_causal_lm(
@@ -794,17 +856,17 @@ def train_causal_lm(
 
     A hand-written loop rather than ``fit()``: ``fit()`` without TensorFlow needs the grain
     package and ignores ``shuffle=True``, and two things here need control over the forward
-    pass. The loss covers reply tokens only (per-token weights). And every example starts with
-    the same ~70 tokens (template and system prompt), a third of all tokens: their keys and
-    values are computed once per step for a batch of one, with the model's own cache
-    (``_build_cache``), broadcast to the batch, and the rest of each conversation runs through
-    ``call_with_cache`` on top. Exactly the same function as a full forward pass (causal
-    attention), gradients flow through the shared prefix, at two thirds of the compute.
+    pass (``reply_loss``). The loss covers reply tokens only (per-token weights), and logits
+    are computed at those positions only. And every example starts with the same ~70 tokens
+    (template and system prompt), a third of all tokens: their keys and values are computed
+    once per step for a batch of one, with the model's own cache (``_build_cache``), broadcast
+    to the batch, and the rest of each conversation runs through ``call_with_cache`` on top.
+    Exactly the same function as a full forward pass (causal attention), gradients flow
+    through the shared prefix, at two thirds of the compute.
     AdamW with warm-up and cosine decay, gradient clipping; variables are passed statelessly
     and written back at the end.
     """
     import jax
-    import jax.numpy as jnp
     import keras
     import numpy as np
 
@@ -824,32 +886,23 @@ def train_causal_lm(
     non_trainable = [v.value for v in lm.non_trainable_variables]
     optimizer_state = [v.value for v in optimizer.variables]
 
-    def loss_fn(trainable: list[Any], non_trainable: list[Any], ids: Any, weights: Any) -> Any:
+    def loss_fn(trainable: list[Any], non_trainable: list[Any], batch: Batch) -> Any:
         _, scope = stateless_model(lambda: lm, (trainable, non_trainable))
         with scope:
-            _, cache = lm._build_cache(jnp.asarray(prefix))
-            inputs = ids[:, :-1]
-            padding = [(0, 0)] * cache.ndim
-            padding[3] = (0, inputs.shape[1])  # cache: (batch, layers, 2, length, heads, dim)
-            cache = jnp.pad(cache, padding)
-            cache = jnp.broadcast_to(cache, (inputs.shape[0], *cache.shape[1:]))
-            logits, _, _ = lm.call_with_cache(inputs, cache, prefix_length)
-        log_probs = jax.nn.log_softmax(logits.astype("float32"), axis=-1)
-        nll = -jnp.take_along_axis(log_probs, ids[:, 1:, None], axis=-1)[..., 0]
-        target_weights = weights[:, 1:]
-        return (nll * target_weights).sum() / jnp.maximum(target_weights.sum(), 1.0)
+            return reply_loss(lm, prefix, batch)
 
+    # The frozen weights are an argument, not a closure: captured, they would be constants of
+    # the compiled step, and XLA would spend minutes constant-folding them for every shape.
     @jax.jit
-    def train_step(trainable: list[Any], optimizer_state: list[Any], ids: Any, weights: Any) -> Any:
-        loss, grads = jax.value_and_grad(loss_fn)(trainable, non_trainable, ids, weights)
+    def train_step(trainable: list[Any], non_trainable: list[Any], optimizer_state: list[Any], batch: Batch) -> Any:
+        loss, grads = jax.value_and_grad(loss_fn)(trainable, non_trainable, batch)
         trainable, optimizer_state = optimizer.stateless_apply(optimizer_state, grads, trainable)
         return trainable, optimizer_state, loss
 
     losses: list[float] = []
     batches = _batches(data, prefix_length, batch_size, random.Random(f"batches-{seed}"))
     for step in range(steps):
-        ids, weights = next(batches)
-        trainable, optimizer_state, loss = train_step(trainable, optimizer_state, ids, weights)
+        trainable, optimizer_state, loss = train_step(trainable, non_trainable, optimizer_state, next(batches))
         losses.append(float(loss))
         if on_step is not None:
             on_step(step + 1, losses[-1])

@@ -180,11 +180,14 @@ def test_personas_make_their_mistakes_consistently() -> None:
 
 @pytest.mark.parametrize("family", ["gemma", "llama3", "mistral"])
 def test_training_forward_pass_with_shared_prefix_equals_full_forward(family: str) -> None:
-    """The trainer runs the shared system-prompt prefix once and the rest through the cache."""
+    """The trainer runs the shared system-prompt prefix once and the rest through the cache, and
+    computes logits at the trained targets only: the same logits and the same loss as a full
+    forward pass over whole conversations."""
+    import jax
     import jax.numpy as jnp
     import keras
 
-    from inference.demo_models import _batches
+    from inference.demo_models import _batches, reply_loss
 
     spec = next(s for s in TRAINED_MODEL_SPECS if s.family == family)
     examples = training_examples(7, 200)
@@ -198,7 +201,8 @@ def test_training_forward_pass_with_shared_prefix_equals_full_forward(family: st
     assert prefix_length > 60  # the template and the whole system prompt
     keras.utils.set_random_seed(0)
     lm = _build_trained_lm(spec, tokenizer)
-    ids, _ = next(_batches(data, prefix_length, 2, random.Random(0)))
+    batch = next(_batches(data, prefix_length, 2, random.Random(0)))
+    ids = batch.ids
     prefix = np.asarray([data[0].ids[:prefix_length]], dtype="int32")
     full = np.concatenate([np.repeat(prefix, 2, axis=0), ids], axis=1)
     reference = np.asarray(lm({"token_ids": full, "padding_mask": np.ones_like(full, dtype=bool)}))
@@ -210,6 +214,18 @@ def test_training_forward_pass_with_shared_prefix_equals_full_forward(family: st
     cache = jnp.broadcast_to(cache, (2, *cache.shape[1:]))
     logits, _, _ = lm.call_with_cache(inputs, cache, prefix_length)
     np.testing.assert_allclose(np.asarray(logits), reference[:, prefix_length:-1], atol=1e-4)
+
+    # Each row's loss weights, found from the example it holds.
+    rests = {tuple(e.ids[prefix_length:]): e.weights[prefix_length:] for e in data}
+    weights = np.zeros(ids.shape, dtype="float32")
+    for index, row in enumerate(ids):
+        held = next(r for r in rests if len(r) <= len(row) and tuple(row[: len(r)]) == r and not row[len(r) :].any())
+        weights[index, : len(held)] = rests[held]
+    log_probs = jax.nn.log_softmax(reference[:, prefix_length:-1], axis=-1)
+    nll = -np.take_along_axis(np.asarray(log_probs), ids[:, 1:, None], axis=-1)[..., 0]
+    expected = (nll * weights[:, 1:]).sum() / weights[:, 1:].sum()
+    assert batch.position_weights.sum() == weights[:, 1:].sum() > 0  # every trained target, no other
+    assert float(reply_loss(lm, prefix, batch)) == pytest.approx(expected, rel=1e-5)
 
 
 # --- The committed presets --------------------------------------------------------------------------
