@@ -184,10 +184,9 @@ def test_training_forward_pass_with_shared_prefix_equals_full_forward(family: st
     computes logits at the trained targets only: the same logits and the same loss as a full
     forward pass over whole conversations."""
     import jax
-    import jax.numpy as jnp
     import keras
 
-    from inference.demo_models import _batches, reply_loss
+    from inference.demo_models import _batches, forward_after_prefix, reply_loss
 
     spec = next(s for s in TRAINED_MODEL_SPECS if s.family == family)
     examples = training_examples(7, 200)
@@ -206,13 +205,8 @@ def test_training_forward_pass_with_shared_prefix_equals_full_forward(family: st
     prefix = np.asarray([data[0].ids[:prefix_length]], dtype="int32")
     full = np.concatenate([np.repeat(prefix, 2, axis=0), ids], axis=1)
     reference = np.asarray(lm({"token_ids": full, "padding_mask": np.ones_like(full, dtype=bool)}))
-    _, cache = lm._build_cache(jnp.asarray(prefix))
-    inputs = ids[:, :-1]
-    padding = [(0, 0)] * cache.ndim
-    padding[3] = (0, inputs.shape[1])
-    cache = jnp.pad(cache, padding)
-    cache = jnp.broadcast_to(cache, (2, *cache.shape[1:]))
-    logits, _, _ = lm.call_with_cache(inputs, cache, prefix_length)
+    hidden = forward_after_prefix(lm, prefix, ids[:, :-1])
+    logits = lm.backbone.token_embedding(hidden, reverse=True)
     np.testing.assert_allclose(np.asarray(logits), reference[:, prefix_length:-1], atol=1e-4)
 
     # Each row's loss weights, found from the example it holds.
