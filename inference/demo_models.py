@@ -924,7 +924,7 @@ def train_causal_lm(
             return reply_loss(lm, prefix, batch)
 
     # The frozen weights are an argument, not a closure: captured, they would be constants of
-    # the compiled step, and XLA would spend minutes constant-folding them for every shape.
+    # the compiled step, and XLA would spend tens of seconds folding them for every shape.
     @jax.jit
     def train_step(trainable: list[Any], non_trainable: list[Any], optimizer_state: list[Any], batch: Batch) -> Any:
         loss, grads = jax.value_and_grad(loss_fn)(trainable, non_trainable, batch)
