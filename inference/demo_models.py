@@ -810,11 +810,12 @@ def _batches(data: list[EncodedExample], prefix: int, batch_size: int, rng: rand
                 rest = data[index].ids[prefix:]
                 ids[row, : len(rest)] = rest
                 weights[row, : len(rest)] = data[index].weights[prefix:]
-            trained = np.flatnonzero(weights[:, 1:].reshape(-1)).astype("int32")
+            target_weights = weights[:, 1:].reshape(-1)
+            trained = np.flatnonzero(target_weights).astype("int32")
             positions = np.zeros(bounds[length], dtype="int32")
             position_weights = np.zeros(bounds[length], dtype="float32")
             positions[: trained.size] = trained
-            position_weights[: trained.size] = weights[:, 1:].reshape(-1)[trained]
+            position_weights[: trained.size] = target_weights[trained]
             yield Batch(ids, positions, position_weights)
 
 
@@ -888,13 +889,10 @@ def train_causal_lm(
 
     A hand-written loop rather than ``fit()``: ``fit()`` without TensorFlow needs the grain
     package and ignores ``shuffle=True``, and two things here need control over the forward
-    pass (``reply_loss``). The loss covers reply tokens only (per-token weights), and logits
-    are computed at those positions only. And every example starts with the same ~70 tokens
-    (template and system prompt), a third of all tokens: their keys and values are computed
-    once per step for a batch of one, with the model's own cache (``_build_cache``), broadcast
-    to the batch, and the rest of each conversation runs through ``call_with_cache`` on top.
-    Exactly the same function as a full forward pass (causal attention), gradients flow
-    through the shared prefix, at two thirds of the compute.
+    pass (``reply_loss``): the loss covers reply tokens only (per-token weights), with logits
+    at those positions only; and every example starts with the same tokens (template and
+    system prompt, a third of all tokens), run once per step for a batch of one
+    (``forward_after_prefix``), at two thirds of the compute of whole rows.
     AdamW with warm-up and cosine decay, gradient clipping; variables are passed statelessly
     and written back at the end.
     """
