@@ -144,6 +144,9 @@ SHORT_PREFIX = 256
 # How long the decode thread waits for a new request after one ends (see _await_resubmission):
 # well under one dispatch (about 1 ms with the strong demo model on 2 CPU cores).
 RESUBMIT_GRACE_S = 0.0003
+# Greedy decoding: logits at least this far below a row's largest one cannot win its softmax's
+# argmax (see _sample).
+GREEDY_MARGIN = 1e-3
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _KEY_IMPL = "threefry2x32"  # Explicit, so the per-slot key layout (uint32[2]) never changes.
 
@@ -373,13 +376,29 @@ def _sample(logits: Any, temperature: Any, top_k: Any, top_p: Any, keys: Any, gr
     import jax
     import jax.numpy as jnp
 
-    # Exactly GreedySampler's float32 softmax, then its argmax (the first index of the largest
-    # probability) as a max and a min: XLA's CPU argmax, a variadic reduce, is slower.
-    probabilities = greedy_sampler.compute_probabilities(logits)
-    vocabulary = probabilities.shape[-1]
-    best = jnp.max(probabilities, axis=-1, keepdims=True)
+    vocabulary = logits.shape[-1]
     rank = jnp.arange(vocabulary, dtype=jnp.int32)[None, :]
-    greedy = jnp.min(jnp.where(probabilities == best, rank, vocabulary), axis=-1).astype(jnp.int32)
+
+    def first_largest(values: Any, best: Any) -> Any:
+        # The first index of the largest value, as a max and a min: XLA's CPU argmax, a
+        # variadic reduce, is slower.
+        return jnp.min(jnp.where(values == best, rank, vocabulary), axis=-1).astype(jnp.int32)
+
+    def softmax_greedy() -> Any:  # Exactly GreedySampler's: its float32 softmax, then argmax.
+        probabilities = greedy_sampler.compute_probabilities(logits)
+        return first_largest(probabilities, jnp.max(probabilities, axis=-1, keepdims=True))
+
+    # The softmax only decides between logits within a hair of the largest: one at least
+    # GREEDY_MARGIN below it gets a probability at most exp(-GREEDY_MARGIN) = 0.999 times the
+    # largest one's, a gap float32 rounding (6e-8) cannot close. Where every row's largest logit
+    # is alone within the margin, its index is the sampler's token, without the softmax's passes
+    # over the vocabulary (a SmolLM2 step of 8 slots over 256 positions, scratch A/B on 2 cores:
+    # 29.7 ms against 32.7, median of 8 rounds).
+    scaled_logits = logits.astype(jnp.float32) / greedy_sampler.temperature
+    largest = jnp.max(scaled_logits, axis=-1, keepdims=True)
+    contenders = jnp.sum(scaled_logits >= largest - GREEDY_MARGIN, axis=-1)
+    clear = jnp.all((contenders == 1) & jnp.isfinite(largest[:, 0]))
+    greedy = jax.lax.cond(clear, lambda: first_largest(scaled_logits, largest), softmax_greedy)
     sampling = temperature > 0
 
     def sampled() -> tuple[Any, Any]:

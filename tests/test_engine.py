@@ -427,6 +427,42 @@ def test_mixed_sampling_in_one_batch_keeps_greedy_exact(
     wait_for_free_slots(engine)
 
 
+def test_greedy_tokens_are_the_greedy_samplers_in_clear_rows_and_near_ties() -> None:
+    """The engine's greedy token skips the softmax where a row's largest logit stands clear of
+    the others; where two logits are within the margin it takes GreedySampler's own float32
+    softmax and argmax, which can tie two different logits (their probabilities round equal)
+    and then picks the first: not the largest logit's index."""
+    import jax
+    import numpy as np
+    from keras import ops
+
+    vocabulary = 1000
+    rng = np.random.default_rng(0)
+    clear = (rng.standard_normal((4, vocabulary)) * 4).astype(np.float32)
+    exact_tie = clear[1].copy()
+    exact_tie[[10, 20]] = 50.0  # The first index.
+    near_tie = np.full(vocabulary, -5.0, np.float32)
+    near_tie[30] = 0.01  # One float32 step below the largest logit: equal probabilities.
+    near_tie[31] = np.nextafter(np.float32(0.01), np.float32(1.0))
+    apart = clear[1].copy()
+    apart[[40, 41]] = 30.0, 30.0 + 5e-4  # Within the margin, but the softmax tells them apart.
+
+    sampler = keras_hub.samplers.GreedySampler()
+    greedy = np.zeros(4, np.float32)  # Temperature, top-k and top-p of greedy rows.
+    draw = jax.jit(lambda logits, keys: engine_module._sample(logits, greedy, greedy, greedy, keys, sampler))
+    keys = np.zeros((4, 2), np.uint32)
+    for row, expected_token in ((None, None), (exact_tie, 10), (near_tie, 30), (apart, 41)):
+        logits = clear.copy()
+        if row is not None:
+            logits[1] = row  # One row near a tie, the others clear.
+        tokens = np.asarray(draw(logits, keys)[0]).tolist()
+        expected = ops.convert_to_numpy(sampler.get_next_token(sampler.compute_probabilities(logits))).tolist()
+        assert tokens == expected
+        if expected_token is not None:
+            assert tokens[1] == expected_token
+    assert int(np.argmax(near_tie)) == 31  # The softmax's tie, not the largest logit.
+
+
 # --- Dispatch size and windows -------------------------------------------------------------
 
 
