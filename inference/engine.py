@@ -671,10 +671,12 @@ class _Programs:
             slot_state = start(slot_state, slot, last, length, key, temperature, top_k, top_p)
             return staging, slot_state
 
-        def store(pool: Any, staging: Any, row: Any) -> Any:
-            """The staging row's first positions (as many as a pool row has) into pool ``row``."""
-            self.traces["store"] += 1
-            return put_row(pool, fitted(staging, capacity), row)
+        def store(pool: Any, staging: Any, row: Any, positions: int) -> Any:
+            """The staging row's first ``positions`` positions into pool ``row``. The rest of
+            the row keeps what it held: a prefill reads a row only below the prefix it
+            matched, so what lies past the stored prefix is never read."""
+            self.traces[f"store[{positions}]"] += 1
+            return put_row(pool, fitted(staging, positions), row)
 
         def insert(cache: Any, staging: Any, slot: Any) -> Any:
             """The staging row's first positions (as many as the window has) into ``slot``."""
@@ -743,7 +745,8 @@ class _Programs:
         self.prefill = jax.jit(prefill, donate_argnums=(1, 2))
         # One compilation per chunk length and prefix bound (Engine._prefixes).
         self.prefill_chunk = jax.jit(prefill_chunk, donate_argnums=(2, 3), static_argnums=(7,))
-        self.store = jax.jit(store, donate_argnums=(0,))
+        # One compilation per stored length (Engine._pool_lengths).
+        self.store = jax.jit(store, donate_argnums=(0,), static_argnums=(3,))
         # One compilation per window (insert, generate) and pair of neighbouring windows
         # (resize: the engine steps through the windows between two).
         self.insert = jax.jit(insert, donate_argnums=(0,))
@@ -1161,7 +1164,12 @@ class Engine:
         for bucket in job.buckets:
             for prefix in self._prefixes(bucket):
                 self._prefill([self._pad_id, self._pad_id], 0, GREEDY, bucket=bucket, prefix=prefix)
-        self.prefix_cache.clear()  # The dummy prefills were stored in a pool row.
+        device = self._device
+        assert device is not None
+        if self.prefix_cache.entries:
+            for positions in self._pool_lengths():
+                device.pool = self._programs.store(device.pool, device.staging, np.int32(0), positions)
+            self.prefix_cache.clear()  # Pool row 0 now holds the dummy prefill.
         for window in job.windows:
             self._resize(window)
             self._insert(0)
@@ -1199,11 +1207,16 @@ class Engine:
         )
         return out
 
-    def _prefixes(self, size: int) -> tuple[int, ...]:
-        """The prefix lengths a chunk of ``size`` tokens is compiled for (see SHORT_PREFIX)."""
+    def _pool_lengths(self) -> tuple[int, ...]:
+        """The prefix lengths compiled for: ``SHORT_PREFIX`` and a whole pool row."""
         capacity = self.prefix_cache.capacity  # Positions of a prefix pool row.
         short = min(SHORT_PREFIX, capacity)
-        return (short, capacity) if size <= short < capacity else (capacity,)
+        return (short, capacity) if short < capacity else (capacity,)
+
+    def _prefixes(self, size: int) -> tuple[int, ...]:
+        """The prefix lengths a chunk of ``size`` tokens is compiled for (see SHORT_PREFIX)."""
+        lengths = self._pool_lengths()
+        return lengths if size <= lengths[0] else lengths[-1:]
 
     def _prefill(
         self,
@@ -1256,8 +1269,12 @@ class Engine:
             np.array([temperature, top_p], dtype=np.float32),
             prefix,
         )
-        if row is not None or bucket:  # Warm-up compiles it.
-            device.pool = programs.store(device.pool, device.staging, np.int32(row or 0))
+        if row is not None:
+            # Only the prefix's positions: a whole pool row's copy took 15 ms a prompt (SmolLM2,
+            # 1024 positions) where the prompt needed a quarter of it.
+            stored = min(length - 1, self.prefix_cache.capacity)
+            positions = next(p for p in self._pool_lengths() if p >= stored)
+            device.pool = programs.store(device.pool, device.staging, np.int32(row), positions)
 
     def _input(self, value: Any, dtype: type) -> Any:
         """``value`` as a device array, kept for reuse (a step count, the last active mask)."""
