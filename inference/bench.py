@@ -41,7 +41,6 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import itertools
-import math
 import random
 import threading
 import time
@@ -52,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from inference.chat_templates import ChatTurn, render_prompt
+from inference.forward.layout import best_seconds, products_seconds
 from inference.registry import local_presets, read_preset
 
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
@@ -208,17 +208,6 @@ def _serial_generate(lm: Any, max_length: int) -> Callable[[str], None]:
     return generate
 
 
-def _best_seconds(run: Callable[[], Any], seconds: float) -> float:
-    """The fastest of repeated runs of ``run`` for about ``seconds`` (after one to warm up)."""
-    run()
-    fastest, deadline = math.inf, time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        began = time.perf_counter()
-        run()
-        fastest = min(fastest, time.perf_counter() - began)
-    return fastest
-
-
 def machine_rates(seconds: float = 1.0) -> dict[str, float]:
     """This machine's memory read bandwidth (bytes/s: numpy summing a 512 MB float32 array,
     larger than any cache) and float32 matmul rate (FLOP/s: JAX, 1024 x 1024, the engine's
@@ -227,11 +216,11 @@ def machine_rates(seconds: float = 1.0) -> dict[str, float]:
     import jax.numpy as jnp
 
     array = np.ones(128 * 1024 * 1024, dtype=np.float32)
-    bandwidth = array.nbytes / _best_seconds(lambda: array.sum(), seconds)
+    bandwidth = array.nbytes / best_seconds(lambda: array.sum(), seconds)
     size = 1024
     a = jnp.ones((size, size), jnp.float32)
     matmul = jax.jit(lambda x: x @ x)
-    flops = 2 * size**3 / _best_seconds(lambda: matmul(a).block_until_ready(), seconds)
+    flops = 2 * size**3 / best_seconds(lambda: matmul(a).block_until_ready(), seconds)
     return {"memory_bytes_per_s": bandwidth, "flops_per_s": flops}
 
 
@@ -267,27 +256,10 @@ def matmul_floor(lm: Any, batch: int, seconds: float = 1.0) -> float:
         kernels.append(array)
     # Rows first, then columns (each set of kernels is freed before the next is laid out).
     best = min(
-        _products_seconds(kernels, batch, columns=False, seconds=seconds),
-        _products_seconds(kernels, batch, columns=True, seconds=seconds),
+        products_seconds(kernels, batch, columns=False, seconds=seconds),
+        products_seconds(kernels, batch, columns=True, seconds=seconds),
     )
     return batch / best
-
-
-def _products_seconds(kernels: list[np.ndarray], batch: int, *, columns: bool, seconds: float) -> float:
-    """Best time of one jitted function that multiplies ``batch`` rows (or columns) by every
-    kernel; every product is returned (not reduced), so that XLA cannot simplify any away."""
-    import jax
-    import jax.numpy as jnp
-
-    if columns:
-        laid_out = [jnp.asarray(np.ascontiguousarray(kernel.T)) for kernel in kernels]
-        inputs = [jnp.ones((kernel.shape[0], batch), kernel.dtype) for kernel in kernels]
-        step = jax.jit(lambda inputs, kernels: [w @ x for x, w in zip(inputs, kernels, strict=True)])
-    else:
-        laid_out = [jnp.asarray(kernel) for kernel in kernels]
-        inputs = [jnp.ones((batch, kernel.shape[0]), kernel.dtype) for kernel in kernels]
-        step = jax.jit(lambda inputs, kernels: [x @ w for x, w in zip(inputs, kernels, strict=True)])
-    return _best_seconds(lambda: jax.block_until_ready(step(inputs, laid_out)), seconds)
 
 
 def roofline(lm: Any, rates: dict[str, float], batch: int) -> dict[str, float]:
@@ -489,6 +461,8 @@ def run_bench(
         "steps_per_dispatch": steps_per_dispatch,
         "steps_per_dispatch_settled": settled_steps,
         "max_steps_per_dispatch": engine.max_steps_per_dispatch,
+        # The Llama pass's layout, the faster one here (None for other families).
+        "forward_layout": engine.forward_layout,
         "repeats": repeats,
         "cpu_count": os.cpu_count(),
         "serial_generate": serial_summary,
@@ -521,6 +495,11 @@ def _steps_text(result: dict[str, Any]) -> str:
     return f"steps/dispatch adaptive up to {most} (settled at {settled})"
 
 
+def _layout_text(result: dict[str, Any]) -> str:
+    layout = result.get("forward_layout")
+    return f", {layout} projections (the faster here)" if layout else ""
+
+
 def format_table(result: dict[str, Any]) -> str:
     """The figures as a plain-text table, with the headline ratios underneath."""
     header = (
@@ -530,7 +509,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"preset {result['preset']} ({result['family']}); {result['prompts']} prompts of "
         f"{result['prompt_tokens_min']}-{result['prompt_tokens_max']} tokens, "
         f"{result['tokens_per_prompt_min']}-{result['tokens_per_prompt_max']} new tokens each; "
-        f"{result['slots']} slots, {_steps_text(result)}; {result['repeats']} rounds "
+        f"{result['slots']} slots, {_steps_text(result)}{_layout_text(result)}; {result['repeats']} rounds "
         f"pooled; {result['cpu_count']} CPUs",
         header,
         "-" * len(header),

@@ -92,6 +92,7 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import collections
+import functools
 import logging
 import math
 import numbers
@@ -101,7 +102,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -433,7 +434,10 @@ def _sample(logits: Any, temperature: Any, top_k: Any, top_p: Any, keys: Any, gr
     return jax.lax.cond(jnp.any(sampling), sampled, lambda: (greedy, keys))
 
 
-_InPlaceDecoder = tuple[Callable[..., Any], Callable[[Any], tuple[Any, ...]]]
+class _InPlaceDecoder(NamedTuple):
+    forward: Callable[..., Any]
+    prepare: Callable[[Any], tuple[Any, ...]]  # Lays out the weights the pass multiplies by.
+    layout: str | None = None  # The Llama pass's, chosen by timing (inference.forward.llama).
 
 
 def _in_place_decoder(lm: Any, context: int) -> _InPlaceDecoder | None:
@@ -458,16 +462,21 @@ def _in_place_decoder(lm: Any, context: int) -> _InPlaceDecoder | None:
             and not block.dropout
             for block in blocks
         ):
-            return gemma.gemma_forward, gemma.gemma_weights
+            return _InPlaceDecoder(gemma.gemma_forward, gemma.gemma_weights)
         return None
     if gemma3.supports(lm):
-        return gemma3.gemma3_forward, gemma3.gemma3_weights
+        return _InPlaceDecoder(gemma3.gemma3_forward, gemma3.gemma3_weights)
     # Vicuna (LlamaCausalLM) has the same blocks but no engine test yet: it keeps the generic step.
     llama_like = (keras_hub.models.Llama3CausalLM, keras_hub.models.MistralCausalLM)
     if type(lm) in llama_like and type(backbone) in (keras_hub.models.Llama3Backbone, keras_hub.models.MistralBackbone):
         window = getattr(backbone, "sliding_window", None)
         if (window is None or window >= context) and not getattr(backbone, "dropout", 0):
-            return llama.llama_forward, llama.llama_weights
+            layout = llama.faster_layout(lm)
+            return _InPlaceDecoder(
+                functools.partial(llama.llama_forward, layout=layout),
+                functools.partial(llama.llama_weights, layout=layout),
+                layout,
+            )
     return None
 
 
@@ -532,7 +541,7 @@ class _Programs:
         keras_hub_layout = one.shape == (1, lm.backbone.num_layers, 2, 2, *one.shape[4:])
         decoder = _in_place_decoder(lm, context) if keras_hub_layout else None
         self.in_place = in_place = decoder is not None
-        forward, prepare = decoder or (None, None)
+        forward, prepare, self.layout = decoder or (None, None, None)
         if in_place:
             _, layers, _, _, kv_heads, head_dim = one.shape
             self.position_axes = (KEY_POSITION_AXIS, VALUE_POSITION_AXIS) * layers
@@ -899,6 +908,12 @@ class Engine:
         self._freed = 0  # Slots freed in the current loop iteration.
 
     # --- Public API -------------------------------------------------------------------------
+
+    @property
+    def forward_layout(self) -> str | None:
+        """The Llama pass's layout, "token-major" or "feature-major" (timed when the engine's
+        programs were built: ``inference.forward.llama.faster_layout``); None for the others."""
+        return self._programs.layout
 
     @property
     def compilations(self) -> int:

@@ -242,6 +242,30 @@ def test_short_and_long_cached_prefixes_give_the_text_of_the_whole_prompt(
     assert traces["prefill[48, 48]"] and traces["prefill[48, 256]"]
 
 
+@pytest.mark.parametrize("layout", ["token-major", "feature-major"])
+def test_both_llama_layouts_give_the_text_of_generate(
+    lm: keras_hub.models.CausalLM,
+    preset: PresetInfo,
+    prompts: list[str],
+    references: list[str],
+    max_length: int,
+    layout: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Llama pass runs whichever layout multiplies faster here: each gives generate()'s
+    text, so the machine's choice never changes what a model says."""
+    from inference.forward import llama
+
+    if not isinstance(lm, (keras_hub.models.Llama3CausalLM, keras_hub.models.MistralCausalLM)):
+        pytest.skip("Only the Llama pass has two layouts.")
+    monkeypatch.setattr(llama, "faster_layout", lambda model: layout)
+    monkeypatch.setattr(engine_module, "_programs", type(engine_module._programs)())  # Built afresh.
+    with Engine(lm, slots=SLOTS, buckets=BUCKETS, windows=WINDOWS) as laid_out:
+        assert laid_out.forward_layout == layout
+        texts = [collect(submit_greedy(laid_out, lm, preset.family, p, max_length)) for p in prompts]
+    assert texts == references
+
+
 def test_without_a_prefix_cache_the_text_is_the_same(
     lm: keras_hub.models.CausalLM, preset: PresetInfo, prompts: list[str], references: list[str], max_length: int
 ) -> None:
