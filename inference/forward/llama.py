@@ -1,8 +1,9 @@
 """The engine's in-place forward pass for Llama 3 and Mistral decoders (SmolLM2 included).
 
-The pass runs its projections in one of two layouts, whichever multiplies a decode step's rows
-faster on the machine the engine is built on (``faster_layout``; ``inference.forward.layout``
-says why it depends on the machine):
+The pass runs its projections in one of two layouts: on a CPU, whichever multiplies a decode
+step's rows faster on the machine the engine is built on (``faster_layout``;
+``inference.forward.layout`` says why it depends on the machine); on an accelerator,
+token-major:
 
 * token-major (keras-hub's): the residual stream is ``[tokens, hidden]`` and every projection
   is ``activations [tokens, in] @ kernel [in, out]``, the model's kernels used as they lie;
@@ -22,6 +23,7 @@ from inference.forward.attention import grouped_attention, write_keys, write_val
 Layout = Literal["token-major", "feature-major"]
 # How many rows the layouts are timed at: a decode step of the engine's default 8 slots.
 TIMED_ROWS = 8
+TIMED_BYTES = 512 * 1024 * 1024  # At most this much of the kernels is timed (then whole blocks).
 
 
 def _block_kernels(model: Any) -> list[tuple[Any, ...]]:
@@ -55,12 +57,25 @@ def _block_kernels(model: Any) -> list[tuple[Any, ...]]:
 
 def faster_layout(model: Any, rows: int = TIMED_ROWS, seconds: float = 0.3) -> Layout:
     """The layout whose block projections at ``rows`` rows run faster here (best of repeated
-    runs of all of them, each layout for about ``seconds``)."""
+    runs of the products, each layout for about ``seconds``).
+
+    Timed on a CPU only, over the first blocks' kernels up to ``TIMED_BYTES`` (all of SmolLM2's:
+    more than any cache, as in a step, without copying a large model's weights). An
+    accelerator gets token-major, the model's kernels as they lie: XLA chooses its own layouts
+    there, and a second copy of the weights would cost its memory.
+    """
+    import jax
     import numpy as np
 
     from inference.forward.layout import products_seconds
 
-    kernels = [np.asarray(kernel) for block in _block_kernels(model) for kernel in block]
+    if jax.default_backend() != "cpu":
+        return "token-major"
+    kernels: list[np.ndarray] = []
+    for block in _block_kernels(model):
+        if sum(kernel.nbytes for kernel in kernels) >= TIMED_BYTES:
+            break
+        kernels += [np.asarray(kernel) for kernel in block]
     token_major = products_seconds(kernels, rows, columns=False, seconds=seconds)
     feature_major = products_seconds(kernels, rows, columns=True, seconds=seconds)
     return "feature-major" if feature_major < token_major else "token-major"
