@@ -472,8 +472,8 @@ def test_greedy_tokens_are_the_greedy_samplers_in_clear_rows_and_near_ties() -> 
     apart[[40, 41]] = 30.0, 30.0 + 5e-4  # Within the margin, but the softmax tells them apart.
 
     sampler = keras_hub.samplers.GreedySampler()
-    greedy = np.zeros(4, np.float32)  # Temperature, top-k and top-p of greedy rows.
-    draw = jax.jit(lambda logits, keys: engine_module._sample(logits, greedy, greedy, greedy, keys, sampler))
+    temperature, top_k, top_p = np.zeros(4, np.float32), np.zeros(4, np.int32), np.ones(4, np.float32)  # Greedy.
+    draw = jax.jit(lambda logits, keys: engine_module._sample(logits, temperature, top_k, top_p, keys, sampler))
     keys = np.zeros((4, 2), np.uint32)
     for row, expected_token in ((None, None), (exact_tie, 10), (near_tie, 30), (apart, 41)):
         logits = clear.copy()
