@@ -16,6 +16,7 @@ Both compute the same arithmetic in the same order; only the matmuls' kernels di
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Literal
 
 from inference.forward.attention import grouped_attention, write_keys, write_values
@@ -24,6 +25,7 @@ Layout = Literal["token-major", "feature-major"]
 # How many rows the layouts are timed at: a decode step of the engine's default 8 slots.
 TIMED_ROWS = 8
 TIMED_BYTES = 512 * 1024 * 1024  # At most this much of the kernels is timed (then whole blocks).
+_timed_layouts: weakref.WeakKeyDictionary[Any, dict[int, Layout]] = weakref.WeakKeyDictionary()
 
 
 def _block_kernels(model: Any) -> list[tuple[Any, ...]]:
@@ -57,7 +59,8 @@ def _block_kernels(model: Any) -> list[tuple[Any, ...]]:
 
 def faster_layout(model: Any, rows: int = TIMED_ROWS, seconds: float = 0.3) -> Layout:
     """The layout whose block projections at ``rows`` rows run faster here (best of repeated
-    runs of the products, each layout for about ``seconds``).
+    runs of the products, each layout for about ``seconds``), timed once per model and row
+    count: every engine of a model runs the same layout, and only the first one waits for it.
 
     Timed on a CPU only, over the first blocks' kernels up to ``TIMED_BYTES`` (all of SmolLM2's:
     more than any cache, as in a step, without copying a large model's weights). An
@@ -71,14 +74,17 @@ def faster_layout(model: Any, rows: int = TIMED_ROWS, seconds: float = 0.3) -> L
 
     if jax.default_backend() != "cpu":
         return "token-major"
-    kernels: list[np.ndarray] = []
-    for block in _block_kernels(model):
-        if sum(kernel.nbytes for kernel in kernels) >= TIMED_BYTES:
-            break
-        kernels += [np.asarray(kernel) for kernel in block]
-    token_major = products_seconds(kernels, rows, columns=False, seconds=seconds)
-    feature_major = products_seconds(kernels, rows, columns=True, seconds=seconds)
-    return "feature-major" if feature_major < token_major else "token-major"
+    known = _timed_layouts.setdefault(model, {})
+    if rows not in known:
+        kernels: list[np.ndarray] = []
+        for block in _block_kernels(model):
+            if sum(kernel.nbytes for kernel in kernels) >= TIMED_BYTES:
+                break
+            kernels += [np.asarray(kernel) for kernel in block]
+        token_major = products_seconds(kernels, rows, columns=False, seconds=seconds)
+        feature_major = products_seconds(kernels, rows, columns=True, seconds=seconds)
+        known[rows] = "feature-major" if feature_major < token_major else "token-major"
+    return known[rows]
 
 
 def llama_weights(model: Any, layout: Layout) -> tuple[Any, ...]:
