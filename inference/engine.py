@@ -20,8 +20,9 @@ wastes the machine. This engine follows JetStream's design (see shared/facts.md)
   device pool, a new prompt starts from the longest one it shares (the chat template and
   system prompt of its task, or the previous turn of its dialog), only the rest is computed,
   padded to a bucket, and **store** copies a new prefix from the staging row into a pool row.
-  A short chunk after a short prefix attends over ``SHORT_PREFIX`` positions plus its own
-  rather than a whole pool row (such buckets compile twice). Other families run keras-hub's
+  A short chunk after a short prefix attends over the shortest of ``SHORT_PREFIXES`` that
+  holds the prefix plus its own positions rather than a whole pool row (such buckets compile
+  once for each). Other families run keras-hub's
   own ``_build_cache`` over the whole prompt;
 * one jitted **generate** step advances *every* slot by ``steps_per_dispatch`` tokens
   (``lax.fori_loop`` with a traced trip count: by default the fewest steps that last about
@@ -137,11 +138,17 @@ DEFAULT_STEPS_PER_DISPATCH = 8
 DISPATCH_TARGET_S = 0.01
 DEFAULT_PREFIX_CACHE_ROWS = 16
 PREFIX_BLOCK = 16  # Prefixes are cached and matched in blocks of this many tokens.
-# A prefill chunk after a cached prefix of at most this many tokens (a task's template and system
-# prompt, a dialog's first turns) attends over this many positions plus its own rather than the
-# whole pool row's: SmolLM2, a 96-token chunk after 112 cached tokens, 229 ms against 293 ms
-# with the 1024-position row (scratch timing). Chunks of at most this length compile both ways.
-SHORT_PREFIX = 256
+# A prefill chunk after a cached prefix of at most one of these many tokens (a task's template
+# and system prompt, a dialog's first turns) attends over that many positions plus its own rather
+# than the whole pool row's: SmolLM2, a 96-token chunk after 112 cached tokens, 229 ms against
+# 293 ms with the 1024-position row (scratch timing, an Intel Xeon), and 150 ms over 128 + 96
+# positions against 173 ms over 256 + 96 (an AMD EPYC, Zen 5). Chunks of at most the longest
+# compile for each of them and for the whole row.
+SHORT_PREFIXES = (128, 256)
+# Chunks after a cached prefix are mostly short (a dialog's new turn): up to this many tokens,
+# the prefill buckets come every PREFIX_BLOCK tokens (a chunk pads at most 15 tokens: SmolLM2,
+# 133 ms for 80 tokens against 150 ms for 96), then two per octave.
+FINE_BUCKETS_UP_TO = 128
 # How long the decode thread waits for a new request after one ends (see _await_resubmission):
 # well under one dispatch (about 1 ms with the strong demo model on 2 CPU cores).
 RESUBMIT_GRACE_S = 0.0003
@@ -655,7 +662,7 @@ class _Programs:
             cached prefix; 0 for none), and the chunk (the prompt's tokens after it but the
             last, padded) runs at ``start`` onwards. Its positions are then copied into the
             staging row (``insert`` takes them to the slot, ``store`` to a pool row); the slot
-            starts from ``last``. ``prefix`` (static: ``SHORT_PREFIX`` or the pool's capacity)
+            starts from ``last``. ``prefix`` (static: one of ``SHORT_PREFIXES`` or the pool's capacity)
             bounds ``start``: the chunk attends over ``prefix`` + its own positions. The pool
             is only read here: a program that reads a row and writes another of the same pool
             made XLA copy the whole pool first (about 380 MB a prefill for SmolLM2).
@@ -778,15 +785,19 @@ def _programs_for(
         return per_model[key]
 
 
-def default_buckets(context: int, smallest: int = MIN_BUCKET) -> tuple[int, ...]:
-    """Prefill lengths: 64, 96, 128, 192, 256, 384, ... (two per octave), capped by the context.
+def default_buckets(context: int, smallest: int = MIN_BUCKET, fine_up_to: int = 0) -> tuple[int, ...]:
+    """Prefill lengths: 64, 96, 128, 192, 256, 384, ... (two per octave), capped by the context;
+    up to ``fine_up_to`` also every ``smallest`` tokens.
 
     Prefill cost grows faster than linearly with the padded length (attention), and a prefill
     shape compiles in well under a second, so two buckets per octave (at most a third of a
     prefill wasted on padding) are worth their compilations. The context itself is always one.
-    With a prefix cache the chunks after a cached prefix are short: they start at 16.
+    With a prefix cache the chunks after a cached prefix are short: they start at 16, every 16
+    up to ``FINE_BUCKETS_UP_TO``.
     """
-    return _lengths(context, smallest, three_halves_from=smallest)
+    coarse = _lengths(context, smallest, three_halves_from=smallest)
+    fine = range(smallest, min(fine_up_to, context) + 1, smallest)
+    return tuple(sorted({*coarse, *fine}))
 
 
 # From this window up, a window also between each power of two and the next (384, 768, ...):
@@ -882,7 +893,8 @@ class Engine:
         self.in_place = self._programs.in_place
         self.prefix_cache = PrefixCache(prefix_cache_rows if self.in_place else 0, capacity, PREFIX_BLOCK)
         smallest = PREFIX_BLOCK if self.in_place else MIN_BUCKET
-        self.buckets = _sizes("buckets", buckets, default_buckets(context, smallest), context)
+        fine_up_to = FINE_BUCKETS_UP_TO if self.in_place else 0
+        self.buckets = _sizes("buckets", buckets, default_buckets(context, smallest, fine_up_to), context)
         self.windows = _sizes("windows", windows, default_windows(context), context)
         self._tokenizer = lm.preprocessor.tokenizer
         pad = getattr(self._tokenizer, "pad_token_id", None)
@@ -1223,15 +1235,14 @@ class Engine:
         return out
 
     def _pool_lengths(self) -> tuple[int, ...]:
-        """The prefix lengths compiled for: ``SHORT_PREFIX`` and a whole pool row."""
+        """The prefix lengths compiled for: ``SHORT_PREFIXES`` and a whole pool row."""
         capacity = self.prefix_cache.capacity  # Positions of a prefix pool row.
-        short = min(SHORT_PREFIX, capacity)
-        return (short, capacity) if short < capacity else (capacity,)
+        return tuple(sorted({min(short, capacity) for short in SHORT_PREFIXES} | {capacity}))
 
     def _prefixes(self, size: int) -> tuple[int, ...]:
-        """The prefix lengths a chunk of ``size`` tokens is compiled for (see SHORT_PREFIX)."""
+        """The prefix lengths a chunk of ``size`` tokens is compiled for (see SHORT_PREFIXES)."""
         lengths = self._pool_lengths()
-        return lengths if size <= lengths[0] else lengths[-1:]
+        return lengths if size <= max(SHORT_PREFIXES) else lengths[-1:]
 
     def _prefill(
         self,

@@ -219,10 +219,11 @@ def test_a_dialog_continues_from_its_cached_prefix(
 def test_short_and_long_cached_prefixes_give_the_text_of_the_whole_prompt(
     lm: keras_hub.models.CausalLM, preset: PresetInfo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A short chunk after a short cached prefix attends over SHORT_PREFIX positions, anything
-    else over the whole pool row: both give what generate() gives for the whole prompt. The
-    bundled models' pool rows are as short as the real models' SHORT_PREFIX, so it is lowered."""
-    monkeypatch.setattr(engine_module, "SHORT_PREFIX", 48)
+    """A short chunk after a short cached prefix attends over the shortest of SHORT_PREFIXES
+    that holds the prefix, anything else over the whole pool row: each gives what generate()
+    gives for the whole prompt. The bundled models' pool rows are as short as the real models'
+    short prefixes, so these are lowered."""
+    monkeypatch.setattr(engine_module, "SHORT_PREFIXES", (16, 48))
     first = [ChatTurn("user", REQUESTS[0])]
     dialog = [*first, ChatTurn("assistant", "Done."), ChatTurn("user", REQUESTS[2])]
     short_first, short_dialog = (render_prompt(preset.family, None, turns) for turns in (first, dialog))
@@ -239,7 +240,7 @@ def test_short_and_long_cached_prefixes_give_the_text_of_the_whole_prompt(
     assert hits == 2
     # Both follow-ups are short chunks: after a 16-token prefix without the system prompt, after
     # one of over 48 tokens with it. No other engine compiles 48-token chunks.
-    assert traces["prefill[48, 48]"] and traces["prefill[48, 256]"]
+    assert traces["prefill[48, 16]"] and traces["prefill[48, 256]"]
 
 
 @pytest.mark.parametrize("layout", ["token-major", "feature-major"])
