@@ -22,8 +22,7 @@ wastes the machine. This engine follows JetStream's design (see shared/facts.md)
   padded to a bucket, and **store** copies a new prefix from the staging row into a pool row.
   A short chunk after a short prefix attends over the shortest of ``SHORT_PREFIXES`` that
   holds the prefix plus its own positions rather than a whole pool row (such buckets compile
-  once for each). Other families run keras-hub's
-  own ``_build_cache`` over the whole prompt;
+  once for each). Other families run keras-hub's own ``_build_cache`` over the whole prompt;
 * one jitted **generate** step advances *every* slot by ``steps_per_dispatch`` tokens
   (``lax.fori_loop`` with a traced trip count: by default the fewest steps that last about
   ``DISPATCH_TARGET_S``, measured as the engine runs, up to 8, so that neither a tiny model's
@@ -792,8 +791,8 @@ def default_buckets(context: int, smallest: int = MIN_BUCKET, fine_up_to: int = 
     Prefill cost grows faster than linearly with the padded length (attention), and a prefill
     shape compiles in well under a second, so two buckets per octave (at most a third of a
     prefill wasted on padding) are worth their compilations. The context itself is always one.
-    With a prefix cache the chunks after a cached prefix are short: they start at 16, every 16
-    up to ``FINE_BUCKETS_UP_TO``.
+    With a prefix cache the chunks after a cached prefix are short: the engine starts them at
+    16 and passes ``FINE_BUCKETS_UP_TO`` as ``fine_up_to``.
     """
     coarse = _lengths(context, smallest, three_halves_from=smallest)
     fine = range(smallest, min(fine_up_to, context) + 1, smallest)
