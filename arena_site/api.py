@@ -117,6 +117,7 @@ class Leaderboard(Schema):
     votes: int
     excluded: dict[str, int]
     rows: list[LeaderboardRow]
+    unrated: list[str] = Field(description="Models without a vote in this category: not yet rated, not ranked.")
     categories: list[str]
 
 
@@ -140,6 +141,7 @@ def leaderboard(request: HttpRequest, category: str = "overall", refresh: int | 
         "votes": snapshot.votes,
         "excluded": snapshot.excluded,
         "rows": snapshot.rows,
+        "unrated": snapshot.unrated,
         "categories": list(snapshots),
     }
 

@@ -93,7 +93,7 @@ def run_bench(
     a, b, score = synthetic_votes(votes, models, seed)  # Not timed.
     stages: list[dict[str, Any]] = []
     outcomes = _stage(stages, "reduce votes to pair counts", lambda: reduce_to_outcomes(models, a, b, score))
-    _stage(stages, "Bradley-Terry fit", lambda: ratings.bradley_terry(outcomes.wins(), prior=0.5))
+    _stage(stages, "Bradley-Terry fit", lambda: ratings.bradley_terry(outcomes.wins()))
     _stage(
         stages,
         f"bootstrap intervals ({rounds} rounds)",

@@ -41,23 +41,28 @@ def compute_board(
     ci: str = "bootstrap",
     rounds: int = 1000,
     seed: int = 0,
-    prior: float = 0.5,
+    prior: float | None = None,
 ) -> list[BoardRow]:
-    """Rows ranked by rating (ties in rank share the number), each with its interval."""
+    """Rows ranked by rating (ties in rank share the number), each with its interval: one per
+    model with a vote. A model without one is not rated at all (``unrated``), rather than shown
+    at the prior's 1000 with an interval of width 0."""
     if ci not in CI_METHODS:
         raise ValueError(f"ci must be one of {', '.join(CI_METHODS)}, got {ci!r}.")
     if outcomes.n_models != len(names):
         raise ValueError("One name per model is needed.")
+    played = outcomes.played()
+    rated = [name for name, flag in zip(names, played, strict=True) if flag]
+    outcomes = outcomes.restricted(played)
     if ci == "bootstrap":
         fitted = ratings.bootstrap_intervals(outcomes, rounds=rounds, seed=seed, prior=prior)
     else:
         fitted = ratings.sandwich_intervals(outcomes, prior=prior)
     votes = outcomes.games().sum(axis=1)
-    elo_values = elo if elo is not None else np.full(len(names), ratings.BASE_RATING)
-    order = sorted(range(len(names)), key=lambda i: (-fitted.ratings[i], names[i]))
+    elo_values = np.asarray(elo)[played] if elo is not None else np.full(len(rated), ratings.BASE_RATING)
+    order = sorted(range(len(rated)), key=lambda i: (-fitted.ratings[i], rated[i]))
     return [
         BoardRow(
-            model=names[i],
+            model=rated[i],
             rating=round(float(fitted.ratings[i]), 1),
             lower=round(float(fitted.lower[i]), 1),
             upper=round(float(fitted.upper[i]), 1),
@@ -69,12 +74,18 @@ def compute_board(
     ]
 
 
+def unrated(names: Sequence[str], outcomes: ratings.PairOutcomes) -> list[str]:
+    """The models without a vote: "not yet rated", never ranked."""
+    return [name for name, flag in zip(names, outcomes.played(), strict=True) if not flag]
+
+
 class BattleFileError(ValueError):
     """A battles file that can't be read; the message names the record and the problem."""
 
 
-def read_battles(text: str) -> list[dict[str, Any]]:
-    """Records from a JSON list, or from JSON Lines (one object per line)."""
+def read_records(text: str, noun: str = "battles") -> list[Any]:
+    """Records from a JSON list, or from JSON Lines (one object per line); ``noun`` names them
+    in the refusal of an empty file."""
     stripped = text.lstrip()
     if stripped.startswith("["):
         try:
@@ -91,8 +102,13 @@ def read_battles(text: str) -> list[dict[str, Any]]:
             except ValueError as error:
                 raise BattleFileError(f"Line {number} is not valid JSON: {error}.") from None
     if not records:
-        raise BattleFileError("No battles in the file.")
+        raise BattleFileError(f"No {noun} in the file.")
     return records
+
+
+def read_battles(text: str) -> list[dict[str, Any]]:
+    """Battle records from a JSON list or JSON Lines."""
+    return read_records(text, "battles")
 
 
 def games_from_battles(records: Iterable[Any]) -> tuple[list[str], list[tuple[int, int, float]]]:

@@ -29,8 +29,10 @@ class LeaderboardSnapshot(models.Model):
     method = models.CharField(max_length=20, default="bootstrap")
     # Per model: model, rating, lower, upper, rank, votes, elo, provisional, fix rates.
     rows = models.JSONField(default=list)
+    unrated = models.JSONField(default=list, help_text="Models without a vote here: not yet rated, not ranked.")
     excluded = models.JSONField(default=dict, help_text="Votes left out, per reason.")
-    # Square matrices in the order of model_names: win fractions (null where never met), votes.
+    # Square matrices in the order of model_names (the rated models, in rank order): win
+    # fractions (null where never met), votes.
     model_names = models.JSONField(default=list)
     win_fractions = models.JSONField(default=list)
     battle_counts = models.JSONField(default=list)
@@ -39,6 +41,9 @@ class LeaderboardSnapshot(models.Model):
     elo_state = models.JSONField(default=dict)
     elo_through_ended = models.DateTimeField(null=True, blank=True)
     elo_through_vote = models.PositiveBigIntegerField(default=0)
+    # How many votes Elo has taken: a later refresh that counts a different number up to the
+    # same marker knows exclusions changed, and recomputes Elo from the start.
+    elo_votes = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["refresh", "position"]

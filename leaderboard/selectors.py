@@ -79,6 +79,9 @@ class CategoryData:
     outcomes: ratings.PairOutcomes
     new_games: list[tuple[int, int, float]]  # Counted since the Elo marker, in Elo order.
     elo_through: tuple[Any, int]  # The new marker: (battle end, vote id) of the last game.
+    # Votes counted now up to the old marker: when it differs from what Elo took then, a vote
+    # was excluded (or let back in) since, and Elo must start again from every counted vote.
+    counted_before: int
 
 
 def category_data(category: str, names: list[str], elo_through: tuple[Any, int] | None = None) -> CategoryData:
@@ -98,10 +101,12 @@ def category_data(category: str, names: list[str], elo_through: tuple[Any, int] 
         i, j, score_i = (a, b, score) if a < b else (b, a, 1.0 - score)
         cell = cells.setdefault((i, j), [0.0, 0.0, 0.0])
         cell[0 if score_i == 1.0 else 1 if score_i == 0.0 else 2] += row["n"]
-    new = votes
+    new, counted_before = votes, 0
     if elo_through is not None and elo_through[0] is not None:
         ended, vote_id = elo_through
-        new = votes.filter(Q(battle__ended__gt=ended) | Q(battle__ended=ended, pk__gt=vote_id))
+        after = Q(battle__ended__gt=ended) | Q(battle__ended=ended, pk__gt=vote_id)
+        new = votes.filter(after)
+        counted_before = votes.exclude(after).count()
     history = new.order_by("battle__ended", "pk").values_list(
         "battle__model_a__name", "battle__model_b__name", "choice", "battle__ended", "pk"
     )
@@ -109,7 +114,7 @@ def category_data(category: str, names: list[str], elo_through: tuple[Any, int] 
     for a_name, b_name, choice, ended, pk in history:
         games.append((index[a_name], index[b_name], ratings.VOTE_SCORES[choice]))
         marker = (ended, pk)
-    return CategoryData(names, ratings.PairOutcomes.from_cells(len(names), cells), games, marker)
+    return CategoryData(names, ratings.PairOutcomes.from_cells(len(names), cells), games, marker, counted_before)
 
 
 def fix_rates(names: list[str]) -> dict[str, dict[str, ratings.FixRate]]:

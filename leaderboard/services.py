@@ -32,11 +32,21 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
         before = earlier.get(category)
         marker = (before.elo_through_ended, before.elo_through_vote) if before else None
         data = selectors.category_data(category, names, marker)
+        if before is not None and data.counted_before != before.elo_votes:
+            # Votes were excluded (a flagged voter, a leak) or let back in since the last
+            # refresh: online Elo cannot take a vote back, so it starts again from all of them.
+            before, data = None, selectors.category_data(category, names)
         # Online Elo goes on from the previous refresh with the votes counted since.
         start = np.array([(before.elo_state if before else {}).get(name, ratings.BASE_RATING) for name in names])
         elo = ratings.online_elo(len(names), data.new_games, k=settings.LEADERBOARD_ELO_K, start=start)
         rows = board.compute_board(names, data.outcomes, elo=elo, rounds=rounds, seed=seed)
-        fractions = ratings.win_fraction_matrix(data.outcomes)
+        # The matrices cover the rated models only, in rank order, as the table lists them.
+        rated = [row.model for row in rows]
+        index = [names.index(name) for name in rated]
+        played = data.outcomes.restricted(np.isin(np.arange(len(names)), index))
+        order = np.argsort(np.argsort(index))  # Positions of the rated models in name order.
+        fractions = ratings.win_fraction_matrix(played)[np.ix_(order, order)]
+        counts = played.games()[np.ix_(order, order)]
         LeaderboardSnapshot.objects.create(
             refresh=refresh,
             position=position,
@@ -52,13 +62,15 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
                 }
                 for row in rows
             ],
+            unrated=board.unrated(names, data.outcomes),
             excluded=selectors.excluded_votes(category),
-            model_names=names,
+            model_names=rated,
             win_fractions=[[None if math.isnan(v) else round(float(v), 4) for v in line] for line in fractions],
-            battle_counts=data.outcomes.games().astype(int).tolist(),
+            battle_counts=counts.astype(int).tolist(),
             elo_state={name: float(value) for name, value in zip(names, elo, strict=True)},
             elo_through_ended=data.elo_through[0],
             elo_through_vote=data.elo_through[1],
+            elo_votes=data.counted_before + len(data.new_games),
         )
     refresh.seconds = time.perf_counter() - started
     refresh.save(update_fields=["seconds"])
@@ -75,7 +87,7 @@ def flag_anomalous_voters() -> list[FlaggedVoter]:
         .annotate(n=Count("id"))
         .order_by()
     )
-    found = anomaly.anomalous_voters(
+    found = anomaly.suspicious_voters(
         (anomaly.pair_vote(*row) for row in rows),
         alpha=settings.LEADERBOARD_ANOMALY_ALPHA,
         min_votes=settings.LEADERBOARD_ANOMALY_MIN_VOTES,
@@ -84,7 +96,7 @@ def flag_anomalous_voters() -> list[FlaggedVoter]:
     flags = [
         FlaggedVoter(
             voter_key=a.voter,
-            reason=f"anomalous votes: Fisher's p = {a.p_value:.1e} over {a.votes} votes",
+            reason=a.reason(),
             source=FlaggedVoter.Source.AUTOMATIC,
             p_value=a.p_value,
         )

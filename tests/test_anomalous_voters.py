@@ -4,13 +4,22 @@ import math
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from inference.models import LLM
-from leaderboard import selectors, services
-from leaderboard.anomaly import PairVote, anomalous_voters, fisher_p_value, pair_vote, vote_p_value
+from leaderboard import ratings, selectors, services
+from leaderboard.anomaly import (
+    PairVote,
+    anomalous_voters,
+    concentrated_voters,
+    fisher_p_value,
+    pair_vote,
+    suspicious_voters,
+    vote_p_value,
+)
 from votes.models import Battle, FlaggedVoter, Vote
 
 STRONG, WEAK, MEDIUM = "gemma-calendar", "llama3-calendar", "mistral-calendar"
@@ -69,6 +78,68 @@ def test_a_voter_with_few_votes_is_not_judged() -> None:
     assert anomalous_voters([pair_vote(*row) for row in rows], min_votes=5) == []
 
 
+def coordinated_arena(seed: int, models: int = 20, honest: int = 1000, per_voter: int = 10, stuffers: int = 25):
+    """An arena of ``honest`` voters (``per_voter`` votes each, random pairs, Bradley-Terry
+    outcomes from ratings N(1000, 100), 10% ties) and ``stuffers`` voters who cast 5% of all the
+    votes for the weakest model: each votes only in battles where it appears, and picks it."""
+    rng = np.random.default_rng(seed)
+    names = [f"model-{i:02d}" for i in range(models)]
+    true = rng.normal(1000.0, 100.0, models)
+    target = int(np.argmin(true))
+    rows = []
+    for voter in range(honest):
+        for _ in range(per_voter):
+            a, b = rng.choice(models, 2, replace=False)
+            p_a = 1.0 / (1.0 + 10.0 ** ((true[b] - true[a]) / 400.0))
+            choice = "tie" if rng.random() < 0.1 else ("a" if rng.random() < p_a else "b")
+            rows.append((f"honest-{voter}", names[a], names[b], choice))
+    stuffed = round(0.05 * len(rows) / 0.95)
+    for vote in range(stuffed):
+        opponent = int(rng.choice([m for m in range(models) if m != target]))
+        sides = (target, opponent) if rng.random() < 0.5 else (opponent, target)
+        choice = "a" if sides[0] == target else "b"
+        rows.append((f"stuffer-{vote % stuffers}", names[sides[0]], names[sides[1]], choice))
+    return names, names[target], rows
+
+
+def board_of(names: list[str], rows: list) -> ratings.RatingsWithIntervals:
+    index = {name: i for i, name in enumerate(names)}
+    games = [(index[a], index[b], ratings.VOTE_SCORES[choice]) for _, a, b, choice in rows]
+    return ratings.sandwich_intervals(ratings.PairOutcomes.from_games(len(names), games))
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_coordinated_stuffing_is_caught_and_its_gain_undone(seed: int) -> None:
+    """1000 honest voters, 25 stuffers with 5% of the votes: the pair-history test alone catches
+    none of them (they hide each other); with the concentration test, at least 80% are caught,
+    at most 1% of honest voters are flagged, and once the flagged voters' votes are left out the
+    target's gain over an arena without stuffers is within its interval's half-width."""
+    names, target, rows = coordinated_arena(seed)
+    votes = [pair_vote(*row) for row in rows]
+    assert not [a for a in anomalous_voters(votes) if a.voter.startswith("stuffer")]
+    flagged = {a.voter for a in suspicious_voters(votes)}
+    caught = sum(voter.startswith("stuffer") for voter in flagged)
+    false_alarms = sum(voter.startswith("honest") for voter in flagged)
+    assert caught >= 20, caught
+    assert false_alarms <= 10, false_alarms
+    t = names.index(target)
+    honest_only = board_of(names, [row for row in rows if row[0].startswith("honest")])
+    stuffed = board_of(names, rows)
+    cleaned = board_of(names, [row for row in rows if row[0] not in flagged])
+    half_width = (cleaned.upper[t] - cleaned.lower[t]) / 2.0
+    assert stuffed.ratings[t] - honest_only.ratings[t] > 2 * half_width  # The attack worked...
+    assert abs(cleaned.ratings[t] - honest_only.ratings[t]) <= half_width  # ...and is undone.
+
+
+def test_concentration_spares_a_voter_who_prefers_the_best_model() -> None:
+    """Choosing the model everyone prefers is not concentration: the strong model wins 75% of
+    its battles here, so a voter who always picks it is ordinary."""
+    rng = random.Random(10)
+    rows = honest_votes(rng, voters=300, per_voter=4)
+    rows += [("fan", STRONG, other, "a") for other in (WEAK, MEDIUM) * 5]
+    assert concentrated_voters([pair_vote(*row) for row in rows]) == []
+
+
 @pytest.mark.django_db
 def test_refresh_flags_the_stuffer_excludes_their_votes_and_an_admin_can_clear_it(client) -> None:
     models = {
@@ -90,7 +161,8 @@ def test_refresh_flags_the_stuffer_excludes_their_votes_and_an_admin_can_clear_i
     services.refresh_leaderboard(rounds=20)
     flag = FlaggedVoter.objects.get()
     assert flag.voter_key == "stuffer" and flag.source == FlaggedVoter.Source.AUTOMATIC
-    assert flag.reason.startswith("anomalous votes: Fisher's p = ") and flag.p_value < 1e-4
+    # Caught by both tests; the flag gives the smaller p-value, the concentration test's here.
+    assert flag.reason.startswith("votes concentrated on one model: p = ") and flag.p_value < 1e-4
     assert selectors.excluded_votes()["flagged voter"] == 80
     assert selectors.counted_votes().count() == len(rows) - 80
 

@@ -13,7 +13,11 @@ pytestmark = pytest.mark.django_db
 
 def make_battle(model_a: LLM, model_b: LLM, first: str, after_fix: str | None = None, **fields) -> Battle:
     battle = Battle.objects.create(
-        model_a=model_a, model_b=model_b, voter_key="k", state=fields.pop("state", Battle.State.ENDED), **fields
+        model_a=model_a,
+        model_b=model_b,
+        voter_key=fields.pop("voter_key", "k"),
+        state=fields.pop("state", Battle.State.ENDED),
+        **fields,
     )
     Vote.objects.create(battle=battle, choice=first, stage=Vote.Stage.FIRST_TRY)
     if after_fix:
@@ -38,10 +42,10 @@ def test_leaderboard_ranks_by_votes_with_intervals(client, models) -> None:
     response = client.get("/leaderboard/")
     assert response.status_code == 200
     rows = response.context["snapshot"].rows
-    assert [row["model"] for row in rows] == ["strong", "idle", "weak"]
-    assert [row["votes"] for row in rows] == [6, 0, 6]
-    assert rows[0]["rating"] > 1000 > rows[2]["rating"]
-    assert rows[0]["elo"] > rows[2]["elo"]
+    assert [row["model"] for row in rows] == ["strong", "weak"]  # "idle" has no vote: not rated.
+    assert [row["votes"] for row in rows] == [6, 6]
+    assert rows[0]["rating"] > 1000 > rows[1]["rating"]
+    assert rows[0]["elo"] > rows[1]["elo"]
     assert all(row["lower"] <= row["rating"] <= row["upper"] for row in rows)
     assert all(row["provisional"] for row in rows)  # Fewer than LEADERBOARD_PROVISIONAL_VOTES.
     html = response.content.decode()
@@ -122,7 +126,7 @@ def test_beat_runs_the_refresh_every_minute() -> None:
 def test_empty_leaderboard(client) -> None:
     response = client.get("/leaderboard/")
     assert response.status_code == 200
-    assert "No models yet" in response.content.decode()
+    assert "No model has a vote in this category yet" in response.content.decode()
 
 
 def test_elo_is_maintained_incrementally_and_equals_a_full_replay(models) -> None:
@@ -151,6 +155,39 @@ def test_elo_is_maintained_incrementally_and_equals_a_full_replay(models) -> Non
     replayed = services.refresh_leaderboard(rounds=10).snapshots.get(category="overall")
     assert incremental.elo_state == pytest.approx(replayed.elo_state)
     assert incremental.elo_state != {"strong": 1000.0, "weak": 1000.0, "idle": 1000.0}
+
+
+def test_elo_starts_again_when_a_voter_is_flagged_after_a_refresh(models) -> None:
+    strong, weak, _idle = models
+    for choice in ("a", "a", "b", "a"):
+        make_battle(strong, weak, choice)
+    for choice in ("b", "b", "b"):  # Another voter, flagged after the first refresh.
+        make_battle(strong, weak, choice, voter_key="late-flag")
+    first = services.refresh_leaderboard(rounds=10).snapshots.get(category="overall")
+    FlaggedVoter.objects.create(voter_key="late-flag", reason="found by an admin")
+    again = services.refresh_leaderboard(rounds=10).snapshots.get(category="overall")
+    assert again.elo_votes == 4 and first.elo_votes == 7
+    LeaderboardRefresh.objects.all().delete()
+    replayed = services.refresh_leaderboard(rounds=10).snapshots.get(category="overall")
+    assert again.elo_state == pytest.approx(replayed.elo_state)
+    assert again.elo_state != pytest.approx(first.elo_state)
+    # Clearing the flag lets the votes back in: Elo starts again from all seven.
+    FlaggedVoter.objects.filter(voter_key="late-flag").update(cleared=True)
+    cleared = services.refresh_leaderboard(rounds=10).snapshots.get(category="overall")
+    assert cleared.elo_votes == 7
+
+
+def test_a_model_without_votes_is_not_yet_rated_and_never_ranked(client, models) -> None:
+    strong, weak, _idle = models
+    for choice in ("a", "b", "a"):
+        make_battle(strong, weak, choice)
+    snapshot = services.refresh_leaderboard(rounds=20).snapshots.get(category="overall")
+    assert [row["model"] for row in snapshot.rows] == ["strong", "weak"]
+    assert snapshot.unrated == ["idle"]
+    assert snapshot.model_names == ["strong", "weak"]  # The matrices: rated models, in rank order.
+    page = client.get("/leaderboard/").content.decode()
+    assert "Not yet rated (no vote in this category, so no rank):\nidle." in page
+    assert "<td>idle" not in page
 
 
 def test_admin_flags_the_voters_of_battles(client, models) -> None:

@@ -1,13 +1,12 @@
 """Rate a public arena's battles (clean_battle format) with this arena's statistics."""
 
 import json
-import sys
-from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from leaderboard import board, ratings
+from leaderboard.management.input_files import read_input
 
 
 class Command(BaseCommand):
@@ -27,10 +26,7 @@ class Command(BaseCommand):
         if options["rounds"] < 1:
             raise CommandError("--rounds must be at least 1.")
         name = options["file"]
-        try:
-            text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
-        except OSError as error:
-            raise CommandError(f"Cannot read {name}: {error.strerror}.") from None
+        text = read_input(name)
         try:
             names, games = board.games_from_battles(board.read_battles(text))
         except board.BattleFileError as error:

@@ -1,0 +1,175 @@
+"""Fix-ability: how well each model fixes a mistake once told, from fix episodes. No Django.
+
+A fix episode is one reply judged wrong, the correction sent to that side, and the reply to it:
+fixed or not. Raw fix rates reward a model whose corrections happened to be easy (a wrong year
+is easier to fix than a wrong weekday computed from a date), so the rating is a logistic
+regression of "fixed" on a model effect plus a difficulty effect per task turn:
+
+    logit P(fixed) = ability[model] + difficulty[task, turn]
+
+fitted by Newton's method on the counts per (model, task turn), with a weak ridge (``RIDGE``:
+a normal prior of standard deviation about 3 on the log-odds) that keeps a model that fixed
+everything, or nothing, finite. The abilities are reported as contrasts with their mean, on the
+Elo scale of the other boards (1000 + 400·log10 of the odds ratio to the average model: 400
+points above is ten times the odds of fixing the same correction). Their intervals are sandwich
+(Huber-White) intervals clustered by battle: the episodes of one battle share a voter and a
+conversation, so they are not independent. Beside the rating: the raw fix rate with its Wilson
+interval, and the number of episodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from leaderboard.ratings import BASE_RATING, ELO_SCALE, _z, ranks_from_intervals, wilson_interval
+
+RIDGE = 0.1  # Penalty on every coefficient: a prior N(0, 1/0.1) on the log-odds.
+_TO_RATING = ELO_SCALE / np.log(10.0)
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One correction of one model's wrong reply, and whether the reply to it fixed it."""
+
+    model: str
+    task: str
+    turn: int
+    fixed: bool
+    battle: str | None = None  # Episodes of one battle form a cluster; None: its own.
+
+
+@dataclass(frozen=True)
+class FixAbility:
+    model: str
+    rating: float  # Elo scale, the models' mean at 1000.
+    lower: float
+    upper: float
+    rank: int  # 1 + the models whose interval lies wholly above this one's.
+    fix_rate: float  # Raw share of episodes fixed...
+    fix_lower: float  # ...and its Wilson interval.
+    fix_upper: float
+    episodes: int
+    fixed: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _fit(
+    model_index: np.ndarray, cell_index: np.ndarray, trials: np.ndarray, successes: np.ndarray, n_params: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Penalised logistic regression on aggregated cells, each the sum of two coefficients
+    (``model_index`` and ``cell_index`` into one parameter vector); returns the coefficients and
+    the Hessian of the penalised negative log-likelihood at them."""
+    theta = np.zeros(n_params)
+    for _ in range(100):
+        p = 1.0 / (1.0 + np.exp(-(theta[model_index] + theta[cell_index])))
+        residual = successes - trials * p
+        gradient = -RIDGE * theta
+        np.add.at(gradient, model_index, residual)
+        np.add.at(gradient, cell_index, residual)
+        weight = trials * p * (1.0 - p)
+        hessian = RIDGE * np.eye(n_params)
+        np.add.at(hessian, (model_index, model_index), weight)
+        np.add.at(hessian, (cell_index, cell_index), weight)
+        np.add.at(hessian, (model_index, cell_index), weight)
+        np.add.at(hessian, (cell_index, model_index), weight)
+        step = np.linalg.solve(hessian, gradient)
+        theta += step
+        if np.max(np.abs(step)) < 1e-10:
+            break
+    return theta, hessian
+
+
+def rate_fixes(episodes: Iterable[Episode], *, level: float = 0.95) -> list[FixAbility]:
+    """One row per model with an episode, best first (see the module docstring)."""
+    episodes = list(episodes)
+    if not episodes:
+        return []
+    models = sorted({e.model for e in episodes})
+    cells = sorted({(e.task, e.turn) for e in episodes})
+    n_models = len(models)
+    n_params = n_models + len(cells)
+    model_of = {name: i for i, name in enumerate(models)}
+    cell_of = {cell: n_models + i for i, cell in enumerate(cells)}
+    rows = np.array([model_of[e.model] for e in episodes])
+    columns = np.array([cell_of[(e.task, e.turn)] for e in episodes])
+    fixed = np.array([e.fixed for e in episodes], dtype=float)
+
+    # The fit needs only the counts per (model, task turn).
+    keys, inverse = np.unique(rows * n_params + columns, return_inverse=True)
+    trials = np.bincount(inverse).astype(float)
+    successes = np.bincount(inverse, weights=fixed)
+    theta, hessian = _fit(keys // n_params, keys % n_params, trials, successes, n_params)
+
+    # Sandwich covariance, clustered by battle: the meat sums each cluster's score first.
+    p = 1.0 / (1.0 + np.exp(-(theta[rows] + theta[columns])))
+    residual = fixed - p
+    clusters: dict[Any, int] = {}
+    keys = [e.battle if e.battle is not None else ("episode", k) for k, e in enumerate(episodes)]
+    cluster = np.array([clusters.setdefault(key, len(clusters)) for key in keys])
+    scores = np.zeros((len(clusters), n_params))
+    np.add.at(scores, (cluster, rows), residual)
+    np.add.at(scores, (cluster, columns), residual)
+    bread = np.linalg.inv(hessian)
+    covariance = bread @ (scores.T @ scores) @ bread
+    # Contrasts with the models' mean: the only thing the data identifies about the abilities.
+    contrast = np.zeros((n_models, n_params))
+    contrast[:, :n_models] = np.eye(n_models) - 1.0 / n_models
+    ability = contrast @ theta
+    spread = np.sqrt(np.maximum(np.diag(contrast @ covariance @ contrast.T), 0.0))
+    half = _z(level) * spread
+    rating = BASE_RATING + _TO_RATING * ability
+    lower, upper = rating - _TO_RATING * half, rating + _TO_RATING * half
+    ranks = ranks_from_intervals(lower, upper)
+    counts = np.bincount(rows, minlength=n_models)
+    fixes = np.bincount(rows, weights=fixed, minlength=n_models)
+    results = []
+    for i, name in enumerate(models):
+        wilson = wilson_interval(fixes[i], counts[i], level)
+        results.append(
+            FixAbility(
+                model=name,
+                rating=round(float(rating[i]), 1),
+                lower=round(float(lower[i]), 1),
+                upper=round(float(upper[i]), 1),
+                rank=int(ranks[i]),
+                fix_rate=round(float(fixes[i] / counts[i]), 4),
+                fix_lower=round(wilson[0], 4),
+                fix_upper=round(wilson[1], 4),
+                episodes=int(counts[i]),
+                fixed=int(fixes[i]),
+            )
+        )
+    return sorted(results, key=lambda row: (-row.rating, row.model))
+
+
+def episodes_from_records(records: Sequence[Any]) -> list[Episode]:
+    """Episodes from JSON records (``rate_fixes`` files): ``model``, ``task``, ``turn`` and
+    ``fixed`` are required, ``battle`` optional; a ``decoy`` record (a false correction) is not a
+    fix episode and is left out. Raises ValueError naming the record and the problem."""
+    episodes = []
+    for number, record in enumerate(records, start=1):
+        where = f"Episode {number}"
+        if not isinstance(record, dict):
+            raise ValueError(f"{where} is not an object.")
+        model, task, turn, fixed = (record.get(key) for key in ("model", "task", "turn", "fixed"))
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"{where} needs a model name.")
+        if not isinstance(task, str) or not task:
+            raise ValueError(f"{where} needs a task name.")
+        if not isinstance(turn, int) or isinstance(turn, bool) or turn < 0:
+            raise ValueError(f"{where} needs turn, a whole number of at least 0.")
+        if not isinstance(fixed, bool):
+            raise ValueError(f"{where} needs fixed, true or false.")
+        battle = record.get("battle")
+        if battle is not None and not isinstance(battle, (str, int)):
+            raise ValueError(f"{where} has a battle that is neither a string nor a number.")
+        if record.get("decoy", False) is True:
+            continue
+        episodes.append(Episode(model, task, turn, fixed, None if battle is None else str(battle)))
+    return episodes
