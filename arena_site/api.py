@@ -96,16 +96,23 @@ def require_key(request: HttpRequest) -> ResearcherKey:
 
 
 class LeaderboardRow(Schema):
+    """A model's row: vote boards give votes, Elo and fix rates; the fix-ability board
+    ("fixing") gives episodes, fixed, and the raw fix rate with its Wilson interval."""
+
     model: str
     rating: float
     lower: float
     upper: float
     rank: int
-    votes: int
-    elo: float
     provisional: bool
-    fix_rate: dict[str, Any]
-    checker_fix_rate: dict[str, Any]
+    votes: int | None = None
+    elo: float | None = None
+    fix_rate: dict[str, Any] | float | None = None
+    checker_fix_rate: dict[str, Any] | None = None
+    episodes: int | None = None
+    fixed: int | None = None
+    fix_lower: float | None = None
+    fix_upper: float | None = None
 
 
 class Leaderboard(Schema):
@@ -196,7 +203,7 @@ MAX_PAGE = 10_000
 class VoteFilters(Schema):
     format: Literal["jsonl", "csv"] = "jsonl"
     # No NUL in a task category: PostgreSQL text cannot hold one (422 here, not a 500 from the query).
-    category: str = Field("overall", pattern=r"^(overall|first_try|fixing|task:[^\x00]+)$")
+    category: str = Field("overall", pattern=r"^(overall|after_correction|task:[^\x00]+)$")
     include_excluded: bool = False
     # Strings with the date-time format, parsed here: pydantic would also take numbers.
     since: str | None = Field(None, json_schema_extra={"format": "date-time"}, description="Battles ended at or after.")
@@ -224,8 +231,8 @@ def votes(request: HttpRequest, filters: Query[VoteFilters]) -> Any:
     """Votes with their conversations, oldest first, by ``cursor`` (a vote id) pages of ``limit``.
 
     Without a key: a sample of the newest ``ARENA_API_SAMPLE_SIZE`` counted votes (no cursor).
-    ``since``/``until`` bound the battle's end; ``category`` is overall, first_try, fixing or
-    task:<category>; ``include_excluded`` adds the votes the leaderboard leaves out, each with
+    ``since``/``until`` bound the battle's end; ``category`` is overall (first-try votes),
+    after_correction or task:<category>; ``include_excluded`` adds the votes the leaderboard leaves out, each with
     its reason.
     """
     key = researcher(request)
@@ -280,6 +287,46 @@ def _csv_lines(records: Iterator[dict[str, Any]]) -> Iterator[str]:
 
 
 # --- Battles -------------------------------------------------------------------------------------
+
+
+class EpisodeOut(Schema):
+    episode_id: int
+    battle: str
+    model: str
+    task: str
+    turn: int = Field(description="The scripted turn the wrong reply answered (0 in free chat): the difficulty cell.")
+    wrong_turn: int
+    side: str
+    attempt: int
+    correction: str
+    source: str
+    feedback_kind: str
+    fixed: bool
+    decoy: bool
+    excluded: bool
+    excluded_reason: str | None
+
+
+class EpisodePage(Schema):
+    episodes: list[EpisodeOut]
+    next_cursor: int | None
+
+
+@api.get("/episodes", response={200: EpisodePage, **ERRORS}, tags=["votes"])
+def episodes(
+    request: HttpRequest,
+    include_excluded: bool = False,
+    cursor: int | None = Query(None, ge=0, description="next_cursor of the previous page."),
+    limit: int = Query(1000, ge=1, le=MAX_PAGE),
+) -> Any:
+    """Fix episodes of ended battles, oldest first: a reply judged wrong, the correction sent to
+    that side, and whether the reply to it fixed it (as of the last leaderboard refresh, which
+    records them). ``manage.py rate_fixes`` rates the ``episodes`` list as it is."""
+    require_key(request)
+    page = research.episode_records(include_excluded=include_excluded, after=cursor or 0, limit=limit + 1)
+    more = len(page) > limit
+    page = page[:limit]
+    return {"episodes": page, "next_cursor": page[-1]["episode_id"] if more else None}
 
 
 class BattlePage(Schema):

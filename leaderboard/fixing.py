@@ -151,7 +151,8 @@ def rate_fixes(episodes: Iterable[Episode], *, level: float = 0.95) -> list[FixA
 def episodes_from_records(records: Sequence[Any]) -> list[Episode]:
     """Episodes from JSON records (``rate_fixes`` files): ``model``, ``task``, ``turn`` and
     ``fixed`` are required, ``battle`` optional; a ``decoy`` record (a false correction) is not a
-    fix episode and is left out. Raises ValueError naming the record and the problem."""
+    fix episode, and an ``excluded`` one (the site's dumps hold those too) is not counted: both
+    are left out. Raises ValueError naming the record and the problem."""
     episodes = []
     for number, record in enumerate(records, start=1):
         where = f"Episode {number}"
@@ -169,7 +170,7 @@ def episodes_from_records(records: Sequence[Any]) -> list[Episode]:
         battle = record.get("battle")
         if battle is not None and not isinstance(battle, (str, int)):
             raise ValueError(f"{where} has a battle that is neither a string nor a number.")
-        if record.get("decoy", False) is True:
+        if record.get("decoy", False) is True or record.get("excluded", False) is True:
             continue
         episodes.append(Episode(model, task, turn, fixed, None if battle is None else str(battle)))
     return episodes

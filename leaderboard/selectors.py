@@ -6,46 +6,75 @@ from typing import Any
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 
 from inference.models import LLM
-from leaderboard import ratings
+from leaderboard import fixing, ratings
 from leaderboard.models import LeaderboardRefresh
-from votes.models import Battle, FlaggedVoter, Message, Rating, Task, Verdict, Vote
+from votes.models import Battle, FixEpisode, FlaggedVoter, Message, Rating, Task, Verdict, Vote
 
-OVERALL, FIRST_TRY, FIXING = "overall", "first_try", "fixing"
+OVERALL, FIXING, AFTER_CORRECTION = "overall", "fixing", "after_correction"
 TASK_PREFIX = "task:"
 TITLES = {
-    OVERALL: "Overall (each battle's final vote)",
-    FIRST_TRY: "First try (votes on the first replies)",
-    FIXING: "Fixing mistakes (votes after a correction)",
+    OVERALL: "Overall (first replies)",
+    FIXING: "Fixing mistakes (fix-ability)",
+    AFTER_CORRECTION: "Preference after correction",
 }
+# Categories rated from fix episodes rather than votes (leaderboard.fixing).
+EPISODE_CATEGORIES = (FIXING,)
 
 
 def categories() -> list[tuple[str, str]]:
-    """Every category: overall, first try, fixing mistakes, and one per task category."""
+    """Every category: overall, fixing mistakes, preference after correction, and one per task
+    category."""
     task_categories = sorted(set(Task.objects.exclude(category="").values_list("category", flat=True)))
-    return [(key, TITLES[key]) for key in (OVERALL, FIRST_TRY, FIXING)] + [
+    return [(key, TITLES[key]) for key in (OVERALL, FIXING, AFTER_CORRECTION)] + [
         (f"{TASK_PREFIX}{name}", f"Task category: {name}") for name in task_categories
     ]
 
 
 def in_category(votes: QuerySet[Vote], category: str) -> QuerySet[Vote]:
-    """The votes among ``votes`` that a category is about (before any exclusion)."""
-    if category == FIRST_TRY:
-        return votes.filter(stage=Vote.Stage.FIRST_TRY)
-    if category == FIXING:
-        return votes.filter(stage=Vote.Stage.AFTER_FIX)
-    # Overall and task categories: a battle counts once, with its final vote.
-    later = Vote.objects.filter(battle=OuterRef("battle"), stage=Vote.Stage.AFTER_FIX)
-    final = votes.filter(Q(stage=Vote.Stage.AFTER_FIX) | (Q(stage=Vote.Stage.FIRST_TRY) & ~Exists(later)))
+    """The votes among ``votes`` that a category is about (before any exclusion).
+
+    Overall and task categories take each battle's first-try vote: both sides answered the same
+    prompts, untouched. A later vote can compare a corrected reply with the other side's
+    uncorrected one (a correction goes to one side), so it is only counted as "preference after
+    correction", and only where a wrong reply was corrected before it was cast.
+    """
+    if category == AFTER_CORRECTION:
+        corrected = FixEpisode.objects.filter(battle=OuterRef("battle"), wrong_turn__lt=OuterRef("after_turn"))
+        return votes.filter(stage=Vote.Stage.AFTER_FIX).filter(Exists(corrected))
+    first = votes.filter(stage=Vote.Stage.FIRST_TRY)
     if category == OVERALL:
-        return final
+        return first
     if category.startswith(TASK_PREFIX):
-        return final.filter(battle__task__category=category.removeprefix(TASK_PREFIX))
+        return first.filter(battle__task__category=category.removeprefix(TASK_PREFIX))
     raise ValueError(f"Unknown leaderboard category {category!r}.")
 
 
 def _battle_voter_flags() -> QuerySet[FlaggedVoter]:
     """For a query on votes or messages: the flags (not cleared) of the battle's voter."""
     return FlaggedVoter.objects.filter(voter_key=OuterRef("battle__voter_key"), cleared=False)
+
+
+def counted_episodes() -> list[fixing.Episode]:
+    """The fix episodes the "Fixing mistakes" board rates: of ended battles without an identity
+    leak, by unflagged voters. Difficulty cells are the task's scripted turns (free chat: one)."""
+    episodes = (
+        FixEpisode.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False)
+        .exclude(voter_flagged())
+        .values_list("model__name", "task__slug", "script_turn", "fixed", "battle__public_id")
+        .order_by("pk")
+    )
+    return [
+        fixing.Episode(model, task or "free chat", script_turn or 0, fixed, battle)
+        for model, task, script_turn, fixed, battle in episodes
+    ]
+
+
+def excluded_episodes() -> dict[str, int]:
+    """Fix episodes left out, per reason (the first that applies). Episodes are recorded for
+    ended battles only."""
+    leaked = FixEpisode.objects.filter(battle__excluded=True).count()
+    flagged = FixEpisode.objects.filter(battle__excluded=False).filter(voter_flagged()).count()
+    return {"identity leak": leaked, "flagged voter": flagged}
 
 
 def voter_flagged() -> Exists:

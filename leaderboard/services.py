@@ -9,8 +9,9 @@ from django.db import transaction
 from django.db.models import Count, Max
 from django.utils import timezone
 
-from leaderboard import anomaly, board, ratings, selectors
+from leaderboard import anomaly, board, fixing, ratings, selectors
 from leaderboard.models import LeaderboardRefresh, LeaderboardSnapshot
+from votes import services as votes_services
 from votes.models import Battle, FlaggedVoter, Vote
 
 
@@ -20,6 +21,7 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
     the snapshots of one refresh."""
     started = time.perf_counter()
     flag_anomalous_voters()
+    votes_services.record_fix_episodes()
     rounds = settings.LEADERBOARD_BOOTSTRAP_ROUNDS if rounds is None else rounds
     names = selectors.roster_names()
     last_vote = Vote.objects.aggregate(last=Max("pk"))["last"] or 0
@@ -29,6 +31,9 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
     fixes = selectors.fix_rates(names)
     provisional_below = settings.LEADERBOARD_PROVISIONAL_VOTES
     for position, (category, title) in enumerate(selectors.categories()):
+        if category in selectors.EPISODE_CATEGORIES:
+            _fixing_snapshot(refresh, position, category, title, provisional_below)
+            continue
         before = earlier.get(category)
         marker = (before.elo_through_ended, before.elo_through_vote) if before else None
         data = selectors.category_data(category, names, marker)
@@ -75,6 +80,25 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
     refresh.seconds = time.perf_counter() - started
     refresh.save(update_fields=["seconds"])
     return refresh
+
+
+def _fixing_snapshot(
+    refresh: LeaderboardRefresh, position: int, category: str, title: str, provisional_below: int
+) -> LeaderboardSnapshot:
+    """The "Fixing mistakes" board: fix-ability from the counted fix episodes (leaderboard.fixing)."""
+    episodes = selectors.counted_episodes()
+    rows = fixing.rate_fixes(episodes)
+    return LeaderboardSnapshot.objects.create(
+        refresh=refresh,
+        position=position,
+        category=category,
+        title=title,
+        votes=len(episodes),
+        method="fix-ability",
+        rows=[{**row.as_dict(), "provisional": row.episodes < provisional_below} for row in rows],
+        unrated=[name for name in selectors.roster_names() if name not in {row.model for row in rows}],
+        excluded=selectors.excluded_episodes(),
+    )
 
 
 def flag_anomalous_voters() -> list[FlaggedVoter]:

@@ -33,5 +33,6 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
         "count_map": charts.heatmap(snapshot.model_names, snapshot.battle_counts, kind="count"),
         "excluded_total": sum(snapshot.excluded.values()),
         "base_models": selectors.base_model_names(),
+        "provisional_below": settings.LEADERBOARD_PROVISIONAL_VOTES,
     }
     return render(request, "leaderboard/index.html", context)

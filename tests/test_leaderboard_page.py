@@ -6,9 +6,18 @@ from django.conf import settings
 from inference.models import LLM
 from leaderboard import selectors, services
 from leaderboard.models import LeaderboardRefresh
+from votes import services as voter_services
 from votes.models import Battle, FlaggedVoter, Message, Task, Vote
 
 pytestmark = pytest.mark.django_db
+
+
+def add_turns(battle: Battle, side: str, turns: list[tuple[str, str | None]]) -> None:
+    """Replies on one side, each rated, each followed by the next prompt to that side (None: none)."""
+    for turn, (rating, next_prompt) in enumerate(turns):
+        Message.objects.create(battle=battle, side=side, turn=turn, role="assistant", rating=rating)
+        if next_prompt is not None:
+            Message.objects.create(battle=battle, side=side, turn=turn + 1, role="user", content=next_prompt)
 
 
 def make_battle(model_a: LLM, model_b: LLM, first: str, after_fix: str | None = None, **fields) -> Battle:
@@ -56,24 +65,32 @@ def test_leaderboard_ranks_by_votes_with_intervals(client, models) -> None:
 def test_categories_count_the_right_votes_and_say_what_is_left_out(client, models) -> None:
     strong, weak, _idle = models
     task = Task.objects.create(slug="t", title="T", category="API calls")
-    make_battle(strong, weak, "b", after_fix="a", task=task)  # Fixed after the correction.
-    make_battle(strong, weak, "a")
+    corrected = make_battle(strong, weak, "b", after_fix="a", task=task)  # Fixed after the correction.
+    add_turns(corrected, "a", [("mistake", "The year is wrong."), ("fixed", None)])
+    follow_up = make_battle(strong, weak, "a", after_fix="b")  # A later vote, but nothing was wrong.
+    add_turns(follow_up, "a", [("correct", "And tomorrow?"), ("correct", None)])
     make_battle(strong, weak, "a", excluded=True, excluded_reason="leak")
     make_battle(strong, weak, "a", state=Battle.State.ACTIVE)
     flagged = make_battle(strong, weak, "b")
     flagged.voter_key = "troll"
     flagged.save()
     FlaggedVoter.objects.create(voter_key="troll", reason="spam")
+    voter_services.record_fix_episodes()
     keys = [key for key, _ in selectors.categories()]
-    assert keys == ["overall", "first_try", "fixing", "task:API calls"]
-    assert [v.choice for v in selectors.counted_votes("first_try").order_by("pk")] == ["b", "a"]
-    assert [v.choice for v in selectors.counted_votes("fixing")] == ["a"]
-    assert sorted(v.choice for v in selectors.counted_votes("overall")) == ["a", "a"]  # The final vote each.
-    assert [v.choice for v in selectors.counted_votes("task:API calls")] == ["a"]
-    assert selectors.excluded_votes("first_try") == {"identity leak": 1, "flagged voter": 1, "unfinished battle": 1}
+    assert keys == ["overall", "fixing", "after_correction", "task:API calls"]
+    # Overall and task boards: each battle's first-try vote (both sides untouched).
+    assert [v.choice for v in selectors.counted_votes("overall").order_by("pk")] == ["b", "a"]
+    assert [v.choice for v in selectors.counted_votes("task:API calls")] == ["b"]
+    # After correction: only the battle where a wrong reply was corrected before the vote.
+    assert [v.choice for v in selectors.counted_votes("after_correction")] == ["a"]
+    assert selectors.excluded_votes("overall") == {"identity leak": 1, "flagged voter": 1, "unfinished battle": 1}
 
-    page = client.get("/leaderboard/", {"category": "fixing"})
+    page = client.get("/leaderboard/", {"category": "after_correction"})
     assert page.context["snapshot"].votes == 1
+    fixing = client.get("/leaderboard/", {"category": "fixing"})
+    assert fixing.context["snapshot"].votes == 1  # One fix episode.
+    assert [row["model"] for row in fixing.context["snapshot"].rows] == ["strong"]
+    assert "fix episode" in fixing.content.decode()
     assert client.get("/leaderboard/", {"category": "nope"}).status_code == 404
 
 

@@ -120,9 +120,10 @@ def test_leaderboard_models_tasks(client, arena) -> None:
 def test_votes_without_a_key_are_a_small_sample(client, arena, settings) -> None:
     settings.ARENA_API_SAMPLE_SIZE = 3
     records = jsonl(client.get("/api/v1/votes"))
-    newest = list(Vote.objects.filter(battle__in=arena).order_by("-pk").values_list("pk", flat=True)[:3])
-    # The overall category: a battle's final vote, so the sample is of counted votes only.
-    assert len(records) == 3 and all(r["vote_id"] in newest or r["stage"] == "after_fix" for r in records)
+    first_try = Vote.objects.filter(battle__in=arena, stage="first_try")
+    newest = list(first_try.order_by("-pk").values_list("pk", flat=True)[:3])
+    # The overall category: each battle's first-try vote, and the sample is of counted votes only.
+    assert len(records) == 3 and all(r["vote_id"] in newest for r in records)
     assert client.get("/api/v1/votes", {"cursor": 1}).status_code == 401
     assert client.get("/api/v1/votes", {"include_excluded": True}).status_code == 401
 
@@ -130,7 +131,7 @@ def test_votes_without_a_key_are_a_small_sample(client, arena, settings) -> None
 def test_votes_paginate_by_cursor_without_gaps_or_repeats(client, arena, key_header) -> None:
     seen, cursor, pages = [], None, 0
     while True:
-        params = {"limit": 3, "category": "first_try", **({"cursor": cursor} if cursor else {})}
+        params = {"limit": 3, "category": "overall", **({"cursor": cursor} if cursor else {})}
         response = client.get("/api/v1/votes", params, **key_header)
         assert response.status_code == 200
         seen += [r["vote_id"] for r in jsonl(response)]
@@ -142,7 +143,7 @@ def test_votes_paginate_by_cursor_without_gaps_or_repeats(client, arena, key_hea
         Vote.objects.filter(battle__in=arena, stage="first_try").order_by("pk").values_list("pk", flat=True)
     )
     assert seen == expected and pages == 4  # 10 votes by 3: the last page has one.
-    exact = client.get("/api/v1/votes", {"limit": 10, "category": "first_try"}, **key_header)
+    exact = client.get("/api/v1/votes", {"limit": 10, "category": "overall"}, **key_header)
     assert exact.headers.get("X-Next-Cursor") is None and len(jsonl(exact)) == 10
 
 
@@ -168,16 +169,20 @@ def test_vote_filters_formats_and_exclusions(client, arena, key_header) -> None:
     records = jsonl(client.get("/api/v1/votes", {"category": "overall"}, **key_header))
     assert len(records) == 10
     first = next(r for r in records if r["battle_id"] == arena[0].public_id)
-    assert first["stage"] == "after_fix" and first["winner"] == "model_a"
-    assert first["corrections"] == [{"side": "a", "turn": 1, "text": "The year is 2024."}]
-    assert [m["role"] for m in first["conversation_a"]] == ["user", "assistant", "user", "assistant"]
-    assert first["conversation_a"][1] == {"role": "assistant", "content": "reply 0a", "num_tokens": 3}
-    assert first["ratings_a"][1]["rating"] == "fixed" and first["task"] == "cal"
+    assert first["stage"] == "first_try" and first["winner"] == "model_a"  # Overall: first-try votes.
+    services.record_fix_episodes()  # As every leaderboard refresh does.
+    corrected = jsonl(client.get("/api/v1/votes", {"category": "after_correction"}, **key_header))
+    assert [(r["battle_id"], r["stage"]) for r in corrected] == [(arena[0].public_id, "after_fix")]
+    fixed = corrected[0]
+    assert fixed["corrections"] == [{"side": "a", "turn": 1, "text": "The year is 2024."}]
+    assert [m["role"] for m in fixed["conversation_a"]] == ["user", "assistant", "user", "assistant"]
+    assert fixed["conversation_a"][1] == {"role": "assistant", "content": "reply 0a", "num_tokens": 3}
+    assert fixed["ratings_a"][1]["rating"] == "fixed" and fixed["task"] == "cal"
     assert {"question_id", "judge", "anony", "language", "tstamp", "turn"} <= set(first)
     window = {"since": (NOW + timedelta(minutes=2)).isoformat(), "until": (NOW + timedelta(minutes=5)).isoformat()}
     assert len(jsonl(client.get("/api/v1/votes", window, **key_header))) == 3
     assert len(jsonl(client.get("/api/v1/votes", {"category": "task:API calls"}, **key_header))) == 5
-    everything = jsonl(client.get("/api/v1/votes", {"category": "first_try", "include_excluded": True}, **key_header))
+    everything = jsonl(client.get("/api/v1/votes", {"category": "overall", "include_excluded": True}, **key_header))
     reasons = sorted(r["excluded_reason"] or "" for r in everything if r["excluded"])
     assert reasons == ["flagged voter: spam", "identity leak: the reply of side A names 'Gemma'", "unfinished battle"]
     rows = list(
@@ -290,3 +295,23 @@ def test_admin_issues_a_key_shown_once_and_beat_dumps_nightly(client, settings) 
     assert client.get("/api/v1/battles", HTTP_X_API_KEY=token).status_code == 200
     nightly = settings.CELERY_BEAT_SCHEDULE["nightly-dump"]
     assert nightly["task"] == "votes.export_dump" and nightly["schedule"].hour == {3}
+
+
+def test_fix_episodes_are_exported_and_rate_fixes_reads_them(client, arena, key_header, tmp_path) -> None:
+    services.record_fix_episodes()  # As every leaderboard refresh does.
+    assert client.get("/api/v1/episodes").status_code == 401
+    page = client.get("/api/v1/episodes", **key_header).json()
+    assert page["next_cursor"] is None
+    (episode,) = page["episodes"]
+    assert episode["battle"] == arena[0].public_id and episode["model"] == "ant" and episode["fixed"] is True
+    assert (episode["source"], episode["feedback_kind"], episode["correction"]) == (
+        "voter",
+        "prescriptive",
+        "The year is 2024.",
+    )
+    assert client.get("/api/v1/episodes", {"limit": 0}, **key_header).status_code == 422
+    path = tmp_path / "episodes.json"
+    path.write_text(json.dumps(page["episodes"]))
+    out = StringIO()
+    call_command("rate_fixes", str(path), "--json", stdout=out)
+    assert [(row["model"], row["episodes"], row["fix_rate"]) for row in json.loads(out.getvalue())] == [("ant", 1, 1.0)]

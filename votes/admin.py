@@ -27,7 +27,7 @@ class TaskTurnInline(admin.StackedInline):
     model = TaskTurn
     extra = 0
     ordering = ("position",)
-    fields = ("position", "prompt", "expected_output", "checker", "checker_options")
+    fields = ("position", "prompt", "expected_output", "checker", "checker_options", "corrects_previous")
 
 
 class TaskImportForm(forms.Form):

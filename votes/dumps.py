@@ -19,7 +19,8 @@ LICENCE_PLACEHOLDER = "TO BE DECIDED by the arena's operators before publication
 
 def export_dump(out: Path, *, day: date | None = None, progress: Callable[[int], None] | None = None) -> Path:
     """Write ``out/<day>/``: votes.jsonl.gz, votes.csv.gz, votes.parquet (if pyarrow is
-    installed) and a dataset card (dataset_card.json and README.md) with counts and checksums.
+    installed), episodes.jsonl.gz (the fix episodes) and a dataset card (dataset_card.json and
+    README.md) with counts and checksums.
 
     Every vote is there, each with ``excluded`` and its reason, so a dump can be filtered like
     the leaderboard (or not).
@@ -32,7 +33,8 @@ def export_dump(out: Path, *, day: date | None = None, progress: Callable[[int],
         records.append(record)
         if progress:
             progress(1)
-    files = {"votes.jsonl.gz": _jsonl(records), "votes.csv.gz": _csv(records)}
+    episodes = research.episode_records(include_excluded=True)
+    files = {"votes.jsonl.gz": _jsonl(records), "votes.csv.gz": _csv(records), "episodes.jsonl.gz": _jsonl(episodes)}
     parquet = _parquet(records)
     if parquet is not None:
         files["votes.parquet"] = parquet
@@ -74,6 +76,10 @@ FIELD_DOCS = {
     "checker verdict and reason",
     "task / task_category / system_prompt": "the curated task, or null for free chat",
     "excluded / excluded_reason": "whether the leaderboard leaves the vote out, and why",
+    "episodes.jsonl.gz": "fix episodes (a reply judged wrong, the correction to that side, the reply to it): "
+    "episode_id, battle, model, task, turn (the scripted turn: the difficulty), wrong_turn, side, attempt, "
+    "correction, source (scripted or voter), feedback_kind (generic, pointing, prescriptive), fixed, decoy, "
+    "excluded / excluded_reason; `manage.py rate_fixes` rates the file as it is",
 }
 
 

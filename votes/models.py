@@ -11,7 +11,7 @@ from django.db import models
 from django.db.models import Q
 
 from inference.models import LLM
-from votes import checkers, evaluation
+from votes import checkers, evaluation, feedback
 
 
 def new_public_id() -> str:
@@ -87,6 +87,11 @@ class TaskTurn(models.Model):
         blank=True,
         help_text='e.g. {"signature": ["action.remove_calendar_entry(title, date, time)"], '
         '"case_insensitive": ["title"], "patterns": {"date": "\\\\d{4}-11-11"}}',
+    )
+    corrects_previous = models.BooleanField(
+        default=False,
+        help_text='This scripted prompt corrects the previous reply (the calendar\'s "The current year is 2024."): '
+        "after a wrong reply, it starts a fix episode.",
     )
 
     class Meta:
@@ -389,3 +394,47 @@ class EvaluationReply(models.Model):
             mistake_by=self.mistake_by.name if self.mistake_by else None,
             **{name: getattr(self, name) for name in self.RECORD_FIELDS},
         )
+
+
+class FixEpisode(models.Model):
+    """A reply judged wrong, the correction sent to that side, and the reply to it: the unit the
+    "Fixing mistakes" board rates (leaderboard.fixing). Rebuilt from the battles' messages at
+    every leaderboard refresh (votes.services.record_fix_episodes)."""
+
+    class Source(models.TextChoices):
+        SCRIPTED = "scripted", "The task's script"
+        VOTER = "voter", "The voter"
+        CHECKER = "checker", "The checker's reason"
+
+    class Specificity(models.TextChoices):
+        GENERIC = feedback.GENERIC, "Generic"
+        POINTING = feedback.POINTING, "Points at the error"
+        PRESCRIPTIVE = feedback.PRESCRIPTIVE, "Gives the right value"
+
+    battle = models.ForeignKey(Battle, on_delete=models.CASCADE, related_name="fix_episodes")
+    model = models.ForeignKey(LLM, on_delete=models.CASCADE, related_name="fix_episodes")
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, null=True, blank=True, related_name="fix_episodes")
+    side = models.CharField(max_length=1, choices=Side.choices)
+    wrong_turn = models.PositiveIntegerField(help_text="The battle turn of the reply judged wrong.")
+    script_turn = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The scripted turn that reply answered: the difficulty the rating controls for.",
+    )
+    attempt = models.PositiveSmallIntegerField(
+        default=1, help_text="1 for the first correction of this mistake, 2 when the first did not fix it, ..."
+    )
+    correction = models.TextField()
+    source = models.CharField(max_length=10, choices=Source.choices)
+    specificity = models.CharField(max_length=12, choices=Specificity.choices)
+    fixed = models.BooleanField(help_text="The checker judged the reply correct, or the voter rated it 🥦 or ✓.")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["battle", "side", "wrong_turn"]
+        constraints = [
+            models.UniqueConstraint(fields=["battle", "side", "wrong_turn"], name="fix_episode_one_per_wrong_reply")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.battle.public_id} {self.side}{self.wrong_turn}: {'fixed' if self.fixed else 'not fixed'}"

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db.models import QuerySet
 
 from leaderboard.selectors import counted_votes, in_category, voter_flag_reason
-from votes.models import Battle, Message, Vote
+from votes.models import Battle, FixEpisode, Message, Vote
 
 WINNERS = {"a": "model_a", "b": "model_b", "tie": "tie", "both_bad": "tie (bothbad)"}
 
@@ -220,3 +220,42 @@ CSV_FIELDS = (
     "excluded",
     "excluded_reason",
 )
+
+
+def episode_records(
+    *, include_excluded: bool = False, after: int = 0, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """The stored fix episodes (ended battles only) as records, oldest first, after the
+    episode id ``after``: those the "Fixing mistakes" board counts, or every one with the reason
+    it would be left out. ``rate_fixes`` reads these records as they are."""
+    episodes = FixEpisode.objects.filter(pk__gt=after).annotate(voter_flag_reason=voter_flag_reason())
+    if not include_excluded:
+        episodes = episodes.filter(battle__excluded=False, voter_flag_reason__isnull=True)
+    episodes = episodes.select_related("battle", "model", "task").order_by("pk")
+    records = []
+    for episode in episodes[:limit] if limit else episodes:
+        reason = None
+        if episode.battle.excluded:
+            reason = f"identity leak: {episode.battle.excluded_reason}"
+        elif episode.voter_flag_reason is not None:
+            reason = f"flagged voter: {episode.voter_flag_reason}"
+        records.append(
+            {
+                "episode_id": episode.pk,
+                "battle": episode.battle.public_id,
+                "model": episode.model.name,
+                "task": episode.task.slug if episode.task else "free chat",
+                "turn": episode.script_turn if episode.script_turn is not None else 0,
+                "wrong_turn": episode.wrong_turn,
+                "side": episode.side,
+                "attempt": episode.attempt,
+                "correction": episode.correction,
+                "source": episode.source,
+                "feedback_kind": episode.specificity,
+                "fixed": episode.fixed,
+                "decoy": False,
+                "excluded": reason is not None,
+                "excluded_reason": reason,
+            }
+        )
+    return records

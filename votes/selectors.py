@@ -1,16 +1,17 @@
 """Reads for battles: what a voter may see, and what a generation job needs."""
 
+import itertools
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import Now
 
 from inference.models import LLM
-from votes import evaluation
-from votes.models import Battle, EvaluationRun, Message, Task, Vote
+from votes import evaluation, feedback
+from votes.models import Battle, EvaluationRun, FixEpisode, Message, Rating, Task, TaskTurn, Verdict, Vote
 from votes.pairing import Candidate
 
 
@@ -389,3 +390,82 @@ def research_evaluation(run: EvaluationRun) -> dict[str, Any]:
             asdict(reply.as_record()) for reply in run.replies.select_related("model", "mistake_by").order_by("pk")
         ],
     }
+
+
+WRONG_VERDICTS = (Verdict.MISTAKE, Verdict.GARBAGE)
+WRONG_RATINGS = (Rating.MISTAKE, Rating.GARBAGE)
+FIXED_RATINGS = (Rating.FIXED, Rating.CORRECT)
+
+
+def fix_episodes(battles: QuerySet[Battle] | None = None) -> list[FixEpisode]:
+    """The fix episodes of ended battles (or of ``battles``), unsaved.
+
+    An episode is a reply judged wrong (checker verdict 🍄/🔥, or the voter's 🍄/🔥), the next
+    prompt sent to that side when it is a correction (a voter's prompt after a wrong reply, or a
+    scripted prompt marked ``corrects_previous``), and the reply to it, judged: fixed when the
+    checker says correct or the voter rated it 🥦 or ✓. When that reply is wrong too and the next
+    prompt corrects it again, the next episode is the mistake's next attempt.
+    """
+    battles = Battle.objects.filter(state=Battle.State.ENDED) if battles is None else battles
+    corrections = set(TaskTurn.objects.filter(corrects_previous=True).values_list("task_id", "position").order_by())
+    rows = (
+        Message.objects.filter(battle__in=battles)
+        .order_by("battle_id", "side", "turn", "role")
+        .values_list(
+            "battle_id",
+            "battle__task_id",
+            "battle__model_a_id",
+            "battle__model_b_id",
+            "side",
+            "turn",
+            "role",
+            "content",
+            "script_turn",
+            "rating",
+            "check_verdict",
+        )
+    )
+    found: list[FixEpisode] = []
+    for (battle_id, side), messages in itertools.groupby(rows, key=lambda row: (row[0], row[4])):
+        prompts: dict[int, tuple[str, int | None]] = {}
+        replies: dict[int, tuple[int | None, str, str]] = {}
+        task_id = model_id = None
+        for _, task, model_a, model_b, _, turn, role, content, script_turn, rating, verdict in messages:
+            task_id, model_id = task, model_a if side == "a" else model_b
+            if role == Message.Role.USER:
+                prompts[turn] = (content, script_turn)
+            else:
+                replies[turn] = (script_turn, rating, verdict)
+        turns = sorted(replies)
+        attempt = 1
+        for turn, following in itertools.pairwise([*turns, None]):
+            script_turn, rating, verdict = replies[turn]
+            if not (verdict in WRONG_VERDICTS or rating in WRONG_RATINGS) or following is None:
+                attempt = 1
+                continue
+            correction, prompt_script_turn = prompts.get(following, ("", None))
+            scripted = prompt_script_turn is not None
+            if scripted and (task_id, prompt_script_turn) not in corrections:
+                attempt = 1
+                continue
+            _, next_rating, next_verdict = replies[following]
+            if not (next_rating or next_verdict):
+                continue  # The reply to the correction was never judged: no outcome.
+            fixed = next_verdict == Verdict.CORRECT or next_rating in FIXED_RATINGS
+            found.append(
+                FixEpisode(
+                    battle_id=battle_id,
+                    model_id=model_id,
+                    task_id=task_id,
+                    side=side,
+                    wrong_turn=turn,
+                    script_turn=script_turn,
+                    attempt=attempt,
+                    correction=correction,
+                    source=FixEpisode.Source.SCRIPTED if scripted else FixEpisode.Source.VOTER,
+                    specificity=feedback.specificity(correction),
+                    fixed=fixed,
+                )
+            )
+            attempt = 1 if fixed else attempt + 1
+    return found

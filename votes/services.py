@@ -21,7 +21,7 @@ from inference.models import LLM
 from votes import pairing, selectors
 from votes.checkers import CheckerConfigError
 from votes.leaks import find_identity_leak
-from votes.models import Battle, Message, Rating, ResearcherKey, Side, Task, TaskTurn, Vote
+from votes.models import Battle, FixEpisode, Message, Rating, ResearcherKey, Side, Task, TaskTurn, Vote
 from votes.protocol import ArenaError, end_frame
 
 SIDES = (Side.A, Side.B)
@@ -534,7 +534,7 @@ def review_reply(reply: Message) -> None:
 # --- Tasks: import and export as JSON -------------------------------------------------------------
 
 TASK_FIELDS = ("title", "category", "system_prompt", "active", "notes")
-TURN_FIELDS = ("prompt", "expected_output", "checker", "checker_options")
+TURN_FIELDS = ("prompt", "expected_output", "checker", "checker_options", "corrects_previous")
 
 
 class TaskImportError(ValueError):
@@ -656,3 +656,13 @@ def researcher_key_for(token: str) -> ResearcherKey | None:
     if key is not None and not key.revoked:
         ResearcherKey.objects.filter(pk=key.pk).update(last_used=timezone.now())
     return key
+
+
+@transaction.atomic
+def record_fix_episodes() -> int:
+    """Rebuild the stored fix episodes from every ended battle's messages (ratings can change
+    until a battle ends, and a task's correction turns in the admin); returns how many."""
+    episodes = selectors.fix_episodes()
+    FixEpisode.objects.all().delete()
+    FixEpisode.objects.bulk_create(episodes)
+    return len(episodes)

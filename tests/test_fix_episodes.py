@@ -1,0 +1,158 @@
+"""Fix episodes: which correction is which (votes/feedback.py), and the episodes a battle holds
+(votes.selectors.fix_episodes), stored at every refresh and rated on the "Fixing mistakes" board."""
+
+import pytest
+
+from inference.models import LLM
+from leaderboard import services as leaderboard_services
+from votes import selectors, services
+from votes.feedback import GENERIC, POINTING, PRESCRIPTIVE, specificity
+from votes.models import Battle, FixEpisode, Message, Task, TaskTurn
+
+# The scenario's typical corrections (shared/scenario.md), and generic ones.
+SENTENCES = {
+    "The current year is 2024.": PRESCRIPTIVE,
+    "Fix the year in the API call.": POINTING,
+    "Just the API call, please.": PRESCRIPTIVE,
+    "Respect the date format.": POINTING,
+    "Time in 24h format.": PRESCRIPTIVE,
+    "Duration is required.": POINTING,
+    "Use the default duration.": PRESCRIPTIVE,
+    "Wrong next day.": POINTING,
+    "The time is wrong.": POINTING,
+    "The API requires three parameters.": PRESCRIPTIVE,
+    "It's the wrong event now.": POINTING,
+    "Extra parenthesis.": POINTING,
+    "You don't need that info.": POINTING,
+    "The date should be the 12th.": PRESCRIPTIVE,
+    'The title should be "Rock Concert".': PRESCRIPTIVE,
+    "That's wrong, try again.": GENERIC,
+    "That's not right. Please fix it.": GENERIC,
+    "Try again.": GENERIC,
+    "No.": GENERIC,
+    "Hmm, are you sure?": GENERIC,
+}
+
+
+@pytest.mark.parametrize(("sentence", "kind"), SENTENCES.items())
+def test_specificity_of_corrections(sentence: str, kind: str) -> None:
+    assert specificity(sentence) == kind
+
+
+@pytest.fixture
+def pair(db) -> tuple[LLM, LLM]:
+    return tuple(LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}") for name in ("fixer", "stubborn"))
+
+
+def battle_with(pair, side_a: list[tuple], side_b: list[tuple] = (), task: Task | None = None) -> Battle:
+    """Each side's turns: (prompt, script_turn, rating, verdict) of the prompt and its reply."""
+    battle = Battle.objects.create(model_a=pair[0], model_b=pair[1], voter_key="v", task=task, state="ended")
+    for side, turns in (("a", side_a), ("b", side_b)):
+        for turn, (prompt, script_turn, rating, verdict) in enumerate(turns):
+            Message.objects.create(
+                battle=battle, side=side, turn=turn, role="user", content=prompt, script_turn=script_turn
+            )
+            Message.objects.create(
+                battle=battle, side=side, turn=turn, role="assistant", rating=rating, check_verdict=verdict
+            )
+    return battle
+
+
+def episodes(**filters) -> list[tuple]:
+    return [
+        (e.side, e.wrong_turn, e.attempt, e.source, e.specificity, e.fixed)
+        for e in selectors.fix_episodes()
+        if all(getattr(e, key) == value for key, value in filters.items())
+    ]
+
+
+@pytest.mark.django_db
+def test_a_voter_correction_after_a_wrong_reply_is_an_episode(pair) -> None:
+    battle_with(
+        pair,
+        [("Add a meeting", None, "mistake", ""), ("The time is wrong.", None, "correct", "")],  # ✓ counts as fixed.
+        [("Add a meeting", None, "correct", ""), ("And tomorrow?", None, "correct", "")],  # Nothing was wrong.
+    )
+    assert episodes() == [("a", 0, 1, "voter", POINTING, True)]
+
+
+@pytest.mark.django_db
+def test_checker_verdicts_judge_and_unjudged_replies_give_no_outcome(pair) -> None:
+    battle_with(
+        pair,
+        [("q", None, "", "garbage"), ("Try again.", None, "", "mistake")],  # Wrong, corrected, still wrong.
+        [("q", None, "garbage", ""), ("Try again.", None, "", "")],  # The reply was never judged.
+    )
+    assert episodes() == [("a", 0, 1, "voter", GENERIC, False)]
+
+
+@pytest.mark.django_db
+def test_repeated_corrections_of_one_mistake_are_its_attempts(pair) -> None:
+    battle_with(
+        pair,
+        [
+            ("q", None, "mistake", ""),
+            ("Wrong.", None, "mistake", ""),
+            ("The time should be 17:00.", None, "fixed", ""),
+            ("Now cancel it.", None, "mistake", ""),
+            ("Wrong event.", None, "mistake", ""),
+        ],
+    )
+    assert episodes() == [
+        ("a", 0, 1, "voter", GENERIC, False),
+        ("a", 1, 2, "voter", PRESCRIPTIVE, True),
+        ("a", 3, 1, "voter", POINTING, False),
+    ]
+
+
+@pytest.mark.django_db
+def test_only_scripted_prompts_marked_as_corrections_start_an_episode(pair) -> None:
+    task = Task.objects.create(slug="cal", title="Calendar")
+    for position, (prompt, corrects) in enumerate(
+        [("Add a meeting", False), ("The current year is 2024.", True), ("Add a concert", False), ("Cancel", False)]
+    ):
+        TaskTurn.objects.create(task=task, position=position, prompt=prompt, corrects_previous=corrects)
+    battle_with(
+        pair,
+        [
+            ("Add a meeting", 0, "", "mistake"),
+            ("The current year is 2024.", 1, "", "correct"),  # The script's correction.
+            ("Add a concert", 2, "", "mistake"),
+            ("Cancel", 3, "", "correct"),  # A new request, not a correction.
+        ],
+        task=task,
+    )
+    assert episodes() == [("a", 0, 1, "scripted", PRESCRIPTIVE, True)]
+
+
+@pytest.mark.django_db
+def test_the_bundled_calendar_task_marks_its_correction() -> None:
+    from django.core.management import call_command
+
+    call_command("import_tasks", verbosity=0)
+    marked = TaskTurn.objects.filter(corrects_previous=True).values_list("task__slug", "position", "prompt")
+    assert list(marked) == [("calendar", 1, "The current year is 2024.")]
+
+
+@pytest.mark.django_db
+def test_refresh_stores_the_episodes_and_rates_fixing_on_them(client, pair) -> None:
+    for _ in range(3):
+        battle_with(
+            pair,
+            [("q", None, "mistake", ""), ("Wrong date.", None, "fixed", "")],
+            [("q", None, "mistake", ""), ("Wrong date.", None, "mistake", "")],
+        )
+    leaderboard_services.refresh_leaderboard(rounds=10)
+    assert FixEpisode.objects.count() == 6
+    assert set(FixEpisode.objects.values_list("model__name", "fixed").distinct()) == {
+        ("fixer", True),
+        ("stubborn", False),
+    }
+    board = client.get("/leaderboard/", {"category": "fixing"}).context["snapshot"]
+    assert board.method == "fix-ability" and board.votes == 6
+    assert [(row["model"], row["episodes"], row["fixed"]) for row in board.rows] == [
+        ("fixer", 3, 3),
+        ("stubborn", 3, 0),
+    ]
+    # Rebuilding is idempotent.
+    assert services.record_fix_episodes() == 6 and FixEpisode.objects.count() == 6
