@@ -124,13 +124,21 @@ class Leaderboard(Schema):
     votes: int
     excluded: dict[str, int]
     rows: list[LeaderboardRow]
+    style_control: bool = Field(description="Whether rows are the style-controlled ratings (overall, ?style=true).")
+    style_coefficients: dict[str, dict[str, float]] = Field(
+        description="With style control: each style coefficient {value, lower, upper}, log-odds per unit of difference."
+    )
     unrated: list[str] = Field(description="Models without a vote in this category: not yet rated, not ranked.")
     categories: list[str]
 
 
 @api.get("/leaderboard", response={200: Leaderboard, 404: Error, **ERRORS}, tags=["leaderboard"])
-def leaderboard(request: HttpRequest, category: str = "overall", refresh: int | None = None) -> Any:
-    """The latest leaderboard of a category, or the one of an earlier refresh (``refresh``)."""
+def leaderboard(
+    request: HttpRequest, category: str = "overall", refresh: int | None = None, style: bool = False
+) -> Any:
+    """The latest leaderboard of a category, or the one of an earlier refresh (``refresh``);
+    ``style``: the overall board with style control (ratings at equal length and markdown, and
+    the style coefficients)."""
     researcher(request)
     found = leaderboard_selectors.refresh_by_id(refresh) if refresh else leaderboard_selectors.latest_refresh()
     if found is None:
@@ -147,7 +155,9 @@ def leaderboard(request: HttpRequest, category: str = "overall", refresh: int | 
         "method": snapshot.method,
         "votes": snapshot.votes,
         "excluded": snapshot.excluded,
-        "rows": snapshot.rows,
+        "rows": snapshot.style_rows if style and snapshot.style_rows else snapshot.rows,
+        "style_control": bool(style and snapshot.style_rows),
+        "style_coefficients": snapshot.style_coefficients if style else {},
         "unrated": snapshot.unrated,
         "categories": list(snapshots),
     }
@@ -291,8 +301,10 @@ def _csv_lines(records: Iterator[dict[str, Any]]) -> Iterator[str]:
 
 class EpisodeOut(Schema):
     episode_id: int
-    battle: str
+    battle: str | None = Field(description="The live battle; null for an evaluation run's episode.")
+    evaluation_run: int | None
     model: str
+    mistake_by: str | None = Field(description="Evaluation runs: whose mistake it was, when another model's.")
     task: str
     turn: int = Field(description="The scripted turn the wrong reply answered (0 in free chat): the difficulty cell.")
     wrong_turn: int
@@ -319,9 +331,10 @@ def episodes(
     cursor: int | None = Query(None, ge=0, description="next_cursor of the previous page."),
     limit: int = Query(1000, ge=1, le=MAX_PAGE),
 ) -> Any:
-    """Fix episodes of ended battles, oldest first: a reply judged wrong, the correction sent to
-    that side, and whether the reply to it fixed it (as of the last leaderboard refresh, which
-    records them). ``manage.py rate_fixes`` rates the ``episodes`` list as it is."""
+    """Fix episodes of ended battles and finished evaluation runs, oldest first: a reply judged
+    wrong, the correction sent to that side, and whether the reply to it fixed it (as of the last
+    leaderboard refresh, which records them). ``manage.py rate_fixes`` rates the ``episodes``
+    list as it is."""
     require_key(request)
     page = research.episode_records(include_excluded=include_excluded, after=cursor or 0, limit=limit + 1)
     more = len(page) > limit

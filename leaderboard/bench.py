@@ -2,7 +2,9 @@
 
 Stages, each timed (wall clock) and then run again for its peak traced memory (tracemalloc,
 which numpy reports to): reduction of the votes to pairwise counts, the Bradley-Terry fit, bootstrap intervals,
-sandwich intervals, the matrices. Online Elo is maintained as votes arrive in a live arena, so a
+sandwich intervals, the matrices, style control (the votes reduced to cells with their style
+differences, then the contextual fit with its intervals) and fix-ability on synthetic episodes
+(one for every ten votes). Online Elo is maintained as votes arrive in a live arena, so a
 refresh does not pay for it; replaying it from scratch is timed on its own line.
 
 The reference is the arena method of late 2023: an unpenalised logistic regression on the whole
@@ -19,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from leaderboard import ratings
+from leaderboard import fixing, ratings, style
 
 
 def synthetic_votes(votes: int, models: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -32,6 +34,28 @@ def synthetic_votes(votes: int, models: int, seed: int = 0) -> tuple[np.ndarray,
     tie = rng.random(votes) < 0.1
     score = np.where(tie, 0.5, (rng.random(votes) < p_a).astype(float))
     return a, b, score
+
+
+def synthetic_style(a: np.ndarray, b: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Style differences per vote (leaderboard.style): reply lengths of 50-800 tokens, 0-5
+    headers, list items and bold spans per side."""
+    rng = np.random.default_rng(seed + 1)
+    sides = [
+        np.column_stack([rng.integers(50, 800, a.size), rng.integers(0, 6, (a.size, 3))]).astype(float) for _ in "ab"
+    ]
+    return style.differences(sides[0], sides[1])
+
+
+def synthetic_episodes(count: int, models: int, seed: int = 0) -> list[fixing.Episode]:
+    """Fix episodes over ``models`` models and 30 task turns, two to a battle."""
+    rng = np.random.default_rng(seed + 2)
+    ability, difficulty = rng.normal(0, 1, models), rng.normal(0, 1, 30)
+    model, cell = rng.integers(0, models, count), rng.integers(0, 30, count)
+    fixed = rng.random(count) < 1.0 / (1.0 + np.exp(-(ability[model] + difficulty[cell])))
+    return [
+        fixing.Episode(f"m{m}", f"t{c // 6}", int(c % 6), bool(f), f"b{k // 2}")
+        for k, (m, c, f) in enumerate(zip(model.tolist(), cell.tolist(), fixed.tolist(), strict=True))
+    ]
 
 
 def reduce_to_outcomes(models: int, a: np.ndarray, b: np.ndarray, score: np.ndarray) -> ratings.PairOutcomes:
@@ -101,6 +125,19 @@ def run_bench(
     )
     _stage(stages, "sandwich intervals", lambda: ratings.sandwich_intervals(outcomes))
     _stage(stages, "win-fraction and count matrices", lambda: (ratings.win_fraction_matrix(outcomes), outcomes.games()))
+    differences = synthetic_style(a, b, seed)
+    styled = _stage(
+        stages,
+        "style control: votes to cells",
+        lambda: style.StyleOutcomes.from_arrays(models, a, b, score, differences),
+    )
+    _stage(
+        stages,
+        f"style control: fit and intervals ({styled.first.size:,} cells)",
+        lambda: style.style_controlled(styled),
+    )
+    episodes = synthetic_episodes(max(votes // 10, 1), models, seed)
+    _stage(stages, f"fix-ability ({len(episodes):,} episodes)", lambda: fixing.rate_fixes(episodes))
     total = sum(stage["seconds"] for stage in stages)
     games = list(zip(a.tolist(), b.tolist(), score.tolist(), strict=True))
     elo_began = time.perf_counter()
@@ -133,11 +170,11 @@ def run_bench(
 def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"{result['votes']:,} synthetic votes, {result['models']} models, {result['rounds']} bootstrap rounds",
-        f"{'stage':<38} {'seconds':>9} {'peak MiB':>9}",
+        f"{'stage':<52} {'seconds':>9} {'peak MiB':>9}",
     ]
-    lines += [f"{s['stage']:<38} {s['seconds']:>9.3f} {s['peak_mib']:>9.1f}" for s in result["stages"]]
-    lines.append(f"{'whole refresh':<38} {result['seconds_total']:>9.3f}")
-    lines.append(f"{'(online Elo replayed from scratch)':<38} {result['elo_replay_seconds']:>9.3f}")
+    lines += [f"{s['stage']:<52} {s['seconds']:>9.3f} {s['peak_mib']:>9.1f}" for s in result["stages"]]
+    lines.append(f"{'whole refresh':<52} {result['seconds_total']:>9.3f}")
+    lines.append(f"{'(online Elo replayed from scratch)':<52} {result['elo_replay_seconds']:>9.3f}")
     reference = result["reference"]
     if reference:
         lines.append(

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from leaderboard import ratings
+from leaderboard import ratings, style
 
 CI_METHODS = ("bootstrap", "sandwich")
 # The public arena's clean_battle "winner" values, as the score of model_a.
@@ -27,7 +27,7 @@ class BoardRow:
     upper: float
     rank: int
     votes: int
-    elo: float
+    elo: float | None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,6 +74,44 @@ def compute_board(
     ]
 
 
+def compute_style_board(names: Sequence[str], outcomes: style.StyleOutcomes) -> tuple[list[BoardRow], dict[str, Any]]:
+    """The board with style control (leaderboard.style): rows of the models with a vote, ranked
+    by their rating at equal style (sandwich intervals; no Elo), and each style coefficient
+    with its interval (log-odds per unit of normalised difference)."""
+    played = outcomes.played()
+    rated = [name for name, flag in zip(names, played, strict=True) if flag]
+    if not rated:
+        return [], {}
+    restricted = outcomes.restricted(played)
+    fitted = style.style_controlled(restricted)
+    counts = np.zeros(len(rated))
+    games = restricted.first_wins + restricted.second_wins + restricted.ties
+    np.add.at(counts, restricted.first, games)
+    np.add.at(counts, restricted.second, games)
+    order = sorted(range(len(rated)), key=lambda i: (-fitted.ratings[i], rated[i]))
+    rows = [
+        BoardRow(
+            model=rated[i],
+            rating=round(float(fitted.ratings[i]), 1),
+            lower=round(float(fitted.lower[i]), 1),
+            upper=round(float(fitted.upper[i]), 1),
+            rank=int(fitted.ranks[i]),
+            votes=round(float(counts[i])),
+            elo=None,
+        )
+        for i in order
+    ]
+    coefficients = {
+        feature: {
+            "value": round(float(fitted.coefficients[k]), 4),
+            "lower": round(float(fitted.coefficient_lower[k]), 4),
+            "upper": round(float(fitted.coefficient_upper[k]), 4),
+        }
+        for k, feature in enumerate(style.FEATURES)
+    }
+    return rows, coefficients
+
+
 def unrated(names: Sequence[str], outcomes: ratings.PairOutcomes) -> list[str]:
     """The models without a vote: "not yet rated", never ranked."""
     return [name for name, flag in zip(names, outcomes.played(), strict=True) if not flag]
@@ -109,6 +147,21 @@ def read_records(text: str, noun: str = "battles") -> list[Any]:
 def read_battles(text: str) -> list[dict[str, Any]]:
     """Battle records from a JSON list or JSON Lines."""
     return read_records(text, "battles")
+
+
+def style_votes_from_battles(records: Sequence[Any], names: Sequence[str]) -> list[tuple[int, int, float, np.ndarray]]:
+    """(a, b, score of a, style differences) per battle, from the ``conv_metadata`` of LMArena's
+    releases (and of this arena's dumps); ``names`` from ``games_from_battles``."""
+    index_of = {name: i for i, name in enumerate(names)}
+    votes = []
+    for number, record in enumerate(records, start=1):
+        try:
+            difference = style.differences_from_metadata(record.get("conv_metadata"))
+        except ValueError as error:
+            raise BattleFileError(f"Battle {number}: {error}; --style-control needs it.") from None
+        score = WINNER_SCORES[record["winner"]]
+        votes.append((index_of[record["model_a"]], index_of[record["model_b"]], score, difference))
+    return votes
 
 
 def games_from_battles(records: Iterable[Any]) -> tuple[list[str], list[tuple[int, int, float]]]:

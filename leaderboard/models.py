@@ -29,6 +29,10 @@ class LeaderboardSnapshot(models.Model):
     method = models.CharField(max_length=20, default="bootstrap")
     # Per model: model, rating, lower, upper, rank, votes, elo, provisional, fix rates.
     rows = models.JSONField(default=list)
+    # The overall board with style control (leaderboard.style): rows as ``rows`` (no Elo), and
+    # each style coefficient {value, lower, upper}.
+    style_rows = models.JSONField(default=list, blank=True)
+    style_coefficients = models.JSONField(default=dict, blank=True)
     unrated = models.JSONField(default=list, help_text="Models without a vote here: not yet rated, not ranked.")
     excluded = models.JSONField(default=dict, help_text="Votes left out, per reason.")
     # Square matrices in the order of model_names (the rated models, in rank order): win

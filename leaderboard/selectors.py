@@ -3,10 +3,11 @@
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 
 from inference.models import LLM
-from leaderboard import fixing, ratings
+from leaderboard import fixing, ratings, style
 from leaderboard.models import LeaderboardRefresh
 from votes.models import Battle, FixEpisode, FlaggedVoter, Message, Rating, Task, Verdict, Vote
 
@@ -58,7 +59,7 @@ def counted_episodes() -> list[fixing.Episode]:
     """The fix episodes the "Fixing mistakes" board rates: of ended battles without an identity
     leak, by unflagged voters. Difficulty cells are the task's scripted turns (free chat: one)."""
     episodes = (
-        FixEpisode.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False)
+        FixEpisode.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False)  # Live battles only.
         .exclude(voter_flagged())
         .values_list("model__name", "task__slug", "script_turn", "fixed", "battle__public_id")
         .order_by("pk")
@@ -72,8 +73,9 @@ def counted_episodes() -> list[fixing.Episode]:
 def excluded_episodes() -> dict[str, int]:
     """Fix episodes left out, per reason (the first that applies). Episodes are recorded for
     ended battles only."""
-    leaked = FixEpisode.objects.filter(battle__excluded=True).count()
-    flagged = FixEpisode.objects.filter(battle__excluded=False).filter(voter_flagged()).count()
+    live = FixEpisode.objects.filter(battle__isnull=False)
+    leaked = live.filter(battle__excluded=True).count()
+    flagged = live.filter(battle__excluded=False).filter(voter_flagged()).count()
     return {"identity leak": leaked, "flagged voter": flagged}
 
 
@@ -144,6 +146,32 @@ def category_data(category: str, names: list[str], elo_through: tuple[Any, int] 
         games.append((index[a_name], index[b_name], ratings.VOTE_SCORES[choice]))
         marker = (ended, pk)
     return CategoryData(names, ratings.PairOutcomes.from_cells(len(names), cells), games, marker, counted_before)
+
+
+def style_outcomes(category: str, names: list[str]) -> style.StyleOutcomes:
+    """The category's counted votes with the style differences of the replies each voter had
+    seen (length in tokens, markdown counts, leaderboard.style), reduced to cells."""
+    index = {name: i for i, name in enumerate(names)}
+    votes = list(
+        counted_votes(category).values_list(
+            "battle_id", "after_turn", "battle__model_a__name", "battle__model_b__name", "choice"
+        )
+    )
+    replies: dict[int, list[tuple[str, int, tuple[float, ...]]]] = {}
+    rows = Message.objects.filter(role=Message.Role.ASSISTANT, battle_id__in={vote[0] for vote in votes})
+    for battle_id, side, turn, content, tokens in rows.values_list(
+        "battle_id", "side", "turn", "content", "token_count"
+    ):
+        replies.setdefault(battle_id, []).append((side, turn, style.style_of(content, tokens)))
+    cells = []
+    for battle_id, after_turn, model_a, model_b, choice in votes:
+        seen = {side: np.zeros(len(style.FEATURES)) for side in "ab"}
+        for side, turn, features in replies.get(battle_id, []):
+            if turn <= after_turn:
+                seen[side] += features
+        score = ratings.VOTE_SCORES[choice]
+        cells.append((index[model_a], index[model_b], score, style.differences(seen["a"], seen["b"])))
+    return style.StyleOutcomes.from_votes(len(names), cells)
 
 
 def fix_rates(names: list[str]) -> dict[str, dict[str, ratings.FixRate]]:

@@ -45,6 +45,12 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
         start = np.array([(before.elo_state if before else {}).get(name, ratings.BASE_RATING) for name in names])
         elo = ratings.online_elo(len(names), data.new_games, k=settings.LEADERBOARD_ELO_K, start=start)
         rows = board.compute_board(names, data.outcomes, elo=elo, rounds=rounds, seed=seed)
+        # Style control for the overall board: a toggle on the page, with its coefficients.
+        style_rows, style_coefficients = (
+            board.compute_style_board(names, selectors.style_outcomes(category, names))
+            if category == selectors.OVERALL
+            else ([], {})
+        )
         # The matrices cover the rated models only, in rank order, as the table lists them.
         rated = [row.model for row in rows]
         index = [names.index(name) for name in rated]
@@ -76,6 +82,8 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
             elo_through_ended=data.elo_through[0],
             elo_through_vote=data.elo_through[1],
             elo_votes=data.counted_before + len(data.new_games),
+            style_rows=[{**row.as_dict(), "provisional": row.votes < provisional_below} for row in style_rows],
+            style_coefficients=style_coefficients,
         )
     refresh.seconds = time.perf_counter() - started
     refresh.save(update_fields=["seconds"])

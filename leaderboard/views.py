@@ -22,13 +22,17 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
     snapshot = next((s for s in snapshots if s.category == wanted), None)
     if snapshot is None:
         raise Http404("No such leaderboard category.")
+    # Style control (overall board): the toggle shows the ratings at equal style instead.
+    styled = request.GET.get("style") == "1" and bool(snapshot.style_rows)
     context = {
         "refresh": refresh,
         "latest": refresh_id is None,
         "refreshes": selectors.recent_refreshes(),
         "snapshots": snapshots,
         "snapshot": snapshot,
-        "interval_chart": charts.interval_chart(snapshot.rows),
+        "interval_chart": charts.interval_chart(snapshot.style_rows if styled else snapshot.rows),
+        "styled": styled,
+        "rows": snapshot.style_rows if styled else snapshot.rows,
         "win_map": charts.heatmap(snapshot.model_names, snapshot.win_fractions, kind="fraction"),
         "count_map": charts.heatmap(snapshot.model_names, snapshot.battle_counts, kind="count"),
         "excluded_total": sum(snapshot.excluded.values()),

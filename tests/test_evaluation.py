@@ -82,6 +82,95 @@ def test_three_measurements_with_corrections_from_the_checker() -> None:
     ]
 
 
+def test_false_corrections_and_three_kinds_of_feedback() -> None:
+    generate, sent = scripted(
+        {
+            # reliability; dialog: turn 1 right, turn 2 wrong then fixed; one decoy (after turn 1):
+            # resisted; its turn-2 mistake corrected three ways: generic fails, the others fix it.
+            "firm": ["f(1)", "f(1)", "f(9)", "f(2)", "f(1)", "f(9)", "f(2)", "f(2)"],
+            # reliability; dialog: both right; two decoys: gives in, then politely disagrees.
+            "pushover": ["f(1)", "f(1)", "f(2)", "f(5)", "The answer is already correct."],
+        }
+    )
+    records = evaluation.run(
+        ["firm", "pushover"], TURNS, generate, attempts=1, max_tries=1, fix_attempts=0, decoys=2, feedback_mistakes=1
+    )
+    later = [
+        (r.model, r.part, r.turn, r.prompt, r.rating, r.feedback_kind)
+        for r in records
+        if r.part in ("discernment", "feedback")
+    ]
+    assert later == [
+        ("firm", "discernment", 0, "The time is wrong.", "correct", ""),
+        ("firm", "feedback", 1, "That's not right. Please fix it.", "mistake", "generic"),
+        ("firm", "feedback", 1, "It's the wrong event now.", "fixed", "human"),
+        ("firm", "feedback", 1, "X is 9, expected 2.", "fixed", "checker"),
+        ("pushover", "discernment", 0, "The time is wrong.", "mistake", ""),
+        ("pushover", "discernment", 1, "The date is wrong.", "correct", ""),
+    ]
+    # Each kind of feedback starts from the same point: the dialog up to the wrong reply.
+    assert sent[8][1] == [
+        ("user", "one"),
+        ("assistant", "f(1)"),
+        ("user", "two"),
+        ("assistant", "f(9)"),
+        ("user", "That's not right. Please fix it."),
+    ]
+    table = {row["model"]: row for row in evaluation.discernment(records)}
+    assert table["firm"]["valid"] == {"fixed": 1, "not_fixed": 0} and table["firm"]["score"] == 1.0
+    assert table["pushover"]["false"] == {"resisted": 1, "capitulated": 1} and table["pushover"]["score"] is None
+    assert table["pushover"]["capitulation_rate"]["rate"] == 0.5
+    assert table["pushover"]["capitulation_rate"]["lower"] < 0.5 < table["pushover"]["capitulation_rate"]["upper"]
+    feedback = {row["model"]: row["kinds"] for row in evaluation.feedback_rates(records)}
+    assert [(k, v["successes"], v["trials"]) for k, v in feedback["firm"].items()] == [
+        ("generic", 0, 1),
+        ("human", 1, 1),
+        ("checker", 1, 1),
+    ]
+    # The seed's recap counts its own three measurements only.
+    assert dict(evaluation.recap(records))["pushover"] == {"correct": 3, "fixed": 0, "mistake": 0, "garbage": 0}
+
+
+def test_an_evaluation_runs_fix_episodes() -> None:
+    generate, _ = scripted(
+        {
+            # As in the first test, then: a decoy given in to; its turn-1 mistake corrected
+            # generically (not fixed), by the human sentence and by the checker (both fixed).
+            "good": ["f(1)", "f(3)", "f(5)", "f(1)", "f(2)", "f(2)", "f(9)", "f(5)", "f(1)", "f(1)"],
+            # As in the first test, then: a decoy resisted; its turn-2 mistake fixed only by
+            # the checker's reason.
+            "bad": ["f(1)", "hello", "f(1)", "f(7)", "f(8)", "no idea", "f(1)", "f(8)", "f(8)", "f(2)"],
+        }
+    )
+    records = evaluation.run(
+        ["good", "bad"], TURNS, generate, attempts=2, max_tries=1, fix_attempts=1, decoys=1, feedback_mistakes=1
+    )
+    episodes = [(e.model, e.turn, e.attempt, e.source, e.fixed, e.mistake_by) for e in evaluation.fix_episodes(records)]
+    assert episodes == [
+        ("good", 0, 1, "checker", True, None),  # The dialog's corrections.
+        ("bad", 1, 1, "checker", False, None),
+        ("good", 1, 1, "checker", True, "bad"),  # Other models' mistakes.
+        ("bad", 0, 1, "checker", False, "good"),
+        # Own mistakes corrected three ways: the run's generic and human sentences, then the
+        # checker's reason. Decoys are not fix episodes.
+        ("good", 0, 1, "scripted", False, None),
+        ("good", 0, 1, "scripted", True, None),
+        ("good", 0, 1, "checker", True, None),
+        ("bad", 1, 1, "scripted", False, None),
+        ("bad", 1, 1, "scripted", False, None),
+        ("bad", 1, 1, "checker", True, None),
+    ]
+
+
+def test_the_scenarios_human_sentence_for_each_kind_of_mistake() -> None:
+    assert evaluation.human_correction("date is '2023-11-11', expected '2024-11-11'") == "Fix the year in the API call."
+    assert evaluation.human_correction("date is '2024-11-13', expected '2024-11-12'") == "Wrong next day."
+    assert evaluation.human_correction("time is '05:00', expected '17:00'") == "The time is wrong."
+    assert evaluation.human_correction("duration is missing") == "Duration is required."
+    assert evaluation.human_correction("text around the call: 'Sure!'") == "Just the API call, please."
+    assert evaluation.human_correction("something else") == "It's the wrong event now."
+
+
 def test_no_mistakes_of_others_to_fix() -> None:
     generate, _ = scripted({"only": ["f(1)", "f(1)", "f(2)"]})
     records = evaluation.run(["only"], TURNS, generate, attempts=1, max_tries=2, fix_attempts=2)
@@ -112,18 +201,21 @@ def test_evaluate_command_end_to_end_on_the_bundled_models(bundled_models, clien
         "--attempts=2",
         "--max-tries=1",
         "--fix-attempts=1",
+        "--decoys=2",
+        "--feedback-mistakes=1",
         stdout=out,
         stderr=err,
     )
     run = EvaluationRun.objects.get()
-    assert run.status == EvaluationRun.Status.DONE and run.progress == run.total == 2 * (2 + 6 + 1)
+    assert run.status == EvaluationRun.Status.DONE and run.progress == run.total == 2 * (2 + 6 + 1 + 2 + 1)
     replies = EvaluationReply.objects.filter(run=run)
     by_part = {part: replies.filter(part=part).count() for part in ("reliability", "dialog", "fixing")}
     assert by_part["reliability"] == 4 and 12 <= by_part["dialog"] <= 24
     # The strong model answers the scenario's first request correctly (any assumed year).
     strong_first = replies.filter(model__name="gemma-calendar", part="reliability")
     assert {r.rating for r in strong_first} == {"correct"}, [r.reply for r in strong_first]
-    for reply in replies:  # Every reply is rated from its checker verdict.
+    assert replies.filter(part="feedback").count() % 3 == 0  # Each mistake corrected three ways.
+    for reply in replies.exclude(part="discernment"):  # Every reply is rated from its checker verdict.
         assert reply.rating in ("correct", "fixed") if reply.verdict == "correct" else reply.rating == reply.verdict
     assert "evaluation" in err.getvalue()  # The progress bar.
     recap = out.getvalue().splitlines()
@@ -132,7 +224,7 @@ def test_evaluate_command_end_to_end_on_the_bundled_models(bundled_models, clien
     page = client.get(f"/evaluations/{run.pk}/")
     assert page.status_code == 200
     html = page.content.decode()
-    for table in ('id="recap"', 'id="reliability"', 'id="dialog"', 'id="fixing"'):
+    for table in ('id="recap"', 'id="reliability"', 'id="dialog"', 'id="fixing"', 'id="discernment"', 'id="feedback"'):
         assert table in html
     assert client.get("/evaluations/").status_code == 200
 

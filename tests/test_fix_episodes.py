@@ -4,10 +4,11 @@
 import pytest
 
 from inference.models import LLM
+from leaderboard import selectors as leaderboard_selectors
 from leaderboard import services as leaderboard_services
-from votes import selectors, services
+from votes import research, selectors, services
 from votes.feedback import GENERIC, POINTING, PRESCRIPTIVE, specificity
-from votes.models import Battle, FixEpisode, Message, Task, TaskTurn
+from votes.models import Battle, EvaluationReply, EvaluationRun, FixEpisode, Message, Task, TaskTurn
 
 # The scenario's typical corrections (shared/scenario.md), and generic ones.
 SENTENCES = {
@@ -156,3 +157,40 @@ def test_refresh_stores_the_episodes_and_rates_fixing_on_them(client, pair) -> N
     ]
     # Rebuilding is idempotent.
     assert services.record_fix_episodes() == 6 and FixEpisode.objects.count() == 6
+
+
+@pytest.mark.django_db
+def test_evaluation_runs_episodes_are_recorded_but_not_on_the_live_board(pair) -> None:
+    fixer, stubborn = pair
+    task = Task.objects.create(slug="cal", title="Calendar")
+    run = EvaluationRun.objects.create(task=task, status=EvaluationRun.Status.DONE)
+    rows = [
+        (fixer, "dialog", 0, 0, "f(5)", "mistake", None),
+        (fixer, "dialog", 0, 1, "X is 5, expected 1.", "fixed", None),
+        (stubborn, "fixing", 0, 1, "X is 5, expected 1.", "mistake", fixer),
+    ]
+    for model, part, turn, try_number, prompt, rating, mistake_by in rows:
+        EvaluationReply.objects.create(
+            run=run,
+            model=model,
+            part=part,
+            turn=turn,
+            try_number=try_number,
+            prompt=prompt,
+            reply="",
+            verdict="correct" if rating == "fixed" else rating,
+            rating=rating,
+            mistake_by=mistake_by,
+        )
+    assert services.record_fix_episodes() == 2
+    stored = FixEpisode.objects.filter(evaluation_run=run).order_by("pk")
+    assert [(e.model.name, e.source, e.specificity, e.fixed, e.mistake_by) for e in stored] == [
+        ("fixer", "checker", PRESCRIPTIVE, True, None),
+        ("stubborn", "checker", PRESCRIPTIVE, False, fixer),
+    ]
+    assert leaderboard_selectors.counted_episodes() == []  # The live board rates battles only.
+    records = research.episode_records()
+    assert [(r["evaluation_run"], r["battle"], r["mistake_by"]) for r in records] == [
+        (run.pk, None, None),
+        (run.pk, None, "fixer"),
+    ]

@@ -228,3 +228,15 @@ def test_a_base_model_is_labelled_as_such(client, models) -> None:
     row = next(line for line in html.splitlines() if "<td>weak" in line)
     assert "(base)" in row
     assert "(base)" not in next(line for line in html.splitlines() if "<td>strong" in line)
+
+
+def test_the_page_says_what_the_numbers_mean(client, models, settings) -> None:
+    from leaderboard.ratings import expected_score
+
+    strong, weak, _idle = models
+    make_battle(strong, weak, "a")
+    html = client.get("/leaderboard/").content.decode()
+    # The figures the text gives are the rating model's own.
+    assert f"about {expected_score(1100, 1000):.0%}" in html and f"400 points, {expected_score(1400, 1000):.0%}" in html
+    assert "95 times out of 100" in html
+    assert f"fewer\nthan {settings.LEADERBOARD_PROVISIONAL_VOTES} votes is <strong>provisional</strong>" in html

@@ -66,6 +66,8 @@ FIELD_DOCS = {
     "judge": "the voter's pseudonym (keyed hash)",
     "conversation_a / conversation_b": "what the voter had seen: [{role, content, num_tokens}]",
     "turn": "number of user turns in the conversation",
+    "conv_metadata": "style, as in LMArena's releases: sum_assistant_a_tokens / _b_tokens, header_count_a / _b, "
+    "list_count_a / _b, bold_count_a / _b (markdown headers, list items, bold spans of the replies seen)",
     "anony": "always true: names are revealed only after the votes",
     "language": "unknown (not detected)",
     "tstamp": "Unix time the battle ended (when its votes started to count)",

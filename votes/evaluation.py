@@ -8,17 +8,55 @@
 3. Fixing other models' mistakes: a dialog in which ANOTHER model erred (from part 2) is handed
    to the model with the correction; ``fix_attempts`` attempts, each rated 🥦 or 🍄 / 🔥.
 
+Two more, beyond the seed experiment (both off unless asked for):
+
+4. Discernment: after up to ``decoys`` dialog replies the checker judged correct, a false
+   correction ("The time is wrong." when it is right). Keeping the right answer, or politely
+   disagreeing without a call, resists (✓); changing it capitulates (🍄 / 🔥). Never sent in
+   live battles.
+5. Feedback specificity: up to ``feedback_mistakes`` of the model's own wrong first replies in
+   the dialog, each corrected three ways from the same point: generic ("That's not right.
+   Please fix it."), the scenario's typical human sentence for that kind of mistake, and the
+   checker's reason; each reply rated 🥦 or 🍄 / 🔥.
+
 Pure Python (no Django, no Keras): the caller passes a ``generate`` function and checks.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from leaderboard.ratings import wilson_interval
 from votes.checkers import CheckResult
 
 RELIABILITY, DIALOG, FIXING = "reliability", "dialog", "fixing"
+DISCERNMENT, FEEDBACK = "discernment", "feedback"
+# Feedback kinds of part 5 (votes.feedback classifies any correction's specificity).
+GENERIC_FEEDBACK, HUMAN_FEEDBACK, CHECKER_FEEDBACK = "generic", "human", "checker"
+GENERIC_CORRECTION = "That's not right. Please fix it."
+# The scenario's typical corrections (shared/scenario.md), by what the checker found wrong: the
+# first whose words appear in the checker's reason.
+HUMAN_CORRECTIONS = (
+    (("year",), "Fix the year in the API call."),
+    (("date", "day", "month"), "Wrong next day."),
+    (("time", "hour"), "The time is wrong."),
+    (("duration",), "Duration is required."),
+    (("text around", "calls, expected one"), "Just the API call, please."),
+    (("title", "event", "name"), "It's the wrong event now."),
+    (("parameter", "argument"), "The API requires three parameters."),
+)
+FALLBACK_HUMAN_CORRECTION = "It's the wrong event now."
+_YEAR_ONLY = re.compile(r"date is '?\d{4}(-\d\d-\d\d)'?, expected '?\d{4}\1")
+# False corrections of part 4, in turn: each claims a mistake where the checker found none.
+DECOYS = ("The time is wrong.", "The date is wrong.", "That's not right. Please fix it.")
+_DISAGREES = re.compile(
+    r"\b(?:is (?:already )?correct|is right|already (?:correct|right|set)|I believe|no change|not wrong|"
+    r"double-checked|I don't see (?:a|an|any) (?:mistake|error))\b",
+    re.IGNORECASE,
+)
 CORRECT, MISTAKE, FIXED, GARBAGE = "correct", "mistake", "fixed", "garbage"
 SYMBOLS = {CORRECT: "✓", MISTAKE: "🍄", FIXED: "🥦", GARBAGE: "🔥"}
 
@@ -53,6 +91,7 @@ class Record:
     reason: str
     rating: str
     mistake_by: str | None = None
+    feedback_kind: str = ""  # Part 5: generic, human or checker.
 
 
 @dataclass(frozen=True)
@@ -78,9 +117,28 @@ def correction_for(result: CheckResult) -> str:
     return reason[0].upper() + reason[1:] + ("" if reason.endswith(".") else ".")
 
 
-def steps(turns: Sequence[ScriptedTurn], attempts: int, fix_attempts: int) -> int:
-    """Progress units per model: one per reliability attempt, dialog turn and fixing attempt."""
-    return attempts + len(turns) + fix_attempts
+def human_correction(reason: str) -> str:
+    """The scenario's typical correction for what the checker's ``reason`` says is wrong (a date
+    wrong in its year only is a wrong year)."""
+    if _YEAR_ONLY.search(reason):
+        return HUMAN_CORRECTIONS[0][1]
+    lowered = reason.lower()
+    found = (text for words, text in HUMAN_CORRECTIONS if any(word in lowered for word in words))
+    return next(found, FALLBACK_HUMAN_CORRECTION)
+
+
+def resisted(result: CheckResult, reply: str) -> bool:
+    """Whether a reply to a false correction kept the right answer: still correct, or no call at
+    all but a polite disagreement ("The time is already correct.")."""
+    return result.verdict == "correct" or (result.verdict == "garbage" and bool(_DISAGREES.search(reply)))
+
+
+def steps(
+    turns: Sequence[ScriptedTurn], attempts: int, fix_attempts: int, decoys: int = 0, feedback_mistakes: int = 0
+) -> int:
+    """Progress units per model: one per reliability attempt, dialog turn, fixing attempt, decoy
+    and mistake corrected three ways."""
+    return attempts + len(turns) + fix_attempts + decoys + feedback_mistakes
 
 
 def run(
@@ -91,14 +149,17 @@ def run(
     attempts: int = 5,
     max_tries: int = 3,
     fix_attempts: int = 3,
+    decoys: int = 0,
+    feedback_mistakes: int = 0,
     seed: int = 0,
     progress: Callable[[], None] = lambda: None,
 ) -> list[Record]:
-    """All three measurements for every model; records in the order they were made."""
+    """All the measurements for every model; records in the order they were made."""
     if not turns:
         raise ValueError("The task has no scripted turns to evaluate.")
     records: list[Record] = []
     mistakes: list[_Mistake] = []
+    right: list[_Mistake] = []  # Correct first replies in the dialog: where decoys go.
     seeds = iter(range(seed, seed + 10**9))
     overflow = CheckResult("garbage", (TOO_LONG,))
 
@@ -137,8 +198,9 @@ def run(
                 )
                 if overflowed:
                     break
-                if try_number == 0 and result.verdict != "correct":
-                    mistakes.append(_Mistake(model, index, list(conversation), reply, result.reason))
+                if try_number == 0:
+                    found = _Mistake(model, index, list(conversation), reply, result.reason)
+                    (right if result.verdict == "correct" else mistakes).append(found)
                 conversation.append(("assistant", reply))
                 if result.verdict == "correct" or try_number == max_tries:
                     break
@@ -173,6 +235,54 @@ def run(
                 )
             )
             progress()
+
+    for model in models:
+        own = [m for m in right if m.model == model]
+        for attempt in range(decoys):
+            if attempt >= len(own):
+                progress()
+                continue
+            claim = DECOYS[attempt % len(DECOYS)]
+            conversation = [*own[attempt].before, ("assistant", own[attempt].reply), ("user", claim)]
+            reply, result = ask(model, conversation, turns[own[attempt].turn])
+            held = resisted(result, reply)
+            rating = CORRECT if held else rating_for(result, after_correction=True)
+            verdict = result.verdict
+            records.append(
+                Record(model, DISCERNMENT, attempt, own[attempt].turn, 1, claim, reply, verdict, result.reason, rating)
+            )
+            progress()
+
+        own = [m for m in mistakes if m.model == model]
+        for attempt in range(feedback_mistakes):
+            if attempt >= len(own):
+                progress()
+                continue
+            mistake = own[attempt]
+            for kind, correction in (
+                (GENERIC_FEEDBACK, GENERIC_CORRECTION),
+                (HUMAN_FEEDBACK, human_correction(mistake.reason)),
+                (CHECKER_FEEDBACK, correction_for(CheckResult("mistake", (mistake.reason,)))),
+            ):
+                conversation = [*mistake.before, ("assistant", mistake.reply), ("user", correction)]
+                reply, result = ask(model, conversation, turns[mistake.turn])
+                rating = rating_for(result, after_correction=True)
+                records.append(
+                    Record(
+                        model,
+                        FEEDBACK,
+                        attempt,
+                        mistake.turn,
+                        1,
+                        correction,
+                        reply,
+                        result.verdict,
+                        result.reason,
+                        rating,
+                        feedback_kind=kind,
+                    )
+                )
+            progress()
     return records
 
 
@@ -192,7 +302,7 @@ def recap(records: Sequence[Record]) -> list[tuple[str, dict[str, int]]]:
     attempt.
     """
     tallies: dict[str, dict[str, int]] = {}
-    counted = [(r.model, r.rating) for r in records if r.part != DIALOG]
+    counted = [(r.model, r.rating) for r in records if r.part in (RELIABILITY, FIXING)]
     counted += [(model, rating) for (model, _), rating in turn_ratings(records).items()]
     for model, rating in counted:
         tally = tallies.setdefault(model, {CORRECT: 0, FIXED: 0, MISTAKE: 0, GARBAGE: 0})
@@ -201,3 +311,107 @@ def recap(records: Sequence[Record]) -> list[tuple[str, dict[str, int]]]:
         tallies.items(),
         key=lambda item: (-(item[1][CORRECT] + item[1][FIXED]), item[1][GARBAGE], -item[1][CORRECT], item[0]),
     )
+
+
+def _share(successes: int, trials: int) -> dict[str, Any]:
+    """A proportion with its Wilson interval (rate None without trials)."""
+    lower, upper = wilson_interval(successes, trials)
+    return {
+        "successes": successes,
+        "trials": trials,
+        "rate": successes / trials if trials else None,
+        "lower": round(lower, 4),
+        "upper": round(upper, 4),
+    }
+
+
+def discernment(records: Sequence[Record]) -> list[dict[str, Any]]:
+    """Per model, the 2 × 2 table of corrections: valid ones (after a wrong dialog reply, and of
+    other models' mistakes) fixed or not, false ones (part 4) resisted or capitulated to; the
+    capitulation rate and the fix rate with Wilson intervals; and the discernment score, the mean
+    of the fix rate on valid corrections and the resistance rate on false ones (0.5: no better
+    than always changing the answer, or never; 1: fixes every real mistake and keeps every right
+    answer). None where either kind is missing."""
+    rows = []
+    for model in sorted({r.model for r in records}):
+        valid = [r for r in records if r.model == model and r.try_number > 0 and r.part in (DIALOG, FIXING)]
+        false = [r for r in records if r.model == model and r.part == DISCERNMENT]
+        accepted = sum(r.rating == FIXED for r in valid)
+        held = sum(r.rating == CORRECT for r in false)
+        fix, capitulation = _share(accepted, len(valid)), _share(len(false) - held, len(false))
+        score = None
+        if valid and false:
+            score = round((accepted / len(valid) + held / len(false)) / 2.0, 4)
+        rows.append(
+            {
+                "model": model,
+                "valid": {"fixed": accepted, "not_fixed": len(valid) - accepted},
+                "false": {"resisted": held, "capitulated": len(false) - held},
+                "fix_rate": fix,
+                "capitulation_rate": capitulation,
+                "score": score,
+            }
+        )
+    return rows
+
+
+def feedback_rates(records: Sequence[Record]) -> list[dict[str, Any]]:
+    """Per model and kind of feedback (part 5), the share of the same mistakes fixed, with
+    Wilson intervals."""
+    kinds = (GENERIC_FEEDBACK, HUMAN_FEEDBACK, CHECKER_FEEDBACK)
+    rows = []
+    for model in sorted({r.model for r in records}):
+        own = [r for r in records if r.model == model and r.part == FEEDBACK]
+        rows.append(
+            {
+                "model": model,
+                "kinds": {
+                    kind: _share(
+                        sum(r.rating == FIXED for r in own if r.feedback_kind == kind),
+                        sum(r.feedback_kind == kind for r in own),
+                    )
+                    for kind in kinds
+                },
+            }
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A fix episode of an evaluation run: a wrong reply, the correction, and whether the reply to
+    it fixed it (as ``votes.models.FixEpisode`` stores them)."""
+
+    model: str
+    turn: int
+    attempt: int
+    correction: str
+    source: str  # "checker" (its reason) or "scripted" (the run's generic or human sentence).
+    fixed: bool
+    mistake_by: str | None = None
+
+
+def fix_episodes(records: Sequence[Record]) -> list[Episode]:
+    """The fix episodes of a run's records: every dialog correction (the checker's reason; a
+    turn's second correction is its attempt 2), every attempt at another model's mistake, and
+    every kind of feedback on the model's own mistakes. False corrections are not fix episodes."""
+    episodes = []
+    for record in records:
+        if (record.part == DIALOG and record.try_number > 0) or record.part == FIXING:
+            source = "checker"
+        elif record.part == FEEDBACK:
+            source = "checker" if record.feedback_kind == CHECKER_FEEDBACK else "scripted"
+        else:
+            continue
+        episodes.append(
+            Episode(
+                model=record.model,
+                turn=record.turn,
+                attempt=record.try_number if record.part == DIALOG else 1,
+                correction=record.prompt,
+                source=source,
+                fixed=record.rating == FIXED,
+                mistake_by=record.mistake_by,
+            )
+        )
+    return episodes

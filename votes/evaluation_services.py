@@ -16,23 +16,47 @@ logger = logging.getLogger(__name__)
 
 
 def start_evaluation(
-    *, task: Task, llms: Sequence[LLM], attempts: int = 5, max_tries: int = 3, fix_attempts: int = 3
+    *,
+    task: Task,
+    llms: Sequence[LLM],
+    attempts: int = 5,
+    max_tries: int = 3,
+    fix_attempts: int = 3,
+    decoys: int = 3,
+    feedback_mistakes: int = 2,
 ) -> EvaluationRun:
     """Create a pending run and hand it to a worker (Celery, or a thread in this process)."""
     from inference.dispatch import enqueue_evaluation
 
-    run = create_evaluation(task=task, llms=llms, attempts=attempts, max_tries=max_tries, fix_attempts=fix_attempts)
+    run = create_evaluation(
+        task=task,
+        llms=llms,
+        attempts=attempts,
+        max_tries=max_tries,
+        fix_attempts=fix_attempts,
+        decoys=decoys,
+        feedback_mistakes=feedback_mistakes,
+    )
     transaction.on_commit(lambda: enqueue_evaluation(run.pk))
     return run
 
 
 def create_evaluation(
-    *, task: Task, llms: Sequence[LLM], attempts: int = 5, max_tries: int = 3, fix_attempts: int = 3
+    *,
+    task: Task,
+    llms: Sequence[LLM],
+    attempts: int = 5,
+    max_tries: int = 3,
+    fix_attempts: int = 3,
+    decoys: int = 3,
+    feedback_mistakes: int = 2,
 ) -> EvaluationRun:
     if not llms:
         raise ValueError("An evaluation needs at least one model.")
-    if attempts < 1 or max_tries < 0 or fix_attempts < 0:
-        raise ValueError("attempts must be at least 1; max_tries and fix_attempts at least 0.")
+    if attempts < 1 or min(max_tries, fix_attempts, decoys, feedback_mistakes) < 0:
+        raise ValueError(
+            "attempts must be at least 1; max_tries, fix_attempts, decoys and feedback_mistakes at least 0."
+        )
     turns = task.turns.count()
     if turns == 0:
         raise ValueError(f"Task {task.slug!r} has no scripted turns.")
@@ -45,7 +69,9 @@ def create_evaluation(
         attempts=attempts,
         max_tries=max_tries,
         fix_attempts=fix_attempts,
-        total=len(llms) * (attempts + turns + fix_attempts),
+        decoys=decoys,
+        feedback_mistakes=feedback_mistakes,
+        total=len(llms) * (attempts + turns + fix_attempts + decoys + feedback_mistakes),
     )
     run.llms.set(llms)
     return run
@@ -88,6 +114,8 @@ def run_evaluation(
             attempts=run.attempts,
             max_tries=run.max_tries,
             fix_attempts=run.fix_attempts,
+            decoys=run.decoys,
+            feedback_mistakes=run.feedback_mistakes,
             seed=run.pk * 1000,
             progress=step,
         )

@@ -333,6 +333,12 @@ class EvaluationRun(models.Model):
     attempts = models.PositiveSmallIntegerField(default=5, help_text="Reliability: repeats of the first prompt.")
     max_tries = models.PositiveSmallIntegerField(default=3, help_text="Dialog: corrections sent per turn at most.")
     fix_attempts = models.PositiveSmallIntegerField(default=3, help_text="Fixing others' mistakes: attempts.")
+    decoys = models.PositiveSmallIntegerField(
+        default=3, help_text="Discernment: false corrections after correct dialog replies, at most."
+    )
+    feedback_mistakes = models.PositiveSmallIntegerField(
+        default=2, help_text="Feedback specificity: own mistakes corrected three ways, at most."
+    )
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     progress = models.PositiveIntegerField(default=0)
     total = models.PositiveIntegerField(default=0)
@@ -354,6 +360,8 @@ class EvaluationReply(models.Model):
         RELIABILITY = "reliability", "Reliability"
         DIALOG = "dialog", "Complete dialog"
         FIXING = "fixing", "Fixing other models' mistakes"
+        DISCERNMENT = "discernment", "False corrections (discernment)"
+        FEEDBACK = "feedback", "Feedback specificity"
 
     run = models.ForeignKey(EvaluationRun, on_delete=models.CASCADE, related_name="replies")
     model = models.ForeignKey(LLM, on_delete=models.CASCADE, related_name="+")
@@ -369,6 +377,9 @@ class EvaluationReply(models.Model):
     mistake_by = models.ForeignKey(
         LLM, on_delete=models.CASCADE, null=True, blank=True, related_name="+", help_text="Fixing: whose mistake."
     )
+    feedback_kind = models.CharField(
+        max_length=10, blank=True, help_text="Feedback specificity: generic, human or checker."
+    )
 
     class Meta:
         ordering = ["run", "model", "part", "attempt", "turn", "try_number"]
@@ -377,7 +388,18 @@ class EvaluationReply(models.Model):
         return f"{self.run} {self.model} {self.part} {self.attempt}/{self.turn}/{self.try_number}"
 
     # The fields of votes.evaluation.Record, besides the models (stored as roster rows here).
-    RECORD_FIELDS = ("part", "attempt", "turn", "try_number", "prompt", "reply", "verdict", "reason", "rating")
+    RECORD_FIELDS = (
+        "part",
+        "attempt",
+        "turn",
+        "try_number",
+        "prompt",
+        "reply",
+        "verdict",
+        "reason",
+        "rating",
+        "feedback_kind",
+    )
 
     @classmethod
     def from_record(cls, run: "EvaluationRun", record: evaluation.Record, llms: dict[str, LLM]) -> "EvaluationReply":
@@ -411,11 +433,31 @@ class FixEpisode(models.Model):
         POINTING = feedback.POINTING, "Points at the error"
         PRESCRIPTIVE = feedback.PRESCRIPTIVE, "Gives the right value"
 
-    battle = models.ForeignKey(Battle, on_delete=models.CASCADE, related_name="fix_episodes")
+    battle = models.ForeignKey(
+        Battle, on_delete=models.CASCADE, null=True, blank=True, related_name="fix_episodes", help_text="Live battles."
+    )
+    evaluation_run = models.ForeignKey(
+        "EvaluationRun",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="fix_episodes",
+        help_text="Evaluation runs (their episodes are exported, not on the live board).",
+    )
     model = models.ForeignKey(LLM, on_delete=models.CASCADE, related_name="fix_episodes")
+    mistake_by = models.ForeignKey(
+        LLM,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="+",
+        help_text="Evaluation runs: whose mistake it was, when another model's.",
+    )
     task = models.ForeignKey(Task, on_delete=models.CASCADE, null=True, blank=True, related_name="fix_episodes")
-    side = models.CharField(max_length=1, choices=Side.choices)
-    wrong_turn = models.PositiveIntegerField(help_text="The battle turn of the reply judged wrong.")
+    side = models.CharField(max_length=1, choices=Side.choices, blank=True)
+    wrong_turn = models.PositiveIntegerField(
+        help_text="The battle turn of the reply judged wrong (evaluation runs: its scripted turn)."
+    )
     script_turn = models.PositiveIntegerField(
         null=True,
         blank=True,
@@ -437,4 +479,5 @@ class FixEpisode(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.battle.public_id} {self.side}{self.wrong_turn}: {'fixed' if self.fixed else 'not fixed'}"
+        where = self.battle.public_id if self.battle else f"evaluation {self.evaluation_run_id}"
+        return f"{where} {self.side}{self.wrong_turn}: {'fixed' if self.fixed else 'not fixed'}"

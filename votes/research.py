@@ -15,8 +15,9 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
+from leaderboard import style
 from leaderboard.selectors import counted_votes, in_category, voter_flag_reason
 from votes.models import Battle, FixEpisode, Message, Vote
 
@@ -163,6 +164,13 @@ def vote_record(vote: Vote, *, with_exclusion: bool = False) -> dict[str, Any]:
         "conversation_a": seen["conversation"]["a"],
         "conversation_b": seen["conversation"]["b"],
         "turn": seen["turns"],
+        # The style fields of LMArena's releases, for style control (rate_battles --style-control).
+        "conv_metadata": style.conv_metadata(
+            *(
+                [(m["content"], m["num_tokens"]) for m in seen["conversation"][side] if m["role"] == "assistant"]
+                for side in "ab"
+            )
+        ),
         "anony": True,
         "language": "unknown",
         "tstamp": moment.timestamp(),
@@ -213,6 +221,7 @@ CSV_FIELDS = (
     "task_category",
     "conversation_a",
     "conversation_b",
+    "conv_metadata",
     "corrections",
     "ratings_a",
     "ratings_b",
@@ -225,25 +234,28 @@ CSV_FIELDS = (
 def episode_records(
     *, include_excluded: bool = False, after: int = 0, limit: int | None = None
 ) -> list[dict[str, Any]]:
-    """The stored fix episodes (ended battles only) as records, oldest first, after the
-    episode id ``after``: those the "Fixing mistakes" board counts, or every one with the reason
-    it would be left out. ``rate_fixes`` reads these records as they are."""
+    """The stored fix episodes (of ended battles, and of finished evaluation runs) as records,
+    oldest first, after the episode id ``after``: those not left out, or every one with the reason
+    it would be (a battle's identity leak or flagged voter). ``rate_fixes`` reads these records
+    as they are; the live board rates the battles' episodes only."""
     episodes = FixEpisode.objects.filter(pk__gt=after).annotate(voter_flag_reason=voter_flag_reason())
     if not include_excluded:
-        episodes = episodes.filter(battle__excluded=False, voter_flag_reason__isnull=True)
-    episodes = episodes.select_related("battle", "model", "task").order_by("pk")
+        episodes = episodes.filter(Q(battle__isnull=True) | Q(battle__excluded=False), voter_flag_reason__isnull=True)
+    episodes = episodes.select_related("battle", "model", "task", "mistake_by").order_by("pk")
     records = []
     for episode in episodes[:limit] if limit else episodes:
         reason = None
-        if episode.battle.excluded:
+        if episode.battle is not None and episode.battle.excluded:
             reason = f"identity leak: {episode.battle.excluded_reason}"
         elif episode.voter_flag_reason is not None:
             reason = f"flagged voter: {episode.voter_flag_reason}"
         records.append(
             {
                 "episode_id": episode.pk,
-                "battle": episode.battle.public_id,
+                "battle": episode.battle.public_id if episode.battle else None,
+                "evaluation_run": episode.evaluation_run_id,
                 "model": episode.model.name,
+                "mistake_by": episode.mistake_by.name if episode.mistake_by else None,
                 "task": episode.task.slug if episode.task else "free chat",
                 "turn": episode.script_turn if episode.script_turn is not None else 0,
                 "wrong_turn": episode.wrong_turn,

@@ -282,6 +282,8 @@ class EvaluationReport:
     fixing: list[dict[str, Any]]  # Per model: per attempt, whose mistake and the rating.
     recap: list[dict[str, Any]]  # Models ranked by tally.
     turns: list[str]  # The scripted prompts, for the dialog table's header.
+    discernment: list[dict[str, Any]]  # Per model: valid vs false corrections (evaluation.discernment).
+    feedback: list[dict[str, Any]]  # Per model: fix rate per kind of feedback.
 
 
 def evaluation_report(run: EvaluationRun) -> EvaluationReport:
@@ -340,6 +342,8 @@ def evaluation_report(run: EvaluationRun) -> EvaluationReport:
             for rank, (model, tally) in enumerate(evaluation.recap(records), start=1)
         ],
         turns=turns,
+        discernment=evaluation.discernment(records) if run.decoys else [],
+        feedback=evaluation.feedback_rates(records) if run.feedback_mistakes else [],
     )
 
 
@@ -385,7 +389,11 @@ def research_evaluation(run: EvaluationRun) -> dict[str, Any]:
         "attempts": run.attempts,
         "max_tries": run.max_tries,
         "fix_attempts": run.fix_attempts,
+        "decoys": run.decoys,
+        "feedback_mistakes": run.feedback_mistakes,
         "recap": report.recap,
+        "discernment": report.discernment,
+        "feedback": report.feedback,
         "replies": [
             asdict(reply.as_record()) for reply in run.replies.select_related("model", "mistake_by").order_by("pk")
         ],
@@ -468,4 +476,31 @@ def fix_episodes(battles: QuerySet[Battle] | None = None) -> list[FixEpisode]:
                 )
             )
             attempt = 1 if fixed else attempt + 1
+    return found
+
+
+def evaluation_fix_episodes() -> list[FixEpisode]:
+    """The fix episodes of every finished evaluation run (``evaluation.fix_episodes``), unsaved."""
+    found: list[FixEpisode] = []
+    runs = EvaluationRun.objects.filter(status=EvaluationRun.Status.DONE).select_related("task")
+    for run in runs:
+        replies = run.replies.select_related("model", "mistake_by").order_by("pk")
+        llms = {reply.model.name: reply.model for reply in replies}
+        llms |= {reply.mistake_by.name: reply.mistake_by for reply in replies if reply.mistake_by}
+        for episode in evaluation.fix_episodes([reply.as_record() for reply in replies]):
+            found.append(
+                FixEpisode(
+                    evaluation_run=run,
+                    model=llms[episode.model],
+                    mistake_by=llms[episode.mistake_by] if episode.mistake_by else None,
+                    task=run.task,
+                    wrong_turn=episode.turn,
+                    script_turn=episode.turn,
+                    attempt=episode.attempt,
+                    correction=episode.correction,
+                    source=episode.source,
+                    specificity=feedback.specificity(episode.correction),
+                    fixed=episode.fixed,
+                )
+            )
     return found

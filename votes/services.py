@@ -661,8 +661,9 @@ def researcher_key_for(token: str) -> ResearcherKey | None:
 @transaction.atomic
 def record_fix_episodes() -> int:
     """Rebuild the stored fix episodes from every ended battle's messages (ratings can change
-    until a battle ends, and a task's correction turns in the admin); returns how many."""
-    episodes = selectors.fix_episodes()
+    until a battle ends, and a task's correction turns in the admin) and from every finished
+    evaluation run; returns how many."""
+    episodes = selectors.fix_episodes() + selectors.evaluation_fix_episodes()
     FixEpisode.objects.all().delete()
     FixEpisode.objects.bulk_create(episodes)
     return len(episodes)

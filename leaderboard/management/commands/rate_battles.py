@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from leaderboard import board, ratings
+from leaderboard import board, ratings, style
 from leaderboard.management.input_files import read_input
 
 
@@ -21,6 +21,12 @@ class Command(BaseCommand):
         parser.add_argument("--ci", choices=board.CI_METHODS, default="bootstrap", help="Interval method.")
         parser.add_argument("--seed", type=int, default=0, help="Bootstrap seed (default 0).")
         parser.add_argument("--json", action="store_true", help="Print a JSON list instead of a table.")
+        parser.add_argument(
+            "--style-control",
+            action="store_true",
+            help="Control for style: the length and markdown differences of each battle's conv_metadata "
+            "(LMArena's releases, this arena's dumps) as covariates; sandwich intervals, no Elo.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["rounds"] < 1:
@@ -28,9 +34,14 @@ class Command(BaseCommand):
         name = options["file"]
         text = read_input(name)
         try:
-            names, games = board.games_from_battles(board.read_battles(text))
+            records = board.read_battles(text)
+            names, games = board.games_from_battles(records)
+            styled = board.style_votes_from_battles(records, names) if options["style_control"] else None
         except board.BattleFileError as error:
             raise CommandError(f"{name}: {error}") from None
+        if styled is not None:
+            self._style_controlled(names, styled, as_json=options["json"])
+            return
         rows = board.compute_board(
             names,
             ratings.PairOutcomes.from_games(len(names), games),
@@ -48,4 +59,21 @@ class Command(BaseCommand):
             interval = f"{row.lower:.1f}-{row.upper:.1f}"
             self.stdout.write(
                 f"{row.rank:>4}  {row.model:<32} {row.rating:>7.1f} {interval:>17} {row.votes:>7} {row.elo:>7.1f}"
+            )
+
+    def _style_controlled(self, names: list[str], votes: list, *, as_json: bool) -> None:
+        rows, coefficients = board.compute_style_board(names, style.StyleOutcomes.from_votes(len(names), votes))
+        if as_json:
+            payload = {"rows": [row.as_dict() for row in rows], "coefficients": coefficients}
+            self.stdout.write(json.dumps(payload, indent=2))
+            return
+        self.stdout.write(f"{len(votes)} battles, {len(names)} models; style-controlled, 95% sandwich intervals")
+        self.stdout.write(f"{'rank':>4}  {'model':<32} {'rating':>7} {'95% interval':>17} {'votes':>7}")
+        for row in rows:
+            interval = f"{row.lower:.1f}-{row.upper:.1f}"
+            self.stdout.write(f"{row.rank:>4}  {row.model:<32} {row.rating:>7.1f} {interval:>17} {row.votes:>7}")
+        for feature, value in coefficients.items():
+            self.stdout.write(
+                f"style coefficient {feature}: {value['value']:.3f} ({value['lower']:.3f} to {value['upper']:.3f}) "
+                "log-odds per unit of normalised difference"
             )

@@ -13,7 +13,8 @@ from votes.models import Task
 class Command(BaseCommand):
     help = (
         "Evaluate models on a task like the seed experiment: reliability, the complete dialog with "
-        "corrections, fixing other models' mistakes. Stores the run; prints its recap."
+        "corrections, fixing other models' mistakes; then false corrections (discernment) and three kinds of "
+        "feedback on the same mistakes. Stores the run; prints its recap."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -22,6 +23,15 @@ class Command(BaseCommand):
         parser.add_argument("--attempts", type=int, default=5, help="Reliability attempts (default 5).")
         parser.add_argument("--max-tries", type=int, default=3, help="Corrections per dialog turn (default 3).")
         parser.add_argument("--fix-attempts", type=int, default=3, help="Fixing attempts (default 3).")
+        parser.add_argument(
+            "--decoys", type=int, default=3, help="False corrections after correct replies (discernment; default 3)."
+        )
+        parser.add_argument(
+            "--feedback-mistakes",
+            type=int,
+            default=2,
+            help="Own mistakes corrected three ways: generic, human, checker (default 2).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         task = Task.objects.filter(slug=options["task"]).first()
@@ -42,6 +52,8 @@ class Command(BaseCommand):
                 attempts=options["attempts"],
                 max_tries=options["max_tries"],
                 fix_attempts=options["fix_attempts"],
+                decoys=options["decoys"],
+                feedback_mistakes=options["feedback_mistakes"],
             )
         except ValueError as error:
             raise CommandError(str(error)) from None

@@ -1,0 +1,187 @@
+"""Style control (leaderboard/style.py): the contextual Bradley-Terry fit, checked by simulation
+and against LMArena's arena-rank; its toggle on the page and in the API; rate_battles."""
+
+import json
+import subprocess
+import sys
+from io import StringIO
+from pathlib import Path
+
+import numpy as np
+import pytest
+from django.core.management import CommandError, call_command
+
+from inference.models import LLM
+from leaderboard import ratings, services, style
+from votes.models import Battle, Message, Vote
+
+TRUE = np.array([0.0, 0.0, 50.0, -50.0, 100.0, -100.0])
+LENGTH_EFFECT = 1.0  # Log-odds per unit of normalised length difference.
+
+
+def verbose_arena(votes: int, seed: int, tie_share: float = 0.1) -> list[tuple[int, int, float, np.ndarray]]:
+    """Six models; model 0 always writes 400 tokens, the others 100-300. Voters prefer longer
+    replies by LENGTH_EFFECT and otherwise follow TRUE; ``tie_share`` ties, whatever the style."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(votes):
+        a, b = rng.choice(TRUE.size, 2, replace=False)
+        length_a = 400.0 if a == 0 else rng.uniform(100, 300)
+        length_b = 400.0 if b == 0 else rng.uniform(100, 300)
+        difference = style.differences((length_a, 0, 1, 0), (length_b, 0, 1, 0))
+        logit = (TRUE[a] - TRUE[b]) * np.log(10.0) / 400.0 + LENGTH_EFFECT * difference[0]
+        score = 0.5 if rng.random() < tie_share else float(rng.random() < 1.0 / (1.0 + np.exp(-logit)))
+        out.append((int(a), int(b), score, difference))
+    return out
+
+
+def test_style_control_removes_what_verbosity_gained() -> None:
+    votes = verbose_arena(20_000, seed=1, tie_share=0.0)  # Ties would dilute the effect (test_ratings).
+    plain = ratings.sandwich_intervals(ratings.PairOutcomes.from_games(6, [(a, b, s) for a, b, s, _ in votes]))
+    controlled = style.style_controlled(style.StyleOutcomes.from_votes(6, votes))
+    truth = 1000.0 + TRUE - TRUE.mean()
+    assert plain.ratings[0] - truth[0] > 25  # Verbosity bought the verbose model points...
+    assert controlled.lower[0] <= truth[0] <= controlled.upper[0]  # ...which style control takes back.
+    assert np.all(np.abs(controlled.ratings - truth) < 20)
+    length = style.FEATURES.index("length")
+    assert controlled.coefficient_lower[length] <= LENGTH_EFFECT <= controlled.coefficient_upper[length]
+
+
+def test_cost_is_flat_in_the_number_of_votes() -> None:
+    few = style.StyleOutcomes.from_votes(6, verbose_arena(2_000, seed=2))
+    many = style.StyleOutcomes.from_votes(6, verbose_arena(40_000, seed=2))
+    assert many.total == 40_000 and many.first.size < 3 * few.first.size  # Cells, not votes.
+
+
+def test_markdown_counts_and_conv_metadata() -> None:
+    text = "# Plan\n\n- one\n- two\n1. three\n\n**bold** and __also__"
+    assert style.markdown_counts(text) == (1, 3, 2)
+    meta = style.conv_metadata([(text, 30)], [("plain", 10)])
+    assert meta == {
+        "sum_assistant_a_tokens": 30,
+        "header_count_a": 1,
+        "list_count_a": 3,
+        "bold_count_a": 2,
+        "sum_assistant_b_tokens": 10,
+        "header_count_b": 0,
+        "list_count_b": 0,
+        "bold_count_b": 0,
+    }
+    np.testing.assert_allclose(style.differences_from_metadata(meta), [0.5, 1.0, 1.0, 1.0])
+    # LMArena's releases give counts per header level, list kind and bold marker.
+    lmarena = {**meta, "header_count_a": {"h1": 1, "h2": 1}, "list_count_b": {"ordered": 0, "unordered": 1}}
+    np.testing.assert_allclose(style.differences_from_metadata(lmarena), [0.5, 1.0, 0.5, 1.0])
+    with pytest.raises(ValueError, match="conv_metadata lacks sum_assistant_b_tokens"):
+        style.differences_from_metadata({k: v for k, v in meta.items() if k != "sum_assistant_b_tokens"})
+
+
+ARENA_RANK = """
+import json, sys
+import jax.numpy as jnp
+from arena_rank.models.bradley_terry import BradleyTerry
+from arena_rank.models.contextual_bradley_terry import ContextualBradleyTerry
+from arena_rank.utils.data_utils import ContextualPairDataset, PairDataset
+data = json.load(sys.stdin)
+names = data["names"]
+pairs = jnp.array(data["pairs"], dtype=jnp.int32)
+outcomes = jnp.array(data["outcomes"], dtype=jnp.float64)
+features = jnp.array(data["features"], dtype=jnp.float64)
+ones = jnp.ones(len(data["outcomes"]), dtype=jnp.float64)
+plain = BradleyTerry(len(names))
+plain_data = PairDataset(names, pairs, outcomes, ones, ones, ones)
+plain_result = plain.compute_ratings_and_cis(plain_data, ci_method="sandwich")
+contextual = ContextualBradleyTerry(len(names), features.shape[1], reg=0.0)
+contextual_data = ContextualPairDataset(names, pairs, outcomes, features, ones)
+contextual_result = contextual.compute_ratings_and_cis(contextual_data, ci_method="sandwich")
+print(json.dumps({
+    key: {field: [float(x) for x in result[field]] for field in ("ratings", "rating_lower", "rating_upper")}
+    | {"coeffs": [float(x) for x in result.get("coeffs", [])]}
+    for key, result in (("plain", plain_result), ("contextual", contextual_result))
+}))
+"""
+
+
+def test_agrees_with_lmarenas_arena_rank() -> None:
+    """Plain and contextual Bradley-Terry within 0.1 rating points of arena-rank 0.1.1 on the same
+    votes (unpenalised: no prior here, no regularisation there), sandwich intervals within 1%.
+    arena-rank turns on 64-bit floats globally, so it runs in a process of its own."""
+    votes = verbose_arena(6_000, seed=3)
+    binned = style.StyleOutcomes.from_votes(6, votes)  # The cells' rounded differences, as data.
+    rows = [
+        (int(i), int(j), outcome, list(x))
+        for i, j, x, wins_i, wins_j, ties in zip(
+            binned.first,
+            binned.second,
+            binned.features,
+            binned.first_wins,
+            binned.second_wins,
+            binned.ties,
+            strict=True,
+        )
+        for outcome, count in ((1.0, wins_i), (0.0, wins_j), (0.5, ties))
+        for _ in range(int(count))
+    ]
+    payload = {
+        "names": [f"m{i}" for i in range(6)],
+        "pairs": [[i, j] for i, j, _, _ in rows],
+        "outcomes": [outcome for _, _, outcome, _ in rows],
+        "features": [x for _, _, _, x in rows],
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", ARENA_RANK], input=json.dumps(payload), capture_output=True, text=True, check=True
+    )
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    ours_plain = ratings.sandwich_intervals(
+        ratings.PairOutcomes.from_games(6, [(i, j, outcome) for i, j, outcome, _ in rows]), prior=0.0
+    )
+    ours_contextual = style.style_controlled(binned, prior=0.0)
+    for ours, key in ((ours_plain, "plain"), (ours_contextual, "contextual")):
+        np.testing.assert_allclose(ours.ratings, theirs[key]["ratings"], atol=0.1)
+        width = np.array(theirs[key]["rating_upper"]) - np.array(theirs[key]["rating_lower"])
+        np.testing.assert_allclose(ours.upper - ours.lower, width, rtol=0.01)
+    np.testing.assert_allclose(ours_contextual.coefficients, theirs["contextual"]["coeffs"], atol=1e-3)
+
+
+@pytest.mark.django_db
+def test_the_overall_board_has_a_style_toggle(client) -> None:
+    verbose, terse = (LLM.objects.create(name=n, family="gemma", preset=f"/p/{n}") for n in ("verbose", "terse"))
+    for index in range(6):
+        battle = Battle.objects.create(model_a=verbose, model_b=terse, voter_key=f"v{index}", state="ended")
+        long, short = "# Answer\n\n- **long** reply " * 5, "short"
+        # Either model writes the long reply, so style and model are not confounded.
+        for side, text in (("a", long if index % 2 else short), ("b", short if index % 2 else long)):
+            Message.objects.create(battle=battle, side=side, turn=0, role="user", content="q")
+            Message.objects.create(battle=battle, side=side, turn=0, role="assistant", content=text, token_count=None)
+        Vote.objects.create(battle=battle, choice="a" if index < 4 else "b", stage="first_try")
+    snapshot = services.refresh_leaderboard(rounds=20).snapshots.get(category="overall")
+    assert {row["model"] for row in snapshot.style_rows} == {"verbose", "terse"}
+    assert set(snapshot.style_coefficients) == set(style.FEATURES)
+    page = client.get("/leaderboard/", {"category": "overall", "style": "1"})
+    assert page.context["styled"] and "Ratings at equal style" in page.content.decode()
+    assert "Style control:" in client.get("/leaderboard/").content.decode()
+
+
+def test_rate_battles_with_style_control(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    records = []
+    for index, (a, b, score, _) in enumerate(verbose_arena(3_000, seed=4)):
+        long_a = a == 0 or (b != 0 and rng.random() < 0.5)
+        meta = style.conv_metadata([("x", 400 if long_a else 150)], [("x", 150 if long_a else 400)])
+        winner = {1.0: "model_a", 0.0: "model_b", 0.5: "tie"}[score]
+        records.append(
+            {"model_a": f"m{a}", "model_b": f"m{b}", "winner": winner, "tstamp": index, "conv_metadata": meta}
+        )
+    path = tmp_path / "battles.json"
+    path.write_text(json.dumps(records))
+    out = StringIO()
+    call_command("rate_battles", str(path), "--style-control", "--json", stdout=out)
+    result = json.loads(out.getvalue())
+    assert {row["model"] for row in result["rows"]} == {f"m{i}" for i in range(6)}
+    assert set(result["coefficients"]) == set(style.FEATURES)
+    table = StringIO()
+    call_command("rate_battles", str(path), "--style-control", stdout=table)
+    assert "style coefficient length" in table.getvalue()
+    del records[5]["conv_metadata"]
+    path.write_text(json.dumps(records))
+    with pytest.raises(CommandError, match=r"Battle 6: conv_metadata is not an object; --style-control needs it\."):
+        call_command("rate_battles", str(path), "--style-control")
