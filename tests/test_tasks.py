@@ -212,7 +212,7 @@ def test_admin_actions_and_import(admin_client) -> None:
     admin_client.post(changelist, {"action": "run_evaluation", "_selected_action": [calendar.pk]})
     run = EvaluationRun.objects.get()
     assert (run.task, list(run.llms.all()), run.status) == (calendar, [strong], EvaluationRun.Status.PENDING)
-    assert run.total == 5 + 6 + 3
+    assert run.total == 5 + 6 + 3 + 3 + 2  # Reliability, dialog, fixing, decoys, feedback (defaults).
 
 
 def test_arena_page_offers_the_active_tasks(client) -> None:

@@ -262,6 +262,8 @@ def export_tasks(tasks: Iterable[Task]) -> dict[str, Any]:
                 "turns": [
                     {
                         "prompt": turn.prompt,
+                        # Only where set, as the bundled file writes it.
+                        **({"corrects_previous": True} if turn.corrects_previous else {}),
                         "expected_output": turn.expected_output,
                         "checker": turn.checker,
                         "checker_options": turn.checker_options,
