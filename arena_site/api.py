@@ -314,6 +314,14 @@ class EpisodeOut(Schema):
     source: str
     feedback_kind: str
     fixed: bool
+    turns_to_fix: int | None = Field(description="The corrections this mistake took to be fixed; null: never fixed.")
+    regression: bool | None = Field(
+        description="The reply broke a part the wrong one had right, judged field by field by the checker; "
+        "null where the checker did not judge both replies part by part."
+    )
+    persisted: bool | None = Field(
+        description="The parts it fixed stayed right in that side's later checked replies; null: none to judge."
+    )
     decoy: bool
     excluded: bool
     excluded_reason: str | None

@@ -19,7 +19,7 @@ interval, and the number of episodes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -40,6 +40,37 @@ class Episode:
     turn: int
     fixed: bool
     battle: str | None = None  # Episodes of one battle form a cluster; None: its own.
+
+
+Parts = Mapping[str, bool]  # A checker's judgement part by part (votes.checkers.CheckResult.parts).
+
+
+def regressed(wrong: Parts, answer: Parts) -> bool | None:
+    """Whether the answer to a correction broke a part the wrong reply had right, judged field
+    by field by the checker (the date fixed, the time now wrong). None when the checker judged
+    no part of one of the two replies (no call at all): nothing to compare."""
+    if not wrong or not answer:
+        return None
+    return any(right and answer.get(part) is False for part, right in wrong.items())
+
+
+def fixed_parts(wrong: Parts, answer: Parts) -> frozenset[str]:
+    """The parts the correction fixed: wrong before, right in the answer."""
+    return frozenset(part for part, right in wrong.items() if not right and answer.get(part) is True)
+
+
+def persisted(fixed: frozenset[str], later: Iterable[Parts]) -> bool | None:
+    """Whether the parts a correction fixed stay right in that side's later checked replies
+    (the calendar's date, fixed to 2024 at turn 2, in turns 3 to 6). It is judged part by part,
+    so a later reply that gets the same field wrong in another way (the wrong day) counts as a
+    lapse too. None when no later reply judged any of those parts."""
+    verdicts = [parts[part] for parts in later for part in fixed if part in parts]
+    return all(verdicts) if verdicts else None
+
+
+def turns_to_fix(fixed_by_attempt: Sequence[bool]) -> int | None:
+    """How many corrections one mistake took: the attempt that fixed it, None if none did."""
+    return next((attempt for attempt, fixed in enumerate(fixed_by_attempt, 1) if fixed), None)
 
 
 @dataclass(frozen=True)

@@ -182,6 +182,23 @@ def test_json_semantic_equality() -> None:
     assert check("json", "[1, 2]", "[1, 2, 3]").reason == "$ has 3 items, expected 2"
 
 
+# --- parts: what fix episodes compare field by field -----------------------------------------------
+
+
+def test_parts_say_which_fields_are_right() -> None:
+    result = check("python_call", FRED, f"Sure: {FRED.replace('2024', '2023').replace('17:00', '5PM')}", CALENDAR)
+    assert result.wrong_parts == {"date", "time", "text around"}
+    assert result.parts["title"] and result.parts["duration"] and result.parts["function"]
+    assert check("python_call", FRED, FRED, CALENDAR).wrong_parts == set()
+    # The wrong function: its arguments cannot be bound to the expected one's, so they are not parts.
+    removed = check("python_call", FRED, CANCEL, CALENDAR)
+    assert set(removed.parts) == {"function", "calls", "text around"} and removed.wrong_parts == {"function"}
+    assert check("python_call", FRED, "I can't do that.", CALENDAR).parts == {}  # nothing to judge part by part
+    json_result = check("json", '{"name": "Fred", "tags": ["a"]}', 'Here: {"name": "Fred", "tags": ["b"], "x": 1}')
+    assert json_result.parts == {"$.name": True, "$.tags": False, "other keys": False, "text around": False}
+    assert check("exact", "yes", "no").parts == {"reply": False}
+
+
 # --- configuration errors --------------------------------------------------------------------------
 
 
@@ -231,6 +248,15 @@ def test_check_reply_command_prints_json() -> None:
         "verdict": "mistake",
         "reason": "date is 2023-11-11, expected 2024-11-11",
         "mistakes": ["date is 2023-11-11, expected 2024-11-11"],
+        "parts": {
+            "function": True,
+            "title": True,
+            "date": False,
+            "time": True,
+            "duration": True,
+            "calls": True,
+            "text around": True,
+        },
     }
 
 

@@ -64,7 +64,8 @@ def test_battles_streaming_at_once_on_sqlite_never_lock_or_hang(smollm2_preset: 
     assert [error for result in results for error in result.errors] == []
     assert all(result.finished for result in results)
     statuses = [record.status for result in results for record in result.replies.values()]
-    assert statuses == ["done"] * (3 * VOTERS), statuses  # Two replies to the prompt, one to the fix.
+    why = [line for line in log.splitlines() if "failed" in line or "Error" in line]  # for the report
+    assert statuses == ["done"] * (3 * VOTERS), (statuses, why[-20:])  # Two replies to the prompt, one to the fix.
     for result in results:
         for record in result.replies.values():
             assert record.delivered == record.saved and record.saved.strip()

@@ -7,6 +7,8 @@ from inference.models import LLM
 from leaderboard import selectors as leaderboard_selectors
 from leaderboard import services as leaderboard_services
 from votes import research, selectors, services
+from votes.evaluation import DIALOG, FIXED, MISTAKE, Record
+from votes.evaluation import fix_episodes as evaluation_episodes
 from votes.feedback import GENERIC, POINTING, PRESCRIPTIVE, specificity
 from votes.models import Battle, EvaluationReply, EvaluationRun, FixEpisode, Message, Task, TaskTurn
 
@@ -135,6 +137,84 @@ def test_the_bundled_calendar_task_marks_its_correction() -> None:
     assert list(marked) == [("calendar", 1, "The current year is 2024.")]
 
 
+FRED = 'action.add_calendar_entry("Meeting with Fred", date="{year}-11-11", time="{time}", duration=30)'
+CONCERT = 'action.add_calendar_entry("Rock Concert", date="{year}-11-11", time="{time}", duration={minutes})'
+
+
+def checked_calendar_battle(pair, sides: dict[str, list[tuple[str, int | None, str, str]]]) -> None:
+    """A calendar battle whose replies the bundled task's checker judges, part by part as the
+    site does (votes.services.review_reply); each turn is (prompt, script_turn, reply, rating)."""
+    from django.core.management import call_command
+
+    call_command("import_tasks", verbosity=0)
+    task = Task.objects.get(slug="calendar")
+    battle = Battle.objects.create(model_a=pair[0], model_b=pair[1], voter_key="v", task=task, state="ended")
+    for side, turns in sides.items():
+        for turn, (prompt, script_turn, reply, rating) in enumerate(turns):
+            Message.objects.create(
+                battle=battle, side=side, turn=turn, role="user", content=prompt, script_turn=script_turn
+            )
+            message = Message.objects.create(
+                battle=battle,
+                side=side,
+                turn=turn,
+                role="assistant",
+                content=reply,
+                script_turn=script_turn,
+                rating=rating,
+            )
+            services.review_reply(message)
+
+
+@pytest.mark.django_db
+def test_regression_persistence_and_turns_to_fix_field_by_field(pair) -> None:
+    # The task leaves turn 1's year open (any year is right until the voter says which): the
+    # mistakes here are the time in 12-hour format and, once, a duration.
+    year = "The current year is 2024."
+    checked_calendar_battle(
+        pair,
+        {
+            # Fixes the time at once, and keeps it right in the next turn: persisted.
+            "a": [
+                ("Add a meeting with Fred", 0, FRED.format(year=2023, time="5PM"), ""),
+                (year, 1, FRED.format(year=2024, time="17:00"), ""),
+                ("Add a rock concert", 2, CONCERT.format(year=2024, time="20:00", minutes=30), ""),
+            ],
+            # Fixes the time but breaks the duration (a regression, not fixed); the voter's
+            # correction fixes it: two corrections for one mistake.
+            "b": [
+                ("Add a meeting with Fred", 0, FRED.format(year=2023, time="5PM"), ""),
+                (year, 1, FRED.format(year=2024, time="17:00").replace("30)", "60)"), ""),
+                ("Use the default duration.", None, FRED.format(year=2024, time="17:00"), "fixed"),
+            ],
+        },
+    )
+    checked_calendar_battle(
+        pair,
+        {  # Fixes the time, then writes the next one in 12-hour format again: a lapse.
+            "a": [
+                ("Add a meeting with Fred", 0, FRED.format(year=2023, time="5PM"), ""),
+                (year, 1, FRED.format(year=2024, time="17:00"), ""),
+                ("Add a rock concert", 2, CONCERT.format(year=2024, time="8PM", minutes=30), ""),
+            ],
+        },
+    )
+    found = [
+        (e.side, e.attempt, e.source, e.fixed, e.regression, e.persisted, e.turns_to_fix)
+        for e in selectors.fix_episodes()
+    ]
+    assert found == [
+        ("a", 1, "scripted", True, False, True, 1),
+        ("b", 1, "scripted", False, True, None, 2),
+        # The voter's prompt has no scripted turn, so its reply has no checked parts: no
+        # regression verdict, and nothing checked to follow in later turns.
+        ("b", 2, "voter", True, None, None, 2),
+        ("a", 1, "scripted", True, False, False, 1),
+    ]
+    parts = Message.objects.filter(side="b", turn=1, role="assistant").get().check_parts
+    assert parts["time"] is True and parts["duration"] is False
+
+
 @pytest.mark.django_db
 def test_refresh_stores_the_episodes_and_rates_fixing_on_them(client, pair) -> None:
     for _ in range(3):
@@ -194,3 +274,27 @@ def test_evaluation_runs_episodes_are_recorded_but_not_on_the_live_board(pair) -
         (run.pk, None, None),
         (run.pk, None, "fixer"),
     ]
+
+
+def test_evaluation_dialog_tries_give_regressions_and_turns_to_fix() -> None:
+    """evaluation.fix_episodes: a turn's tries, each judged part by part against the try before."""
+    judged = {  # reply -> its parts, as the turn's checker would judge them
+        "time wrong": {"time": False, "duration": True},
+        "duration wrong": {"time": True, "duration": False},
+        "right": {"time": True, "duration": True},
+    }
+    tries = [
+        ("q", "time wrong", MISTAKE),
+        ("The time is wrong.", "duration wrong", MISTAKE),
+        ("Fix it.", "right", FIXED),
+    ]
+    records = [
+        Record("m", DIALOG, 0, 0, number, prompt, reply, "", "", rating)
+        for number, (prompt, reply, rating) in enumerate(tries)
+    ]
+    found = evaluation_episodes(records, lambda record: judged[record.reply])
+    assert [(e.attempt, e.fixed, e.regression, e.turns_to_fix) for e in found] == [
+        (1, False, True, 2),  # fixed the time, broke the duration
+        (2, True, False, 2),
+    ]
+    assert [e.regression for e in evaluation_episodes(records)] == [None, None]  # no checker: not judged

@@ -21,7 +21,10 @@ Four kinds, chosen per scripted turn by the admin who curates the task:
 
 Every check returns a verdict, ``correct``, ``mistake`` (one or two mistakes) or ``garbage``
 (nothing recognisable, or three or more mistakes at once: the 🔥 of shared/scenario.md), with a
-short reason a voter could send as the correction ("date is 2023-11-11, expected 2024-11-11").
+short reason a voter could send as the correction ("date is 2023-11-11, expected 2024-11-11"),
+and the parts it judged, each right or wrong (a call's name and each parameter, the text around
+it; a JSON document's top-level keys): what fix episodes compare field by field to tell a
+regression (a correction that breaks a part that was right) and whether a fix persists.
 
 Pure Python, no Django: the evaluation runner, the admin's validation and ``check_reply`` share it.
 """
@@ -51,6 +54,13 @@ class CheckResult:
     verdict: Verdict
     mistakes: tuple[str, ...] = ()  # One short sentence each.
     details: Mapping[str, Any] = field(default_factory=dict)
+    # Each part the checker could judge -> whether it is right; empty when nothing in the reply
+    # could be matched part by part (no call at all, an exact text that differs).
+    parts: Mapping[str, bool] = field(default_factory=dict)
+
+    @property
+    def wrong_parts(self) -> frozenset[str]:
+        return frozenset(part for part, right in self.parts.items() if not right)
 
     @property
     def reason(self) -> str:
@@ -58,13 +68,30 @@ class CheckResult:
         return "; ".join(self.mistakes)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "reason": self.reason, "mistakes": list(self.mistakes)}
+        mistakes = list(self.mistakes)
+        return {"verdict": self.verdict, "reason": self.reason, "mistakes": mistakes, "parts": dict(self.parts)}
 
 
-def _result(mistakes: Sequence[str], *, garbage: bool = False) -> CheckResult:
+class _Findings:
+    """Mistakes as they are found, each charged to the part of the reply it is about."""
+
+    def __init__(self, parts: Sequence[str] = ()) -> None:
+        self.mistakes: list[str] = []
+        self.parts: dict[str, bool] = dict.fromkeys(parts, True)
+
+    def add(self, part: str, mistake: str) -> None:
+        self.mistakes.append(mistake)
+        self.parts[part] = False
+
+    def result(self) -> CheckResult:
+        return _result(self.mistakes, parts=self.parts)
+
+
+def _result(mistakes: Sequence[str], *, garbage: bool = False, parts: Mapping[str, bool] | None = None) -> CheckResult:
+    parts = dict(parts or {})
     if garbage or len(mistakes) >= GARBAGE_THRESHOLD:
-        return CheckResult("garbage", tuple(mistakes))
-    return CheckResult("mistake" if mistakes else "correct", tuple(mistakes))
+        return CheckResult("garbage", tuple(mistakes), parts=parts)
+    return CheckResult("mistake" if mistakes else "correct", tuple(mistakes), parts=parts)
 
 
 def _shown(text: str) -> str:
@@ -103,8 +130,8 @@ def _check_exact(expected: str, reply: str, options: Mapping[str, Any]) -> Check
     if not reply.strip():
         return _result(["the reply is empty"], garbage=True)
     if normal(reply) == normal(expected):
-        return _result([])
-    return _result([f"expected exactly {_shown(expected)!r}"])
+        return _result([], parts={"reply": True})
+    return _result([f"expected exactly {_shown(expected)!r}"], parts={"reply": False})
 
 
 # --- regex -----------------------------------------------------------------------------------
@@ -126,8 +153,8 @@ def _check_regex(expected: str, reply: str, options: Mapping[str, Any]) -> Check
     text = reply.strip()
     matched = pattern.search(text) if search else pattern.fullmatch(text)
     if matched:
-        return _result([])
-    return _result([f"the reply does not match the expected pattern {_shown(expected)!r}"])
+        return _result([], parts={"reply": True})
+    return _result([f"the reply does not match the expected pattern {_shown(expected)!r}"], parts={"reply": False})
 
 
 # --- json ------------------------------------------------------------------------------------
@@ -180,7 +207,7 @@ def _check_json(expected: str, reply: str, options: Mapping[str, Any]) -> CheckR
     except ValueError as error:
         raise CheckerConfigError(f"The expected output is not valid JSON: {error}.") from None
     text = reply.strip()
-    mistakes: list[str] = []
+    around: list[str] = []
     try:
         got = json.loads(text)
     except ValueError:
@@ -189,10 +216,18 @@ def _check_json(expected: str, reply: str, options: Mapping[str, Any]) -> CheckR
             return _result(["the reply contains no JSON"], garbage=True)
         got, start, end = found
         outside = (text[:start] + " " + text[end:]).strip()
-        mistakes.append(f"text around the JSON: {_shown(outside)!r}")
+        around.append(f"text around the JSON: {_shown(outside)!r}")
     differences: list[str] = []
     _same_json(got, want, "$", differences)
-    return _result(differences + mistakes)
+    # Parts: each top-level key of an object (a difference is charged to the key its path
+    # starts with), else the document as a whole; and the text around it.
+    keys = [f"$.{key}" for key in want] if isinstance(want, dict) and isinstance(got, dict) else ["$"]
+    parts = {key: True for key in keys} | {"text around": not around}
+    for difference in differences:
+        path = difference.split(" ", 2)[-1] if difference.startswith(("missing key", "unexpected key")) else difference
+        owner = next((key for key in keys if path == key or path.startswith((key + ".", key + "[", key + " "))), None)
+        parts[owner or "other keys"] = False
+    return _result(differences + around, parts=parts)
 
 
 # --- python_call -----------------------------------------------------------------------------
@@ -461,31 +496,34 @@ def _check_python_call(expected: str, reply: str, options: Mapping[str, Any]) ->
         (c for c in known if c.name == expected_name),
         next((c for c in known if c.name.rsplit(".", 1)[-1] == signature.short_name), known[0] if known else None),
     )
-    mistakes: list[str] = []
     if main is None:  # Calls, but none of the API's functions.
         main = calls[0]
         if main.name.split(".")[0] != expected_name.split(".")[0]:
             return _result([f"{main.name}() is not part of the API"], garbage=True)
+    same_function = main.name.rsplit(".", 1)[-1] == signature.short_name
+    # The parameters are parts only when the call can be bound to the expected signature.
+    found = _Findings(["function", *(signature.parameters if same_function else ()), "calls", "text around"])
     if main.name != expected_name:
-        mistakes.append(f"called {main.name}(), expected {expected_name}()")
-    if main.name.rsplit(".", 1)[-1] == signature.short_name:
+        found.add("function", f"called {main.name}(), expected {expected_name}()")
+    if same_function:
         got, problems = _bind(main.node, signature)
-        mistakes += problems
+        for problem in problems:
+            found.add("function", problem)
         for parameter in signature.parameters:
             want = wanted[parameter]
             if parameter not in got:
-                mistakes.append(f"{parameter} is missing")
+                found.add(parameter, f"{parameter} is missing")
                 continue
             value = got[parameter]
             if value is _UNREADABLE:
-                mistakes.append(f"{parameter} is not a literal value")
+                found.add(parameter, f"{parameter} is not a literal value")
             elif parameter in compiled:
                 if not compiled[parameter].fullmatch(str(value)):
-                    mistakes.append(f"{parameter} is {_value_text(value)}, expected {_value_text(want)}")
+                    found.add(parameter, f"{parameter} is {_value_text(value)}, expected {_value_text(want)}")
             elif not _same_value(value, want, parameter in case_insensitive):
-                mistakes.append(f"{parameter} is {_value_text(value)}, expected {_value_text(want)}")
+                found.add(parameter, f"{parameter} is {_value_text(value)}, expected {_value_text(want)}")
     if len(calls) > 1:
-        mistakes.append(f"{len(calls)} calls, expected one")
+        found.add("calls", f"{len(calls)} calls, expected one")
     outside = " ".join(
         piece.strip()
         for piece in [reply[: calls[0].start]]
@@ -494,8 +532,8 @@ def _check_python_call(expected: str, reply: str, options: Mapping[str, Any]) ->
     ).strip()
     outside = outside.removesuffix(";").strip()
     if outside:
-        mistakes.append(f"text around the call: {_shown(outside)!r}")
-    return _result(mistakes)
+        found.add("text around", f"text around the call: {_shown(outside)!r}")
+    return found.result()
 
 
 _CHECKERS: dict[str, Callable[[str, str, Mapping[str, Any]], CheckResult]] = {

@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from leaderboard import fixing
+from leaderboard.fixing import Parts
 from leaderboard.ratings import wilson_interval
 from votes.checkers import CheckResult
 
@@ -389,15 +391,36 @@ class Episode:
     source: str  # "checker" (its reason) or "scripted" (the run's generic or human sentence).
     fixed: bool
     mistake_by: str | None = None
+    turns_to_fix: int | None = None  # The tries the mistake took; None: never fixed.
+    regression: bool | None = None  # Dialog tries only: judged field by field against the try before.
 
 
-def fix_episodes(records: Sequence[Record]) -> list[Episode]:
+def fix_episodes(records: Sequence[Record], parts: Callable[[Record], Parts] | None = None) -> list[Episode]:
     """The fix episodes of a run's records: every dialog correction (the checker's reason; a
     turn's second correction is its attempt 2), every attempt at another model's mistake, and
-    every kind of feedback on the model's own mistakes. False corrections are not fix episodes."""
+    every kind of feedback on the model's own mistakes. False corrections are not fix episodes.
+
+    ``parts`` judges a record's reply part by part (the run's task turn's checker): with it, a
+    dialog try that broke a part the try before had right is a regression."""
     episodes = []
+    previous: dict[tuple[str, int, int], Record] = {}  # The try before, per dialog turn.
+    tries: dict[tuple[str, int, int], list[bool]] = {}  # Each turn's tries: fixed or not.
     for record in records:
-        if (record.part == DIALOG and record.try_number > 0) or record.part == FIXING:
+        if record.part == DIALOG:
+            tries.setdefault((record.model, record.attempt, record.turn), []).append(record.rating == FIXED)
+    for record in records:  # In the order they were made: a turn's tries one after another.
+        key = (record.model, record.attempt, record.turn)
+        regression = None
+        turns_to_fix = 1 if record.rating == FIXED else None
+        before = previous.get(key)
+        if record.part == DIALOG:
+            previous[key] = record
+        if record.part == DIALOG and record.try_number > 0:
+            source = "checker"
+            if parts is not None and before is not None:
+                regression = fixing.regressed(parts(before), parts(record))
+            turns_to_fix = fixing.turns_to_fix(tries[key][1:])
+        elif record.part == FIXING:
             source = "checker"
         elif record.part == FEEDBACK:
             source = "checker" if record.feedback_kind == CHECKER_FEEDBACK else "scripted"
@@ -412,6 +435,8 @@ def fix_episodes(records: Sequence[Record]) -> list[Episode]:
                 source=source,
                 fixed=record.rating == FIXED,
                 mistake_by=record.mistake_by,
+                turns_to_fix=turns_to_fix,
+                regression=regression,
             )
         )
     return episodes

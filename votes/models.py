@@ -220,6 +220,11 @@ class Message(models.Model):
     rating = models.CharField(max_length=10, choices=Rating.choices, blank=True, help_text="The voter's rating.")
     check_verdict = models.CharField(max_length=10, choices=Verdict.choices, blank=True)
     check_reason = models.TextField(blank=True, help_text="The checker's reason, shown after the battle ends.")
+    check_parts = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="The checker's judgement part by part (each argument of a call: right or wrong).",
+    )
     identity_leak = models.CharField(
         max_length=100, blank=True, help_text="The model, family or maker this reply names, if any."
     )
@@ -470,6 +475,19 @@ class FixEpisode(models.Model):
     source = models.CharField(max_length=10, choices=Source.choices)
     specificity = models.CharField(max_length=12, choices=Specificity.choices)
     fixed = models.BooleanField(help_text="The checker judged the reply correct, or the voter rated it 🥦 or ✓.")
+    regression = models.BooleanField(
+        null=True,
+        blank=True,
+        help_text="The reply broke a part the wrong one had right (checker, field by field); empty: not checked.",
+    )
+    persisted = models.BooleanField(
+        null=True,
+        blank=True,
+        help_text="The parts it fixed stayed right in that side's later checked replies; empty: none to judge.",
+    )
+    turns_to_fix = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="The corrections this mistake took to be fixed; empty: never fixed."
+    )
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:

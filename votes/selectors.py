@@ -1,5 +1,6 @@
 """Reads for battles: what a voter may see, and what a generation job needs."""
 
+import functools
 import itertools
 from collections import Counter
 from collections.abc import Iterable
@@ -10,7 +11,9 @@ from django.db.models import Count, Q, QuerySet
 from django.db.models.functions import Now
 
 from inference.models import LLM
+from leaderboard import fixing
 from votes import evaluation, feedback
+from votes.checkers import CheckerConfigError
 from votes.models import Battle, EvaluationRun, FixEpisode, Message, Rating, Task, TaskTurn, Verdict, Vote
 from votes.pairing import Candidate
 
@@ -414,7 +417,11 @@ def fix_episodes(battles: QuerySet[Battle] | None = None) -> list[FixEpisode]:
     prompt sent to that side when it is a correction (a voter's prompt after a wrong reply, or a
     scripted prompt marked ``corrects_previous``), and the reply to it, judged: fixed when the
     checker says correct or the voter rated it 🥦 or ✓. When that reply is wrong too and the next
-    prompt corrects it again, the next episode is the mistake's next attempt.
+    prompt corrects it again, the next episode is the mistake's next attempt; every attempt at
+    one mistake carries the turns it took to fix (``fixing.turns_to_fix``). Where the checker
+    judged both replies part by part: whether the answer broke a part that was right
+    (``regression``) and whether what it fixed stayed right in the side's later turns
+    (``persisted``).
     """
     battles = Battle.objects.filter(state=Battle.State.ENDED) if battles is None else battles
     corrections = set(TaskTurn.objects.filter(corrects_previous=True).values_list("task_id", "position").order_by())
@@ -433,52 +440,79 @@ def fix_episodes(battles: QuerySet[Battle] | None = None) -> list[FixEpisode]:
             "script_turn",
             "rating",
             "check_verdict",
+            "check_parts",
         )
     )
     found: list[FixEpisode] = []
     for (battle_id, side), messages in itertools.groupby(rows, key=lambda row: (row[0], row[4])):
         prompts: dict[int, tuple[str, int | None]] = {}
-        replies: dict[int, tuple[int | None, str, str]] = {}
+        replies: dict[int, tuple[int | None, str, str, dict[str, bool]]] = {}
         task_id = model_id = None
-        for _, task, model_a, model_b, _, turn, role, content, script_turn, rating, verdict in messages:
+        for _, task, model_a, model_b, _, turn, role, content, script_turn, rating, verdict, parts in messages:
             task_id, model_id = task, model_a if side == "a" else model_b
             if role == Message.Role.USER:
                 prompts[turn] = (content, script_turn)
             else:
-                replies[turn] = (script_turn, rating, verdict)
-        turns = sorted(replies)
-        attempt = 1
-        for turn, following in itertools.pairwise([*turns, None]):
-            script_turn, rating, verdict = replies[turn]
-            if not (verdict in WRONG_VERDICTS or rating in WRONG_RATINGS) or following is None:
-                attempt = 1
-                continue
-            correction, prompt_script_turn = prompts.get(following, ("", None))
-            scripted = prompt_script_turn is not None
-            if scripted and (task_id, prompt_script_turn) not in corrections:
-                attempt = 1
-                continue
-            _, next_rating, next_verdict = replies[following]
-            if not (next_rating or next_verdict):
-                continue  # The reply to the correction was never judged: no outcome.
-            fixed = next_verdict == Verdict.CORRECT or next_rating in FIXED_RATINGS
-            found.append(
-                FixEpisode(
-                    battle_id=battle_id,
-                    model_id=model_id,
-                    task_id=task_id,
-                    side=side,
-                    wrong_turn=turn,
-                    script_turn=script_turn,
-                    attempt=attempt,
-                    correction=correction,
-                    source=FixEpisode.Source.SCRIPTED if scripted else FixEpisode.Source.VOTER,
-                    specificity=feedback.specificity(correction),
-                    fixed=fixed,
-                )
-            )
-            attempt = 1 if fixed else attempt + 1
+                replies[turn] = (script_turn, rating, verdict, parts or {})
+        found += _side_episodes(battle_id, side, task_id, model_id, prompts, replies, corrections)
     return found
+
+
+def _side_episodes(
+    battle_id: int,
+    side: str,
+    task_id: int | None,
+    model_id: int | None,
+    prompts: dict[int, tuple[str, int | None]],
+    replies: dict[int, tuple[int | None, str, str, dict[str, bool]]],
+    corrections: set[tuple[int, int]],
+) -> list[FixEpisode]:
+    turns = sorted(replies)
+    episodes: list[FixEpisode] = []
+    chain: list[FixEpisode] = []  # The attempts at the mistake being corrected.
+
+    def close_chain() -> None:
+        taken = fixing.turns_to_fix([episode.fixed for episode in chain])
+        for episode in chain:
+            episode.turns_to_fix = taken
+        chain.clear()
+
+    for turn, following in itertools.pairwise([*turns, None]):
+        script_turn, rating, verdict, parts = replies[turn]
+        if not (verdict in WRONG_VERDICTS or rating in WRONG_RATINGS) or following is None:
+            close_chain()
+            continue
+        correction, prompt_script_turn = prompts.get(following, ("", None))
+        scripted = prompt_script_turn is not None
+        if scripted and (task_id, prompt_script_turn) not in corrections:
+            close_chain()
+            continue
+        _, next_rating, next_verdict, next_parts = replies[following]
+        if not (next_rating or next_verdict):
+            continue  # The reply to the correction was never judged: no outcome.
+        fixed = next_verdict == Verdict.CORRECT or next_rating in FIXED_RATINGS
+        later = [replies[t][3] for t in turns if t > following]
+        episode = FixEpisode(
+            battle_id=battle_id,
+            model_id=model_id,
+            task_id=task_id,
+            side=side,
+            wrong_turn=turn,
+            script_turn=script_turn,
+            attempt=len(chain) + 1,
+            correction=correction,
+            source=FixEpisode.Source.SCRIPTED if scripted else FixEpisode.Source.VOTER,
+            specificity=feedback.specificity(correction),
+            fixed=fixed,
+            regression=fixing.regressed(parts, next_parts),
+            persisted=fixing.persisted(fixing.fixed_parts(parts, next_parts), later) if fixed else None,
+        )
+        episodes.append(episode)
+        chain.append(episode)
+        if fixed:
+            close_chain()
+    close_chain()
+    return episodes
 
 
 def evaluation_fix_episodes() -> list[FixEpisode]:
@@ -489,7 +523,9 @@ def evaluation_fix_episodes() -> list[FixEpisode]:
         replies = run.replies.select_related("model", "mistake_by").order_by("pk")
         llms = {reply.model.name: reply.model for reply in replies}
         llms |= {reply.mistake_by.name: reply.mistake_by for reply in replies if reply.mistake_by}
-        for episode in evaluation.fix_episodes([reply.as_record() for reply in replies]):
+        turns = list(run.task.turns.order_by("position"))
+        records = [reply.as_record() for reply in replies]
+        for episode in evaluation.fix_episodes(records, functools.partial(_checked_parts, turns)):
             found.append(
                 FixEpisode(
                     evaluation_run=run,
@@ -503,6 +539,17 @@ def evaluation_fix_episodes() -> list[FixEpisode]:
                     source=episode.source,
                     specificity=feedback.specificity(episode.correction),
                     fixed=episode.fixed,
+                    turns_to_fix=episode.turns_to_fix,
+                    regression=episode.regression,
                 )
             )
     return found
+
+
+def _checked_parts(turns: list[TaskTurn], record: evaluation.Record) -> dict[str, bool]:
+    """An evaluation reply judged part by part by its scripted turn's checker ({}: no checker)."""
+    try:
+        result = turns[record.turn].check_reply(record.reply) if record.turn < len(turns) else None
+    except CheckerConfigError:
+        return {}
+    return dict(result.parts) if result is not None else {}

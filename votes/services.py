@@ -230,6 +230,7 @@ def regenerate_reply(*, battle: Battle, side: str) -> RegeneratedReply:
     reply.seed = secrets.randbelow(2**31)
     reply.token_count = reply.time_to_first_token_ms = reply.duration_ms = None
     reply.rating = reply.check_verdict = reply.check_reason = reply.identity_leak = ""
+    reply.check_parts = {}
     reply.regenerations += 1
     reply.save()
     job = GenerationJob(message_id=reply.pk, queue=battle.model_on(side).queue, attempt=reply.regenerations)
@@ -524,11 +525,12 @@ def review_reply(reply: Message) -> None:
         if result is not None:
             reply.check_verdict = result.verdict
             reply.check_reason = result.reason
+            reply.check_parts = dict(result.parts)
     leak = find_identity_leak(reply.content, (battle.model_a.name, battle.model_b.name))
     if leak:
         reply.identity_leak = leak[:100]
         battle.exclude(f"the reply of side {reply.side.upper()} at turn {reply.turn + 1} names {leak!r}")
-    reply.save(update_fields=["check_verdict", "check_reason", "identity_leak"])
+    reply.save(update_fields=["check_verdict", "check_reason", "check_parts", "identity_leak"])
 
 
 # --- Tasks: import and export as JSON -------------------------------------------------------------
