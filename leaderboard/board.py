@@ -42,21 +42,24 @@ def compute_board(
     rounds: int = 1000,
     seed: int = 0,
     prior: float | None = None,
+    pair_weights: np.ndarray | None = None,
 ) -> list[BoardRow]:
     """Rows ranked by rating (ties in rank share the number), each with its interval: one per
     model with a vote. A model without one is not rated at all (``unrated``), rather than shown
-    at the prior's 1000 with an interval of width 0."""
+    at the prior's 1000 with an interval of width 0. ``pair_weights`` (one per pair of
+    ``outcomes``): inverse-probability weights for pairs sampled unevenly."""
     if ci not in CI_METHODS:
         raise ValueError(f"ci must be one of {', '.join(CI_METHODS)}, got {ci!r}.")
     if outcomes.n_models != len(names):
         raise ValueError("One name per model is needed.")
     played = outcomes.played()
     rated = [name for name, flag in zip(names, played, strict=True) if flag]
+    # Every pair with a vote is between played models: restricting keeps the pairs and their order.
     outcomes = outcomes.restricted(played)
     if ci == "bootstrap":
-        fitted = ratings.bootstrap_intervals(outcomes, rounds=rounds, seed=seed, prior=prior)
+        fitted = ratings.bootstrap_intervals(outcomes, rounds=rounds, seed=seed, prior=prior, pair_weights=pair_weights)
     else:
-        fitted = ratings.sandwich_intervals(outcomes, prior=prior)
+        fitted = ratings.sandwich_intervals(outcomes, prior=prior, pair_weights=pair_weights)
     votes = outcomes.games().sum(axis=1)
     elo_values = np.asarray(elo)[played] if elo is not None else np.full(len(rated), ratings.BASE_RATING)
     order = sorted(range(len(rated)), key=lambda i: (-fitted.ratings[i], rated[i]))

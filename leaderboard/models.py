@@ -27,6 +27,11 @@ class LeaderboardSnapshot(models.Model):
     title = models.CharField(max_length=200)
     votes = models.PositiveIntegerField(help_text="Votes counted.")
     method = models.CharField(max_length=20, default="bootstrap")
+    pair_weighted = models.BooleanField(
+        default=False,
+        help_text="Votes weighted by the inverse of their pair's sampling probability (every counted battle "
+        "recorded it).",
+    )
     # Per model: model, rating, lower, upper, rank, votes, elo, provisional, fix rates.
     rows = models.JSONField(default=list)
     # The overall board with style control (leaderboard.style): rows as ``rows`` (no Elo), and

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, F, FloatField, OuterRef, Q, QuerySet, Subquery, Sum, Value
 
 from inference.models import LLM
 from leaderboard import fixing, ratings, style
@@ -113,6 +113,9 @@ class CategoryData:
     # Votes counted now up to the old marker: when it differs from what Elo took then, a vote
     # was excluded (or let back in) since, and Elo must start again from every counted vote.
     counted_before: int
+    # Per pair (in ``outcomes`` order): the mean inverse sampling probability of its votes' battles;
+    # None when a counted battle has none recorded (drawn before it was).
+    pair_weights: np.ndarray | None = None
 
 
 def category_data(category: str, names: list[str], elo_through: tuple[Any, int] | None = None) -> CategoryData:
@@ -125,13 +128,26 @@ def category_data(category: str, names: list[str], elo_through: tuple[Any, int] 
     index = {name: i for i, name in enumerate(names)}
     votes = counted_votes(category)
     cells: dict[tuple[int, int], list[float]] = {}
-    grouped = votes.values("battle__model_a__name", "battle__model_b__name", "choice").annotate(n=Count("id"))
+    inverse: dict[tuple[int, int], float] = {}  # Sum of 1 / pair probability, per pair.
+    unrecorded = 0  # Votes whose battle has no recorded pair probability.
+    grouped = votes.values("battle__model_a__name", "battle__model_b__name", "choice").annotate(
+        n=Count("id"),
+        recorded=Count("battle__pair_probability"),
+        inverse=Sum(Value(1.0) / F("battle__pair_probability"), output_field=FloatField()),
+    )
     for row in grouped.order_by():
         a, b = index[row["battle__model_a__name"]], index[row["battle__model_b__name"]]
         score = ratings.VOTE_SCORES[row["choice"]]
         i, j, score_i = (a, b, score) if a < b else (b, a, 1.0 - score)
         cell = cells.setdefault((i, j), [0.0, 0.0, 0.0])
         cell[0 if score_i == 1.0 else 1 if score_i == 0.0 else 2] += row["n"]
+        inverse[(i, j)] = inverse.get((i, j), 0.0) + (row["inverse"] or 0.0)
+        unrecorded += row["n"] - row["recorded"]
+    # Inverse-probability weights (the mean over the pair's votes, as PairOutcomes keeps one
+    # weight per pair): only when every counted battle recorded its probability.
+    pair_weights = (
+        np.array([inverse[key] / sum(cells[key]) for key in sorted(cells)]) if cells and not unrecorded else None
+    )
     new, counted_before = votes, 0
     if elo_through is not None and elo_through[0] is not None:
         ended, vote_id = elo_through
@@ -145,7 +161,8 @@ def category_data(category: str, names: list[str], elo_through: tuple[Any, int] 
     for a_name, b_name, choice, ended, pk in history:
         games.append((index[a_name], index[b_name], ratings.VOTE_SCORES[choice]))
         marker = (ended, pk)
-    return CategoryData(names, ratings.PairOutcomes.from_cells(len(names), cells), games, marker, counted_before)
+    outcomes = ratings.PairOutcomes.from_cells(len(names), cells)
+    return CategoryData(names, outcomes, games, marker, counted_before, pair_weights)
 
 
 def style_outcomes(category: str, names: list[str]) -> style.StyleOutcomes:

@@ -44,7 +44,9 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
         # Online Elo goes on from the previous refresh with the votes counted since.
         start = np.array([(before.elo_state if before else {}).get(name, ratings.BASE_RATING) for name in names])
         elo = ratings.online_elo(len(names), data.new_games, k=settings.LEADERBOARD_ELO_K, start=start)
-        rows = board.compute_board(names, data.outcomes, elo=elo, rounds=rounds, seed=seed)
+        rows = board.compute_board(
+            names, data.outcomes, elo=elo, rounds=rounds, seed=seed, pair_weights=data.pair_weights
+        )
         # Style control for the overall board: a toggle on the page, with its coefficients.
         style_rows, style_coefficients = (
             board.compute_style_board(names, selectors.style_outcomes(category, names))
@@ -64,6 +66,7 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
             category=category,
             title=title,
             votes=round(data.outcomes.total),
+            pair_weighted=data.pair_weights is not None,
             rows=[
                 {
                     **row.as_dict(),

@@ -145,6 +145,12 @@ class Battle(models.Model):
         help_text="Characters a second at which every reply of this battle is shown: what its slower model "
         "sustains (inference.pacing). Empty: ARENA_STREAM_CHARS_PER_S.",
     )
+    pair_probability = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="The probability this pair had of being drawn (votes.pairing): the leaderboard weighs its "
+        "votes by the inverse. Empty: drawn before it was recorded.",
+    )
 
     class Meta:
         ordering = ["-created"]

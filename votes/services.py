@@ -103,7 +103,12 @@ def start_battle(*, voter_key: str, task: Task | None = None, rng: random.Random
         raise ArenaError("no_models", "The arena needs at least two enabled models; try again later.")
     id_a, id_b = pairing.draw_pair(weights, rng)
     return Battle.objects.create(
-        model_a_id=id_a, model_b_id=id_b, task=task, voter_key=voter_key, pace_chars_per_s=battle_pace(id_a, id_b)
+        model_a_id=id_a,
+        model_b_id=id_b,
+        task=task,
+        voter_key=voter_key,
+        pace_chars_per_s=battle_pace(id_a, id_b),
+        pair_probability=weights[(min(id_a, id_b), max(id_a, id_b))] / sum(weights.values()),
     )
 
 
