@@ -3,9 +3,10 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import render
+from django.shortcuts import get_object_or_404, render
 from django.urls import path, reverse
 
 from inference.models import LLM
@@ -14,6 +15,7 @@ from votes.models import (
     Battle,
     EvaluationReply,
     EvaluationRun,
+    FixEpisode,
     FlaggedVoter,
     Message,
     ResearcherKey,
@@ -28,6 +30,15 @@ class TaskTurnInline(admin.StackedInline):
     extra = 0
     ordering = ("position",)
     fields = ("position", "prompt", "expected_output", "checker", "checker_options", "corrects_previous")
+
+
+class PromoteEpisodeForm(forms.Form):
+    slug = forms.SlugField(max_length=60)
+    title = forms.CharField(max_length=200)
+    expected_output = forms.CharField(widget=forms.Textarea, help_text="The reply that fixes the mistake.")
+    checker = forms.ChoiceField(choices=TaskTurn.Checker.choices)
+    checker_options = forms.JSONField(required=False, initial=dict)
+    active = forms.BooleanField(required=False, initial=True, help_text="Offer it to voters at once.")
 
 
 class TaskImportForm(forms.Form):
@@ -221,3 +232,61 @@ class ResearcherKeyAdmin(admin.ModelAdmin):
         key, token = services.issue_researcher_key(obj.name)
         obj.pk, obj.prefix, obj.key_hash = key.pk, key.prefix, key.key_hash
         self.message_user(request, f"API key for {key.name}: {token} — copy it now, it is not shown again.")
+
+
+@admin.register(FixEpisode)
+class FixEpisodeAdmin(admin.ModelAdmin):
+    """Fix episodes, as the last leaderboard refresh recorded them; a live one can be promoted
+    into a curated task (the dynamic benchmark: it grows from real mistakes)."""
+
+    list_display = ("__str__", "model", "task", "source", "specificity", "fixed", "regression", "persisted")
+    list_filter = ("fixed", "source", "specificity", "regression", "persisted", "model", "task")
+    search_fields = ("battle__public_id", "correction")
+    readonly_fields = [field.name for field in FixEpisode._meta.fields]
+    actions = ["promote"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # Rebuilt from the battles at every refresh.
+
+    @admin.action(description="Promote the selected episode to a curated task")
+    def promote(self, request: HttpRequest, queryset: QuerySet[FixEpisode]) -> HttpResponse | None:
+        if queryset.count() != 1:
+            self.message_user(request, "Select exactly one episode to promote.", messages.ERROR)
+            return None
+        return HttpResponseRedirect(reverse("admin:votes_fixepisode_promote", args=[queryset.get().pk]))
+
+    def get_urls(self) -> list[Any]:
+        return [
+            path(
+                "<int:episode_id>/promote/",
+                self.admin_site.admin_view(self.promote_view),
+                name="votes_fixepisode_promote",
+            ),
+            *super().get_urls(),
+        ]
+
+    def promote_view(self, request: HttpRequest, episode_id: int) -> HttpResponse:
+        episode = get_object_or_404(FixEpisode.objects.select_related("battle__task", "model"), pk=episode_id)
+        if not self.has_change_permission(request, episode):
+            return HttpResponse(status=403)
+        source = episode.battle.task if episode.battle else None
+        form = PromoteEpisodeForm(request.POST or None, initial=selectors.promotion_defaults(episode))
+        if request.method == "POST" and form.is_valid():
+            try:
+                task = services.promote_fix_episode(episode, **form.cleaned_data)
+            except ValidationError as error:
+                for field, errors in getattr(error, "message_dict", {None: error.messages}).items():
+                    form.add_error(field if field in form.fields else None, errors)
+            else:
+                self.message_user(request, f"Task {task.slug!r} created from the episode.")
+                return HttpResponseRedirect(reverse("admin:votes_task_change", args=[task.pk]))
+        context = {
+            **self.admin_site.each_context(request),
+            "form": form,
+            "episode": episode,
+            "history": selectors.episode_history(episode),
+            "source_context": len(source.context) if source else 0,
+            "title": "Promote a corrected turn to a task",
+            "opts": FixEpisode._meta,
+        }
+        return render(request, "admin/votes/fixepisode/promote.html", context)

@@ -100,6 +100,7 @@ def run_evaluation(
     task_turns = list(run.task.turns.order_by("position"))
     turns = [evaluation.ScriptedTurn(prompt=turn.prompt, check=_checker_of(turn)) for turn in task_turns]
     system_prompt = run.task.system_prompt
+    context = run.task.context_conversation()  # A promoted mistake, before the scripted prompts.
 
     def step() -> None:
         EvaluationRun.objects.filter(pk=run.pk).update(progress=F("progress") + 1)
@@ -110,7 +111,7 @@ def run_evaluation(
         records = evaluation.run(
             list(llms),
             turns,
-            lambda name, conversation, seed: generate(llms[name], system_prompt, conversation, seed),
+            lambda name, conversation, seed: generate(llms[name], system_prompt, context + conversation, seed),
             attempts=run.attempts,
             max_tries=run.max_tries,
             fix_attempts=run.fix_attempts,

@@ -53,6 +53,13 @@ class Task(models.Model):
     title = models.CharField(max_length=200)
     category = models.CharField(max_length=100, blank=True)
     system_prompt = models.TextField(blank=True)
+    context = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="A conversation both models are handed as their own before the first scripted prompt, "
+        'as [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}, ...]: a real '
+        "mistake promoted from a battle, which the first scripted prompt corrects.",
+    )
     active = models.BooleanField(default=True, help_text="Offered to voters and to evaluation runs.")
     notes = models.TextField(blank=True, help_text="For admins; never shown to voters.")
     created = models.DateTimeField(auto_now_add=True)
@@ -65,6 +72,27 @@ class Task(models.Model):
 
     def __str__(self) -> str:
         return self.title
+
+    def clean(self) -> None:
+        context = self.context
+        roles = ["user", "assistant"] * (len(context) // 2 + 1) if isinstance(context, list) else []
+        if not isinstance(context, list) or not all(
+            isinstance(item, dict)
+            and set(item) == {"role", "content"}
+            and item["role"] == role
+            and isinstance(item["content"], str)
+            and item["content"].strip()
+            for item, role in zip(context, roles, strict=False)
+        ):
+            raise ValidationError(
+                {"context": 'Give a list of {"role": ..., "content": ...}: user and assistant in turn, from user.'}
+            )
+        if context and context[-1]["role"] != "assistant":
+            raise ValidationError({"context": "The context ends with the model's reply the first prompt answers."})
+
+    def context_conversation(self) -> list[tuple[str, str]]:
+        """The context as (role, content) pairs, as generation takes a conversation."""
+        return [(item["role"], item["content"]) for item in self.context]
 
 
 class TaskTurn(models.Model):

@@ -138,6 +138,7 @@ def task_summary(task: Task) -> dict[str, Any]:
         "title": task.title,
         "category": task.category,
         "system_prompt": task.system_prompt,
+        "context": task.context,
         "suggestions": [turn.prompt for turn in task.turns.order_by("position")],
     }
 
@@ -231,6 +232,8 @@ def generation_context(message_id: int) -> GenerationContext | None:
     # Within a turn the user message comes first ("user" > "assistant", hence -role); the reply
     # being generated is left out.
     conversation = [(m.role, m.content) for m in history if m.pk != reply.pk]
+    if reply.battle.task is not None:  # A promoted mistake: handed to the model as its own.
+        conversation = reply.battle.task.context_conversation() + conversation
     partner = (
         Message.objects.filter(battle=reply.battle, turn=reply.turn, role=Message.Role.ASSISTANT)
         .exclude(side=reply.side)
@@ -260,6 +263,8 @@ def export_tasks(tasks: Iterable[Task]) -> dict[str, Any]:
                 "title": task.title,
                 "category": task.category,
                 "system_prompt": task.system_prompt,
+                # Only where set, as the bundled file writes it.
+                **({"context": task.context} if task.context else {}),
                 "active": task.active,
                 "notes": task.notes,
                 "turns": [
@@ -513,6 +518,43 @@ def _side_episodes(
             close_chain()
     close_chain()
     return episodes
+
+
+def episode_history(episode: FixEpisode) -> list[Message]:
+    """The messages of a live episode's side up to its wrong reply, in order (user first)."""
+    if episode.battle_id is None:
+        return []
+    return list(
+        Message.objects.filter(battle_id=episode.battle_id, side=episode.side, turn__lte=episode.wrong_turn).order_by(
+            "turn", "-role"
+        )
+    )
+
+
+def promotion_defaults(episode: FixEpisode) -> dict[str, Any]:
+    """What the promote form starts from: a free slug, and the checker (and expected output)
+    of the scripted turn the correction's reply answered, when the battle was on a task."""
+    base = f"{episode.task.slug if episode.task else 'chat'}-fix-{episode.pk}"[:56]
+    slug, number = base, 1
+    while Task.objects.filter(slug=slug).exists():
+        number += 1
+        slug = f"{base}-{number}"
+    defaults: dict[str, Any] = {"slug": slug, "title": f"Fix: {episode.correction}"[:200], "active": True}
+    if episode.task is not None and episode.script_turn is not None:
+        turns = {turn.position: turn for turn in episode.task.turns.all()}
+        scripted_next = turns.get(episode.script_turn + 1)
+        answered = (
+            scripted_next
+            if episode.source == FixEpisode.Source.SCRIPTED and scripted_next is not None
+            else turns.get(episode.script_turn)
+        )
+        if answered is not None:
+            defaults |= {
+                "expected_output": answered.expected_output,
+                "checker": answered.checker,
+                "checker_options": answered.checker_options,
+            }
+    return defaults
 
 
 def evaluation_fix_episodes() -> list[FixEpisode]:

@@ -540,7 +540,7 @@ def review_reply(reply: Message) -> None:
 
 # --- Tasks: import and export as JSON -------------------------------------------------------------
 
-TASK_FIELDS = ("title", "category", "system_prompt", "active", "notes")
+TASK_FIELDS = ("title", "category", "system_prompt", "context", "active", "notes")
 TURN_FIELDS = ("prompt", "expected_output", "checker", "checker_options", "corrects_previous")
 
 
@@ -634,6 +634,7 @@ def duplicate_task(task: Task) -> Task:
         title=f"{task.title} (copy)"[:200],
         category=task.category,
         system_prompt=task.system_prompt,
+        context=task.context,
         active=False,
         notes=task.notes,
     )
@@ -642,6 +643,61 @@ def duplicate_task(task: Task) -> Task:
         for turn in task.turns.all()
     )
     return copy
+
+
+@transaction.atomic
+def promote_fix_episode(
+    episode: FixEpisode,
+    *,
+    slug: str,
+    title: str,
+    expected_output: str,
+    checker: str,
+    checker_options: dict[str, Any] | None = None,
+    active: bool = True,
+) -> Task:
+    """A curated task from a battle's corrected turn (the dynamic benchmark): the conversation
+    of that side up to the wrong reply becomes the task's context, handed to both models as their
+    own, and the correction its first scripted prompt, checked against the expected output the
+    admin writes. Raises ValidationError, saying what is wrong, and writes nothing, for an
+    evaluation run's episode, a reply that names a model, or an invalid task."""
+    battle = episode.battle
+    if battle is None:
+        raise ValidationError("Only a live battle's episode can be promoted (evaluation runs replay tasks already).")
+    history = selectors.episode_history(episode)
+    if any(message.identity_leak for message in history):
+        raise ValidationError("A reply of this conversation names a model: it cannot be shown to voters.")
+    source = battle.task
+    task = Task(
+        slug=slug,
+        title=title,
+        category=source.category if source else "",
+        system_prompt=source.system_prompt if source else "",
+        context=[
+            *(source.context if source else []),
+            *({"role": message.role, "content": message.content} for message in history),
+        ],
+        active=active,
+        notes=(
+            f"Promoted from battle {battle.public_id}, side {episode.side.upper()}, turn {episode.wrong_turn + 1}: "
+            f"{episode.model} was told {episode.correction!r} and {'fixed' if episode.fixed else 'did not fix'} it."
+        ),
+    )
+    task.full_clean()
+    turn = TaskTurn(
+        task=task,
+        position=0,
+        prompt=episode.correction,
+        expected_output=expected_output,
+        checker=checker,
+        checker_options=checker_options or {},
+        corrects_previous=True,
+    )
+    turn.full_clean(exclude=["task"], validate_unique=False, validate_constraints=False)
+    task.save()
+    turn.task = task
+    turn.save()
+    return task
 
 
 # --- Researcher API keys -----------------------------------------------------------------------------

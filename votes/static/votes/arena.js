@@ -240,6 +240,19 @@
     if (!task) { return; }
     document.getElementById("task-title").textContent = task.title;
     document.getElementById("task-system").textContent = task.system_prompt || "(no system prompt)";
+    // A promoted mistake: the conversation the first scripted prompt corrects.
+    const context = document.getElementById("task-context");
+    context.textContent = "";
+    (task.context || []).forEach(function (item) {
+      const line = document.createElement("li");
+      const who = document.createElement("strong");
+      who.textContent = item.role === "user" ? "User: " : "Model: ";
+      const text = document.createElement("pre");
+      text.textContent = item.content;
+      line.append(who, text);
+      context.appendChild(line);
+    });
+    document.getElementById("task-context-box").hidden = !(task.context && task.context.length);
     task.suggestions.forEach(function (prompt, index) {
       const button = document.createElement("button");
       button.type = "button";
