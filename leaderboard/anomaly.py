@@ -25,14 +25,16 @@ stuffers raise that share, but not nearly enough to hide a run of choices of one
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import gammaincc
 from scipy.stats import binom
 
 OUTCOMES = (0.0, 0.5, 1.0)  # The second model of the pair won; a tie or both bad; the first won.
+CHOICE_SCORES = {"a": 1.0, "b": 0.0, "tie": 0.5, "both_bad": 0.5}  # The outcome for side A's model.
 
 
 @dataclass(frozen=True)
@@ -85,75 +87,159 @@ def _fisher(half: float, k: int) -> float:
     return min(1.0, math.exp(-half) * total)
 
 
+@dataclass(frozen=True)
+class VoteTable:
+    """The detector's input as arrays, one row per (voter, pair, outcome) with its count, as a
+    GROUP BY returns it: codes into ``voters`` and ``models``, the pair's first model the one
+    with the smaller code, the outcome for it (``OUTCOMES``). Both tests run on it in numpy, so
+    a million votes take a fraction of a second."""
+
+    voters: list[str]
+    models: list[str]
+    voter: np.ndarray
+    first: np.ndarray
+    second: np.ndarray
+    outcome: np.ndarray
+    count: np.ndarray
+
+    @classmethod
+    def from_votes(cls, votes: Iterable[PairVote] | VoteTable) -> VoteTable:
+        if isinstance(votes, VoteTable):
+            return votes
+        voters: dict[str, int] = {}
+        models: dict[str, int] = {}
+        rows = [
+            (
+                voters.setdefault(vote.voter, len(voters)),
+                models.setdefault(vote.pair[0], len(models)),
+                models.setdefault(vote.pair[1], len(models)),
+                vote.outcome,
+                vote.count,
+            )
+            for vote in votes
+        ]
+        voter, a, b, outcome, count = np.array(rows, dtype=float).reshape(-1, 5).T
+        # Codes follow first appearance, not names: put the smaller code first, flipping the outcome.
+        swap = a > b
+        return cls(
+            list(voters),
+            list(models),
+            voter.astype(np.intp),
+            np.where(swap, b, a).astype(np.intp),
+            np.where(swap, a, b).astype(np.intp),
+            np.where(swap, 1.0 - outcome, outcome).astype(float),
+            count.astype(float),
+        )
+
+    @classmethod
+    def from_choices(
+        cls,
+        voters: Sequence[str],
+        models_a: Sequence[str],
+        models_b: Sequence[str],
+        choices: Sequence[str],
+        counts: Sequence[int],
+    ) -> VoteTable:
+        """From columns as the votes are stored: the voter, the models on sides A and B, the
+        choice ("a", "b", "tie" or "both_bad") and how many such votes."""
+        voter_codes: dict[str, int] = {}
+        model_codes: dict[str, int] = {}
+        voter = np.fromiter((voter_codes.setdefault(v, len(voter_codes)) for v in voters), np.intp, len(voters))
+        a = np.fromiter((model_codes.setdefault(m, len(model_codes)) for m in models_a), np.intp, len(models_a))
+        b = np.fromiter((model_codes.setdefault(m, len(model_codes)) for m in models_b), np.intp, len(models_b))
+        score_a = np.fromiter((CHOICE_SCORES[choice] for choice in choices), float, len(choices))
+        return cls(
+            list(voter_codes),
+            list(model_codes),
+            voter,
+            np.minimum(a, b),
+            np.maximum(a, b),
+            np.where(a < b, score_a, 1.0 - score_a),
+            np.asarray(counts, dtype=float),
+        )
+
+
 def anomalous_voters(
-    votes: Iterable[PairVote], *, alpha: float = 1e-4, min_votes: int = 5, min_history: int = 10
+    votes: Iterable[PairVote] | VoteTable, *, alpha: float = 1e-4, min_votes: int = 5, min_history: int = 10
 ) -> list[Anomaly]:
     """Voters whose votes, together, are too unlikely given how everyone else voted."""
-    votes = list(votes)
-    pair_totals: dict[tuple[str, str], Counter[float]] = defaultdict(Counter)
-    own: dict[tuple[str, tuple[str, str]], Counter[float]] = defaultdict(Counter)
-    for vote in votes:
-        pair_totals[vote.pair][vote.outcome] += vote.count
-        own[(vote.voter, vote.pair)][vote.outcome] += vote.count
-    minus_log_p: Counter[str] = Counter()  # Per voter: -sum log p over the votes compared.
-    compared: Counter[str] = Counter()
-    for vote in votes:
-        history = pair_totals[vote.pair] - own[(vote.voter, vote.pair)]  # Everyone else's votes.
-        if sum(history.values()) >= min_history:
-            minus_log_p[vote.voter] -= vote.count * math.log(vote_p_value(vote.outcome, history))
-            compared[vote.voter] += vote.count
-    found = []
-    for voter, count in compared.items():
-        if count >= min_votes:
-            combined = _fisher(minus_log_p[voter], count)
-            if combined < alpha:
-                found.append(Anomaly(voter=voter, p_value=combined, votes=count))
-    return sorted(found, key=lambda anomaly: anomaly.p_value)
-
-
-def concentrated_voters(votes: Iterable[PairVote], *, alpha: float = 1e-4, min_votes: int = 5) -> list[Anomaly]:
-    """Voters who chose one model far more often than the other voters do (module docstring)."""
-    chosen: dict[str, Counter[str]] = defaultdict(Counter)  # Per voter: decisive votes per model chosen.
-    models: set[str] = set()
-    for vote in votes:
-        models.update(vote.pair)
-        if vote.outcome != 0.5:
-            chosen[vote.voter][vote.pair[0] if vote.outcome == 1.0 else vote.pair[1]] += vote.count
-    everyone: Counter[str] = Counter()
-    for counts in chosen.values():
-        everyone.update(counts)
-    total = sum(everyone.values())
-    judged = [(voter, counts, sum(counts.values())) for voter, counts in chosen.items()]
-    judged = [(voter, counts, own) for voter, counts, own in judged if own >= min_votes and total > own]
-    # One row per (voter, model chosen): all the binomial tails in one vectorised call.
-    rows = [
-        (index, count, own, everyone[model] - count, total - own)
-        for index, (_, counts, own) in enumerate(judged)
-        for model, count in counts.items()
-    ]
-    if not rows:
+    table = VoteTable.from_votes(votes)
+    if table.voter.size == 0:
         return []
-    index, count, own, others_chose, others = (np.array(column) for column in zip(*rows, strict=True))
-    # The other voters' share, with one pseudo-vote so that a model nobody else chose does not
-    # make any choice of it infinitely unlikely.
-    tails = binom.sf(count - 1, own, (others_chose + 1) / (others + 1))
-    worst = np.ones(len(judged))
-    np.minimum.at(worst, index, tails)
-    combined = np.minimum(1.0, worst * len(models))
+    n_voters = len(table.voters)
+    pair = np.unique(table.first * len(table.models) + table.second, return_inverse=True)[1]
+    code = (table.outcome * 2).astype(np.intp)  # 0, 1, 2: the outcomes in increasing order.
+    pair_totals = np.bincount(pair * 3 + code, table.count, minlength=(pair.max() + 1) * 3).reshape(-1, 3)
+    own_pair = np.unique(table.voter * (pair.max() + 1) + pair, return_inverse=True)[1]
+    own = np.bincount(own_pair * 3 + code, table.count, minlength=(own_pair.max() + 1) * 3).reshape(-1, 3)
+    history = pair_totals[pair] - own[own_pair]  # Everyone else's votes on the pair.
+    rows = np.arange(code.size)
+    total = history.sum(axis=1)
+    at_most = np.cumsum(history, axis=1)[rows, code]
+    at_least = total - at_most + history[rows, code]
+    p_values = np.minimum(1.0, 2.0 * (np.minimum(at_least, at_most) + 1.0) / (total + 1.0))
+    judged = total >= min_history
+    weights = table.count[judged]
+    compared = np.bincount(table.voter[judged], weights, minlength=n_voters)
+    minus_log_p = np.bincount(table.voter[judged], weights * -np.log(p_values[judged]), minlength=n_voters)
+    candidates = np.flatnonzero(compared >= max(min_votes, 1))
+    # Fisher: P(chi-squared with 2k degrees of freedom >= 2h) is the regularised upper
+    # incomplete gamma function Q(k, h).
+    combined = gammaincc(compared[candidates], minus_log_p[candidates])
     found = [
-        Anomaly(voter=voter, p_value=float(p_value), votes=own, test="concentration")
-        for (voter, _, own), p_value in zip(judged, combined, strict=True)
+        Anomaly(voter=table.voters[index], p_value=float(p_value), votes=round(compared[index]))
+        for index, p_value in zip(candidates, combined, strict=True)
         if p_value < alpha
     ]
     return sorted(found, key=lambda anomaly: anomaly.p_value)
 
 
-def suspicious_voters(votes: Iterable[PairVote], *, alpha: float = 1e-4, min_votes: int = 5) -> list[Anomaly]:
+def concentrated_voters(
+    votes: Iterable[PairVote] | VoteTable, *, alpha: float = 1e-4, min_votes: int = 5
+) -> list[Anomaly]:
+    """Voters who chose one model far more often than the other voters do (module docstring)."""
+    table = VoteTable.from_votes(votes)
+    n_models = np.union1d(table.first, table.second).size
+    decisive = table.outcome != 0.5
+    chosen = np.where(table.outcome == 1.0, table.first, table.second)[decisive]
+    voter, count = table.voter[decisive], table.count[decisive]
+    if voter.size == 0:
+        return []
+    cells, cell = np.unique(voter * len(table.models) + chosen, return_inverse=True)
+    per_cell = np.bincount(cell, count)  # Decisive votes per (voter, model chosen).
+    own = np.bincount(voter, count, minlength=len(table.voters))
+    everyone = np.bincount(chosen, count, minlength=len(table.models))
+    total = everyone.sum()
+    cell_voter, cell_model = cells // len(table.models), cells % len(table.models)
+    judged = (own[cell_voter] >= min_votes) & (total > own[cell_voter])
+    cell_voter, cell_model, per_cell = cell_voter[judged], cell_model[judged], per_cell[judged]
+    if per_cell.size == 0:
+        return []
+    # The other voters' share, with one pseudo-vote so that a model nobody else chose does not
+    # make any choice of it infinitely unlikely.
+    others = total - own[cell_voter]
+    tails = binom.sf(per_cell - 1, own[cell_voter], (everyone[cell_model] - per_cell + 1) / (others + 1))
+    worst = np.ones(len(table.voters))
+    np.minimum.at(worst, cell_voter, tails)
+    combined = np.minimum(1.0, worst * n_models)
+    flagged = np.unique(cell_voter[combined[cell_voter] < alpha])
+    found = [
+        Anomaly(
+            voter=table.voters[index], p_value=float(combined[index]), votes=round(own[index]), test="concentration"
+        )
+        for index in flagged
+    ]
+    return sorted(found, key=lambda anomaly: anomaly.p_value)
+
+
+def suspicious_voters(
+    votes: Iterable[PairVote] | VoteTable, *, alpha: float = 1e-4, min_votes: int = 5
+) -> list[Anomaly]:
     """Voters caught by either test, each with the smaller of its p-values."""
-    votes = list(votes)
+    table = VoteTable.from_votes(votes)
     found: dict[str, Anomaly] = {}
-    for anomaly in anomalous_voters(votes, alpha=alpha, min_votes=min_votes) + concentrated_voters(
-        votes, alpha=alpha, min_votes=min_votes
+    for anomaly in anomalous_voters(table, alpha=alpha, min_votes=min_votes) + concentrated_voters(
+        table, alpha=alpha, min_votes=min_votes
     ):
         if anomaly.voter not in found or anomaly.p_value < found[anomaly.voter].p_value:
             found[anomaly.voter] = anomaly

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from leaderboard import fixing, ratings, style
+from leaderboard import anomaly, fixing, ratings, style
 
 
 def synthetic_votes(votes: int, models: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -111,20 +111,67 @@ def reference_round_seconds(
     return (time.perf_counter() - began) / rounds
 
 
+CATEGORIES = 7  # Overall, preference after correction and five task categories, as the site's boards.
+TASKS = 5
+VOTERS, STUFFERS = 20_000, 25
+
+
+def synthetic_categories(votes: int, seed: int = 0) -> list[tuple[str, np.ndarray]]:
+    """Which votes each vote board counts: every vote overall, one in seven after a correction,
+    and the votes of each of five tasks (a sixth of them are free chat, in no task board)."""
+    rng = np.random.default_rng(seed + 3)
+    task = rng.integers(0, TASKS + 1, votes)  # 0: free chat.
+    boards = [("overall", np.ones(votes, dtype=bool)), ("after correction", rng.random(votes) < 1 / 7)]
+    return boards + [(f"task {t}", task == t) for t in range(1, TASKS + 1)]
+
+
+def synthetic_voters(a: np.ndarray, b: np.ndarray, score: np.ndarray, seed: int = 0) -> anomaly.VoteTable:
+    """The votes as the anomaly detection reads them, reduced to (voter, pair, outcome) counts:
+    20,000 voters; half the battles of model 0 go to 25 stuffers, who vote for it every time."""
+    rng = np.random.default_rng(seed + 4)
+    voter = rng.integers(STUFFERS, VOTERS, a.size)
+    stuffing = ((a == 0) | (b == 0)) & (rng.random(a.size) < 0.5)
+    voter[stuffing] = rng.integers(0, STUFFERS, int(stuffing.sum()))
+    score = np.where(stuffing, (a == 0).astype(float), score)
+    first, second = np.minimum(a, b), np.maximum(a, b)
+    outcome = np.where(a < b, score, 1.0 - score)
+    models = int(max(a.max(), b.max())) + 1
+    key = ((voter * models + first) * models + second) * 3 + (outcome * 2).astype(np.int64)
+    cells, counts = np.unique(key, return_counts=True)
+    code, pair = cells % 3, cells // 3
+    return anomaly.VoteTable(
+        [f"v{i}" for i in range(VOTERS)],
+        [f"m{i}" for i in range(models)],
+        pair // (models * models),
+        (pair // models) % models,
+        pair % models,
+        code / 2.0,
+        counts.astype(float),
+    )
+
+
 def run_bench(
     *, votes: int = 1_000_000, models: int = 40, rounds: int = 1000, reference_rounds: int = 2, seed: int = 0
 ) -> dict[str, Any]:
     a, b, score = synthetic_votes(votes, models, seed)  # Not timed.
+    boards = synthetic_categories(votes, seed)
     stages: list[dict[str, Any]] = []
-    outcomes = _stage(stages, "reduce votes to pair counts", lambda: reduce_to_outcomes(models, a, b, score))
-    _stage(stages, "Bradley-Terry fit", lambda: ratings.bradley_terry(outcomes.wins()))
+    outcomes = _stage(
+        stages,
+        f"reduce votes to pair counts ({len(boards)} vote boards)",
+        lambda: [reduce_to_outcomes(models, a[m], b[m], score[m]) for _, m in boards],
+    )
+    _stage(stages, "Bradley-Terry fits", lambda: [ratings.bradley_terry(o.wins()) for o in outcomes])
     _stage(
         stages,
-        f"bootstrap intervals ({rounds} rounds)",
-        lambda: ratings.bootstrap_intervals(outcomes, rounds=rounds, seed=seed),
+        f"bootstrap intervals ({rounds} rounds x {len(boards)} boards)",
+        lambda: [ratings.bootstrap_intervals(o, rounds=rounds, seed=seed) for o in outcomes],
     )
-    _stage(stages, "sandwich intervals", lambda: ratings.sandwich_intervals(outcomes))
-    _stage(stages, "win-fraction and count matrices", lambda: (ratings.win_fraction_matrix(outcomes), outcomes.games()))
+    _stage(
+        stages,
+        "win-fraction and count matrices",
+        lambda: [(ratings.win_fraction_matrix(o), o.games()) for o in outcomes],
+    )
     differences = synthetic_style(a, b, seed)
     styled = _stage(
         stages,
@@ -138,6 +185,12 @@ def run_bench(
     )
     episodes = synthetic_episodes(max(votes // 10, 1), models, seed)
     _stage(stages, f"fix-ability ({len(episodes):,} episodes)", lambda: fixing.rate_fixes(episodes))
+    table = synthetic_voters(a, b, score, seed)
+    flagged = _stage(
+        stages,
+        f"anomaly detection ({len(table.voters):,} voters, {table.voter.size:,} rows)",
+        lambda: anomaly.suspicious_voters(table),
+    )
     total = sum(stage["seconds"] for stage in stages)
     games = list(zip(a.tolist(), b.tolist(), score.tolist(), strict=True))
     elo_began = time.perf_counter()
@@ -159,22 +212,99 @@ def run_bench(
         "votes": votes,
         "models": models,
         "rounds": rounds,
+        "boards": len(boards),
         "stages": stages,
         "seconds_total": total,
         "elo_replay_seconds": elo_replay,
+        "stuffers_flagged": sum(int(found.voter[1:]) < STUFFERS for found in flagged),
+        "honest_flagged": sum(int(found.voter[1:]) >= STUFFERS for found in flagged),
         "reference": reference,
         "speedup_vs_reference": reference["seconds_extrapolated"] / total if reference else None,
+        "style_reference": style_reference(a, b, score, differences, models, seed) if reference_rounds > 0 else None,
+    }
+
+
+def style_reference(
+    a: np.ndarray,
+    b: np.ndarray,
+    score: np.ndarray,
+    differences: np.ndarray,
+    models: int,
+    seed: int,
+    battles: int = 200_000,
+) -> dict[str, Any]:
+    """Style control, per bootstrap round, against FastChat's ``compute_bootstrap_style_control``
+    method (re-implemented here from its description: every round resamples the battles and
+    fits the contextual Bradley-Terry with L-BFGS on the whole expanded table; features
+    standardised, ridge 0.5), on ``battles`` of the votes as the issue measured it. This
+    arena's per-round cost: one multinomial resampling of the style cells and one Newton fit
+    (its intervals need no rounds at all: they are sandwich intervals from a single fit)."""
+    from scipy.optimize import minimize
+    from scipy.special import expit
+
+    rng = np.random.default_rng(seed + 5)
+    a, b, score, differences = a[:battles], b[:battles], score[:battles], differences[:battles]
+    features = (differences - differences.mean(axis=0)) / differences.std(axis=0)
+    n = models
+
+    def loss_and_gradient(
+        params: np.ndarray, pa: np.ndarray, pb: np.ndarray, x: np.ndarray, y: np.ndarray
+    ) -> tuple[float, np.ndarray]:
+        logits = np.log(10.0) * (params[pa] - params[pb]) + x @ params[n:]
+        p = expit(logits)
+        loss = -(y * np.log(p) + (1 - y) * np.log1p(-p)).sum() + 0.25 * params @ params
+        error = y - p
+        gradient = 0.5 * params
+        np.add.at(gradient, pa, -np.log(10.0) * error)
+        np.add.at(gradient, pb, np.log(10.0) * error)
+        gradient[n:] -= x.T @ error
+        return loss, gradient
+
+    rounds = 2
+    began = time.perf_counter()
+    for _ in range(rounds):
+        pick = rng.integers(0, a.size, a.size)
+        minimize(
+            loss_and_gradient,
+            np.zeros(n + features.shape[1]),
+            args=(a[pick], b[pick], features[pick], score[pick]),
+            jac=True,
+            method="L-BFGS-B",
+            options={"maxiter": 100, "gtol": 1e-6},
+        )
+    reference = (time.perf_counter() - began) / rounds
+    cells = style.StyleOutcomes.from_arrays(models, a, b, score, differences)
+    counts = np.concatenate([cells.first_wins, cells.second_wins, cells.ties])
+    k = cells.first.size
+    began = time.perf_counter()
+    for _ in range(rounds):
+        sample = rng.multinomial(round(counts.sum()), counts / counts.sum()).astype(float)
+        resampled = style.StyleOutcomes(
+            models, cells.first, cells.second, cells.features, sample[:k], sample[k : 2 * k], sample[2 * k :]
+        )
+        style.style_controlled(resampled)
+    ours = (time.perf_counter() - began) / rounds
+    return {
+        "battles": int(a.size),
+        "rounds_run": rounds,
+        "reference_seconds_per_round": reference,
+        "seconds_per_round": ours,
+        "speedup_per_round": reference / ours,
     }
 
 
 def format_table(result: dict[str, Any]) -> str:
     lines = [
-        f"{result['votes']:,} synthetic votes, {result['models']} models, {result['rounds']} bootstrap rounds",
-        f"{'stage':<52} {'seconds':>9} {'peak MiB':>9}",
+        f"{result['votes']:,} synthetic votes, {result['models']} models, {result['boards']} vote boards, "
+        f"{result['rounds']} bootstrap rounds",
+        f"{'stage':<60} {'seconds':>9} {'peak MiB':>9}",
     ]
-    lines += [f"{s['stage']:<52} {s['seconds']:>9.3f} {s['peak_mib']:>9.1f}" for s in result["stages"]]
-    lines.append(f"{'whole refresh':<52} {result['seconds_total']:>9.3f}")
-    lines.append(f"{'(online Elo replayed from scratch)':<52} {result['elo_replay_seconds']:>9.3f}")
+    lines += [f"{s['stage']:<60} {s['seconds']:>9.3f} {s['peak_mib']:>9.1f}" for s in result["stages"]]
+    lines.append(f"{'whole refresh':<60} {result['seconds_total']:>9.3f}")
+    lines.append(f"{'(online Elo replayed from scratch)':<60} {result['elo_replay_seconds']:>9.3f}")
+    lines.append(
+        f"anomaly detection: {result['stuffers_flagged']} of 25 stuffers flagged, {result['honest_flagged']} honest"
+    )
     reference = result["reference"]
     if reference:
         lines.append(
@@ -184,4 +314,11 @@ def format_table(result: dict[str, Any]) -> str:
         )
     else:
         lines.append("reference: not run (scikit-learn missing or --reference-rounds 0)")
+    styled = result["style_reference"]
+    if styled:
+        lines.append(
+            f"style control per bootstrap round on {styled['battles']:,} battles: FastChat's method "
+            f"{styled['reference_seconds_per_round']:.2f} s, this arena's {styled['seconds_per_round']:.4f} s "
+            f"-> {styled['speedup_per_round']:.0f}x"
+        )
     return "\n".join(lines)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -60,8 +60,22 @@ def compute_board(
         fitted = ratings.bootstrap_intervals(outcomes, rounds=rounds, seed=seed, prior=prior, pair_weights=pair_weights)
     else:
         fitted = ratings.sandwich_intervals(outcomes, prior=prior, pair_weights=pair_weights)
-    votes = outcomes.games().sum(axis=1)
     elo_values = np.asarray(elo)[played] if elo is not None else np.full(len(rated), ratings.BASE_RATING)
+    return _ranked_rows(rated, fitted, outcomes.games().sum(axis=1), elo_values)
+
+
+class _Fitted(Protocol):
+    ratings: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    ranks: np.ndarray
+
+
+def _ranked_rows(
+    rated: Sequence[str], fitted: _Fitted, votes: np.ndarray, elo: np.ndarray | None = None
+) -> list[BoardRow]:
+    """One row per rated model, best first (ties in rating by name), from a fit's ratings,
+    intervals and ranks (``ratings.RatingsWithIntervals`` or ``style.StyleControlled``)."""
     order = sorted(range(len(rated)), key=lambda i: (-fitted.ratings[i], rated[i]))
     return [
         BoardRow(
@@ -71,7 +85,7 @@ def compute_board(
             upper=round(float(fitted.upper[i]), 1),
             rank=int(fitted.ranks[i]),
             votes=round(float(votes[i])),
-            elo=round(float(elo_values[i]), 1),
+            elo=None if elo is None else round(float(elo[i]), 1),
         )
         for i in order
     ]
@@ -91,19 +105,7 @@ def compute_style_board(names: Sequence[str], outcomes: style.StyleOutcomes) -> 
     games = restricted.first_wins + restricted.second_wins + restricted.ties
     np.add.at(counts, restricted.first, games)
     np.add.at(counts, restricted.second, games)
-    order = sorted(range(len(rated)), key=lambda i: (-fitted.ratings[i], rated[i]))
-    rows = [
-        BoardRow(
-            model=rated[i],
-            rating=round(float(fitted.ratings[i]), 1),
-            lower=round(float(fitted.lower[i]), 1),
-            upper=round(float(fitted.upper[i]), 1),
-            rank=int(fitted.ranks[i]),
-            votes=round(float(counts[i])),
-            elo=None,
-        )
-        for i in order
-    ]
+    rows = _ranked_rows(rated, fitted, counts)
     coefficients = {
         feature: {
             "value": round(float(fitted.coefficients[k]), 4),

@@ -10,6 +10,10 @@ class LeaderboardRefresh(models.Model):
     created = models.DateTimeField(auto_now_add=True, db_index=True)
     last_vote_id = models.PositiveBigIntegerField(default=0, help_text="The newest vote this refresh saw.")
     seconds = models.FloatField(default=0.0, help_text="How long the refresh took.")
+    stages = models.JSONField(default=dict, blank=True, help_text="Seconds per stage of the refresh.")
+    episodes_through = models.DateTimeField(
+        null=True, blank=True, help_text="The newest battle end whose fix episodes this refresh recorded."
+    )
 
     class Meta:
         ordering = ["-created", "-pk"]

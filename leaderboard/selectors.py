@@ -5,6 +5,7 @@ from typing import Any
 
 import numpy as np
 from django.db.models import Count, Exists, F, FloatField, OuterRef, Q, QuerySet, Subquery, Sum, Value
+from django.db.models.functions import Length
 
 from inference.models import LLM
 from leaderboard import fixing, ratings, style
@@ -175,11 +176,14 @@ def style_outcomes(category: str, names: list[str]) -> style.StyleOutcomes:
         )
     )
     replies: dict[int, list[tuple[str, int, tuple[float, ...]]]] = {}
-    rows = Message.objects.filter(role=Message.Role.ASSISTANT, battle_id__in={vote[0] for vote in votes})
-    for battle_id, side, turn, content, tokens in rows.values_list(
-        "battle_id", "side", "turn", "content", "token_count"
+    # The markdown counted when each reply finished, and its length in tokens (else characters
+    # / 4): the replies' text is never read here.
+    rows = Message.objects.filter(role=Message.Role.ASSISTANT, battle__in=counted_votes(category).values("battle"))
+    for battle_id, side, turn, tokens, characters, headers, lists, bold in rows.values_list(
+        "battle_id", "side", "turn", "token_count", Length("content"), "header_count", "list_count", "bold_count"
     ):
-        replies.setdefault(battle_id, []).append((side, turn, style.style_of(content, tokens)))
+        length = float(tokens) if tokens is not None else characters / 4.0
+        replies.setdefault(battle_id, []).append((side, turn, (length, headers or 0, lists or 0, bold or 0)))
     cells = []
     for battle_id, after_turn, model_a, model_b, choice in votes:
         seen = {side: np.zeros(len(style.FEATURES)) for side in "ab"}

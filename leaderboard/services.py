@@ -2,6 +2,9 @@
 
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
 
 import numpy as np
 from django.conf import settings
@@ -12,7 +15,22 @@ from django.utils import timezone
 from leaderboard import anomaly, board, fixing, ratings, selectors
 from leaderboard.models import LeaderboardRefresh, LeaderboardSnapshot
 from votes import services as votes_services
-from votes.models import Battle, FlaggedVoter, Vote
+from votes.models import Battle, FlaggedVoter, Task, Vote
+
+
+class Stopwatch:
+    """Seconds spent per named stage, added up over the ``with stopwatch("stage"):`` blocks."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - began
 
 
 @transaction.atomic
@@ -20,39 +38,49 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
     """Recompute every category (ratings, intervals, ranks, Elo, matrices, fix rates) and store
     the snapshots of one refresh."""
     started = time.perf_counter()
-    flag_anomalous_voters()
-    votes_services.record_fix_episodes()
+    stopwatch = Stopwatch()
+    with stopwatch("anomaly detection"):
+        flag_anomalous_voters()
+    previous = selectors.latest_refresh()
+    with stopwatch("fix episodes"):
+        episodes_through = Battle.objects.filter(state=Battle.State.ENDED).aggregate(last=Max("ended"))["last"]
+        votes_services.record_fix_episodes(ended_after=_episodes_ended_after(previous))
     rounds = settings.LEADERBOARD_BOOTSTRAP_ROUNDS if rounds is None else rounds
     names = selectors.roster_names()
     last_vote = Vote.objects.aggregate(last=Max("pk"))["last"] or 0
-    previous = selectors.latest_refresh()
     earlier = {s.category: s for s in previous.snapshots.all()} if previous else {}
-    refresh = LeaderboardRefresh.objects.create(last_vote_id=last_vote)
-    fixes = selectors.fix_rates(names)
+    refresh = LeaderboardRefresh.objects.create(last_vote_id=last_vote, episodes_through=episodes_through)
+    with stopwatch("fix rates"):
+        fixes = selectors.fix_rates(names)
     provisional_below = settings.LEADERBOARD_PROVISIONAL_VOTES
     for position, (category, title) in enumerate(selectors.categories()):
         if category in selectors.EPISODE_CATEGORIES:
-            _fixing_snapshot(refresh, position, category, title, provisional_below)
+            with stopwatch("fix-ability"):
+                _fixing_snapshot(refresh, position, category, title, provisional_below)
             continue
         before = earlier.get(category)
         marker = (before.elo_through_ended, before.elo_through_vote) if before else None
-        data = selectors.category_data(category, names, marker)
-        if before is not None and data.counted_before != before.elo_votes:
-            # Votes were excluded (a flagged voter, a leak) or let back in since the last
-            # refresh: online Elo cannot take a vote back, so it starts again from all of them.
-            before, data = None, selectors.category_data(category, names)
-        # Online Elo goes on from the previous refresh with the votes counted since.
-        start = np.array([(before.elo_state if before else {}).get(name, ratings.BASE_RATING) for name in names])
-        elo = ratings.online_elo(len(names), data.new_games, k=settings.LEADERBOARD_ELO_K, start=start)
-        rows = board.compute_board(
-            names, data.outcomes, elo=elo, rounds=rounds, seed=seed, pair_weights=data.pair_weights
-        )
+        with stopwatch("votes to pair counts"):
+            data = selectors.category_data(category, names, marker)
+            if before is not None and data.counted_before != before.elo_votes:
+                # Votes were excluded (a flagged voter, a leak) or let back in since the last
+                # refresh: online Elo cannot take a vote back, so it starts again from all of them.
+                before, data = None, selectors.category_data(category, names)
+        with stopwatch("online Elo"):
+            # Online Elo goes on from the previous refresh with the votes counted since.
+            start = np.array([(before.elo_state if before else {}).get(name, ratings.BASE_RATING) for name in names])
+            elo = ratings.online_elo(len(names), data.new_games, k=settings.LEADERBOARD_ELO_K, start=start)
+        with stopwatch("ratings and intervals"):
+            rows = board.compute_board(
+                names, data.outcomes, elo=elo, rounds=rounds, seed=seed, pair_weights=data.pair_weights
+            )
         # Style control for the overall board: a toggle on the page, with its coefficients.
-        style_rows, style_coefficients = (
-            board.compute_style_board(names, selectors.style_outcomes(category, names))
-            if category == selectors.OVERALL
-            else ([], {})
-        )
+        with stopwatch("style control"):
+            style_rows, style_coefficients = (
+                board.compute_style_board(names, selectors.style_outcomes(category, names))
+                if category == selectors.OVERALL
+                else ([], {})
+            )
         # The matrices cover the rated models only, in rank order, as the table lists them.
         rated = [row.model for row in rows]
         index = [names.index(name) for name in rated]
@@ -60,6 +88,8 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
         order = np.argsort(np.argsort(index))  # Positions of the rated models in name order.
         fractions = ratings.win_fraction_matrix(played)[np.ix_(order, order)]
         counts = played.games()[np.ix_(order, order)]
+        with stopwatch("excluded counts"):
+            excluded = selectors.excluded_votes(category)
         LeaderboardSnapshot.objects.create(
             refresh=refresh,
             position=position,
@@ -77,7 +107,7 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
                 for row in rows
             ],
             unrated=board.unrated(names, data.outcomes),
-            excluded=selectors.excluded_votes(category),
+            excluded=excluded,
             model_names=rated,
             win_fractions=[[None if math.isnan(v) else round(float(v), 4) for v in line] for line in fractions],
             battle_counts=counts.astype(int).tolist(),
@@ -89,8 +119,24 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
             style_coefficients=style_coefficients,
         )
     refresh.seconds = time.perf_counter() - started
-    refresh.save(update_fields=["seconds"])
+    refresh.stages = {stage: round(seconds, 4) for stage, seconds in stopwatch.seconds.items()}
+    refresh.save(update_fields=["seconds", "stages"])
     return refresh
+
+
+# Battles that ended this long before the previous refresh's newest are read again: a battle
+# that ended just before that refresh may have been committed just after it read them.
+EPISODES_MARGIN = timedelta(minutes=5)
+
+
+def _episodes_ended_after(previous: LeaderboardRefresh | None) -> datetime | None:
+    """From when the battles' fix episodes must be read again (None: all of them, when there is
+    no earlier refresh to go on from or a task changed since, its correction turns perhaps)."""
+    if previous is None or previous.episodes_through is None:
+        return None
+    if Task.objects.filter(updated__gte=previous.created).exists():
+        return None
+    return previous.episodes_through - EPISODES_MARGIN
 
 
 def _fixing_snapshot(
@@ -122,8 +168,9 @@ def flag_anomalous_voters() -> list[FlaggedVoter]:
         .annotate(n=Count("id"))
         .order_by()
     )
+    columns = list(zip(*rows, strict=True)) or [(), (), (), (), ()]
     found = anomaly.suspicious_voters(
-        (anomaly.pair_vote(*row) for row in rows),
+        anomaly.VoteTable.from_choices(*columns),
         alpha=settings.LEADERBOARD_ANOMALY_ALPHA,
         min_votes=settings.LEADERBOARD_ANOMALY_MIN_VOTES,
     )

@@ -47,6 +47,29 @@ def stuffing_votes(voter: str, count: int) -> list[tuple[str, str, str, str]]:
     return [(voter, WEAK, STRONG, "a") if i % 2 else (voter, STRONG, WEAK, "b") for i in range(count)]
 
 
+def test_the_vectorised_tests_compute_the_scalar_definitions() -> None:
+    """anomalous_voters runs on arrays (VoteTable); on random votes its Fisher p-values are those
+    of the definition written out vote by vote (vote_p_value, fisher_p_value)."""
+    rng = random.Random(4)
+    rows = honest_votes(rng, 40, 12) + stuffing_votes("stuffer", 30)
+    votes = [pair_vote(*row) for row in rows]
+    found = {a.voter: a for a in anomalous_voters(votes, alpha=2.0, min_votes=1, min_history=10)}
+    by_voter: dict[str, Counter] = {}
+    for vote in votes:
+        by_voter.setdefault(vote.voter, Counter())[(vote.pair, vote.outcome)] += vote.count
+    everyone: dict[tuple[str, str], Counter] = {}
+    for vote in votes:
+        everyone.setdefault(vote.pair, Counter())[vote.outcome] += vote.count
+    for voter, own in by_voter.items():
+        p_values = []
+        for (pair, outcome), count in own.items():
+            history = everyone[pair] - Counter({o: n for (p, o), n in own.items() if p == pair})
+            if sum(history.values()) >= 10:
+                p_values += [vote_p_value(outcome, history)] * count
+        assert found[voter].votes == len(p_values)
+        assert found[voter].p_value == pytest.approx(fisher_p_value(p_values), rel=1e-9, abs=1e-300)
+
+
 def test_p_values() -> None:
     history = Counter({1.0: 90, 0.0: 10})
     assert vote_p_value(1.0, history) == 1.0  # The usual outcome is not evidence of anything.

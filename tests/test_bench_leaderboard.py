@@ -25,14 +25,50 @@ def test_bench_command_json() -> None:
     )
     result = json.loads(out.getvalue())
     stages = [stage["stage"] for stage in result["stages"]]
-    assert stages[0] == "reduce votes to pair counts" and "bootstrap intervals (50 rounds)" in stages
+    assert stages[0] == "reduce votes to pair counts (7 vote boards)"
+    assert "bootstrap intervals (50 rounds x 7 boards)" in stages
+    assert any(stage.startswith("fix-ability (500 episodes)") for stage in stages)
+    assert any(stage.startswith("anomaly detection (20,000 voters") for stage in stages)
+    assert any(stage.startswith("style control: fit and intervals") for stage in stages)
+    # The synthetic stuffers are found, and no honest voter.
+    assert result["stuffers_flagged"] >= 20 and result["honest_flagged"] == 0
     assert result["seconds_total"] == pytest.approx(sum(stage["seconds"] for stage in result["stages"]))
     reference = result["reference"]
     assert reference["rounds_run"] == 1
     assert reference["seconds_extrapolated"] == pytest.approx(reference["seconds_per_round"] * 50)
     assert result["speedup_vs_reference"] == pytest.approx(reference["seconds_extrapolated"] / result["seconds_total"])
+    styled = result["style_reference"]
+    assert styled["battles"] == 5000 and styled["rounds_run"] == 2
+    assert styled["speedup_per_round"] == pytest.approx(
+        styled["reference_seconds_per_round"] / styled["seconds_per_round"]
+    )
     table = StringIO()
     call_command("bench_leaderboard", "--votes=2000", "--models=4", "--rounds=20", "--reference-rounds=0", stdout=table)
     assert "whole refresh" in table.getvalue() and "not run" in table.getvalue()
     with pytest.raises(CommandError):
         call_command("bench_leaderboard", "--models=1")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bench_from_a_scratch_database() -> None:
+    """--from-database stores the votes in a database of its own, times the site's refresh stage
+    by stage (first and next), and drops that database: nothing is left in the test database."""
+    from django.db import connection
+
+    from votes.models import Battle
+
+    out = StringIO()
+    call_command(
+        "bench_leaderboard", "--from-database", "--votes=700", "--models=5", "--rounds=10", "--json", stdout=out
+    )
+    result = json.loads(out.getvalue())
+    assert result["rows"]["votes_battle"] == 700
+    assert result["rows"]["votes_vote"] > 700  # a second vote after each correction
+    first, following = result["refreshes"]
+    assert {"anomaly detection", "fix episodes", "votes to pair counts", "style control"} <= set(first["stages"])
+    assert sum(first["stages"].values()) <= first["seconds"]
+    assert following["stages"]["fix episodes"] >= 0
+    assert not Battle.objects.exists()  # back on the test database, untouched
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [result["database"]])
+        assert cursor.fetchone() is None

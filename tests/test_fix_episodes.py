@@ -298,3 +298,31 @@ def test_evaluation_dialog_tries_give_regressions_and_turns_to_fix() -> None:
         (2, True, False, 2),
     ]
     assert [e.regression for e in evaluation_episodes(records)] == [None, None]  # no checker: not judged
+
+
+@pytest.mark.django_db
+def test_a_refresh_reads_only_the_battles_ended_since_the_last_one(pair) -> None:
+    """The episodes are recorded incrementally: a refresh reads the battles that ended since the
+    previous refresh's newest (less a margin), unless a task changed, which rebuilds them all."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    old = battle_with(pair, [("q", None, "mistake", ""), ("Wrong date.", None, "fixed", "")])
+    Battle.objects.filter(pk=old.pk).update(ended=timezone.now() - timedelta(hours=1))
+    recent = battle_with(pair, [("q", None, "correct", "")])  # The newest when the refresh runs.
+    Battle.objects.filter(pk=recent.pk).update(ended=timezone.now())
+    leaderboard_services.refresh_leaderboard(rounds=10)
+    assert list(FixEpisode.objects.values_list("fixed", flat=True)) == [True]
+    # An old battle's message changed behind the refresh's back (say, by hand in the database):
+    # the next refresh does not read it again; a battle that ended since is read.
+    Message.objects.filter(battle=old, turn=1, role="assistant").update(rating="mistake")
+    new = battle_with(pair, [("q", None, "mistake", ""), ("Wrong date.", None, "mistake", "")])
+    Battle.objects.filter(pk=new.pk).update(ended=timezone.now())
+    refresh = leaderboard_services.refresh_leaderboard(rounds=10)
+    assert sorted(FixEpisode.objects.values_list("battle_id", "fixed")) == [(old.pk, True), (new.pk, False)]
+    assert refresh.episodes_through is not None and "fix episodes" in refresh.stages
+    # A task edited in the admin (its correction turns, perhaps): everything is read again.
+    Task.objects.create(slug="new", title="New")
+    leaderboard_services.refresh_leaderboard(rounds=10)
+    assert sorted(FixEpisode.objects.values_list("battle_id", "fixed")) == [(old.pk, False), (new.pk, False)]

@@ -1,5 +1,7 @@
 """The leaderboard: votes reduced per category, snapshots refreshed (by beat, or when due), pages."""
 
+import math
+
 import pytest
 from django.conf import settings
 
@@ -240,3 +242,14 @@ def test_the_page_says_what_the_numbers_mean(client, models, settings) -> None:
     assert f"about {expected_score(1100, 1000):.0%}" in html and f"400 points, {expected_score(1400, 1000):.0%}" in html
     assert "95 times out of 100" in html
     assert f"fewer\nthan {settings.LEADERBOARD_PROVISIONAL_VOTES} votes is <strong>provisional</strong>" in html
+    # Next to each category: the fixing board (its figure is its model's own: 400 points, ten
+    # times the odds) and the preference after correction.
+    from leaderboard.fixing import _TO_RATING
+
+    fixing = client.get("/leaderboard/", {"category": "fixing"}).content.decode()
+    assert math.exp(400 / _TO_RATING) == pytest.approx(10.0)
+    assert "ten times its odds" in fixing and "95 times out of 100" in fixing
+    assert f"fewer than\n{settings.LEADERBOARD_PROVISIONAL_VOTES} episodes is <strong>provisional</strong>" in fixing
+    after = client.get("/leaderboard/", {"category": "after_correction"}).content.decode()
+    assert "a preference, not a measure of fixing" in after and "95 times out of" in after
+    assert f"fewer than {settings.LEADERBOARD_PROVISIONAL_VOTES} votes is <strong>provisional</strong>" in after

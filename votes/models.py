@@ -5,12 +5,14 @@ client that reconnects rebuilds the whole battle from these rows.
 """
 
 import secrets
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
 from inference.models import LLM
+from leaderboard import style
 from votes import checkers, evaluation, feedback
 
 
@@ -264,6 +266,11 @@ class Message(models.Model):
     )
     regenerations = models.PositiveIntegerField(default=0, help_text="Times the voter regenerated this reply.")
     token_count = models.PositiveIntegerField(null=True, blank=True)
+    # Markdown of a finished reply (leaderboard.style.markdown_counts), for style control: counted
+    # once, so that a leaderboard refresh never reads the replies' text.
+    header_count = models.PositiveIntegerField(null=True, blank=True)
+    list_count = models.PositiveIntegerField(null=True, blank=True)
+    bold_count = models.PositiveIntegerField(null=True, blank=True)
     time_to_first_token_ms = models.PositiveIntegerField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
     first_token_at = models.DateTimeField(
@@ -283,6 +290,15 @@ class Message(models.Model):
 
     def __str__(self) -> str:
         return f"{self.battle.public_id} turn {self.turn} {self.side} {self.role}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # A reply's markdown is counted whenever its text is saved (votes.services.finish_reply,
+        # which updates without save(), counts it itself).
+        if self.role == self.Role.ASSISTANT and self.content:
+            self.header_count, self.list_count, self.bold_count = style.markdown_counts(self.content)
+            if kwargs.get("update_fields") is not None and "content" in kwargs["update_fields"]:
+                kwargs["update_fields"] = {*kwargs["update_fields"], "header_count", "list_count", "bold_count"}
+        super().save(*args, **kwargs)
 
     @property
     def is_finished(self) -> bool:

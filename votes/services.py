@@ -6,7 +6,7 @@ import logging
 import random
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from inference import pacing
 from inference.models import LLM
+from leaderboard import style
 from votes import pairing, selectors
 from votes.checkers import CheckerConfigError
 from votes.leaks import find_identity_leak
@@ -491,8 +492,12 @@ def finish_reply(
     Returns False, saving nothing, when the reply was failed as stalled meanwhile (its worker
     was cut off for longer than ``ARENA_REPLY_STALL_SECONDS``): the voter has been told already.
     """
+    headers, lists, bold = style.markdown_counts(content)
     with transaction.atomic():
         updated = Message.objects.filter(pk=message_id, status=Message.Status.STREAMING).update(
+            header_count=headers,
+            list_count=lists,
+            bold_count=bold,
             error=error,
             status=status,
             content=content,
@@ -722,11 +727,21 @@ def researcher_key_for(token: str) -> ResearcherKey | None:
 
 
 @transaction.atomic
-def record_fix_episodes() -> int:
-    """Rebuild the stored fix episodes from every ended battle's messages (ratings can change
-    until a battle ends, and a task's correction turns in the admin) and from every finished
-    evaluation run; returns how many."""
-    episodes = selectors.fix_episodes() + selectors.evaluation_fix_episodes()
-    FixEpisode.objects.all().delete()
+def record_fix_episodes(*, ended_after: datetime | None = None) -> int:
+    """Record the fix episodes of ended battles (ratings can change until a battle ends, not
+    after) and of every finished evaluation run; returns how many were written.
+
+    ``ended_after``: only the battles that ended after it are read, their episodes replaced (a
+    refresh passes the previous one's mark, less a margin, so that the work does not grow with
+    the arena); None rebuilds every battle's (the first refresh, or after a task's correction
+    turns changed in the admin)."""
+    battles = Battle.objects.filter(state=Battle.State.ENDED)
+    stale = FixEpisode.objects.filter(battle__isnull=False)
+    if ended_after is not None:  # A battle ended without a time (written by hand) is always read.
+        battles = battles.filter(Q(ended__gt=ended_after) | Q(ended__isnull=True))
+        stale = stale.filter(Q(battle__ended__gt=ended_after) | Q(battle__ended__isnull=True))
+    episodes = selectors.fix_episodes(battles) + selectors.evaluation_fix_episodes()
+    stale.delete()
+    FixEpisode.objects.filter(evaluation_run__isnull=False).delete()  # Few: always rebuilt.
     FixEpisode.objects.bulk_create(episodes)
     return len(episodes)

@@ -1,11 +1,12 @@
-"""Benchmark the leaderboard refresh on synthetic votes (see leaderboard.bench)."""
+"""Benchmark the leaderboard refresh on synthetic votes (see leaderboard.bench), from arrays or,
+with --from-database, from a scratch PostgreSQL database (see leaderboard.bench_database)."""
 
 import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from leaderboard.bench import format_table, run_bench
+from leaderboard import bench, bench_database
 
 
 class Command(BaseCommand):
@@ -17,16 +18,30 @@ class Command(BaseCommand):
         parser.add_argument("--rounds", type=int, default=1000, help="Bootstrap rounds.")
         parser.add_argument("--reference-rounds", type=int, default=2, help="Rounds of the reference actually run.")
         parser.add_argument("--seed", type=int, default=0)
+        parser.add_argument(
+            "--from-database",
+            action="store_true",
+            help="Store the votes in a scratch PostgreSQL database (created and dropped) and time the site's refresh.",
+        )
         parser.add_argument("--json", action="store_true", help="Print the figures as JSON.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["votes"] < 1 or options["models"] < 2 or options["rounds"] < 1 or options["reference_rounds"] < 0:
             raise CommandError("Need --votes >= 1, --models >= 2, --rounds >= 1 and --reference-rounds >= 0.")
-        result = run_bench(
+        if options["from_database"]:
+            try:
+                result = bench_database.run_database_bench(
+                    votes=options["votes"], models=options["models"], rounds=options["rounds"], seed=options["seed"]
+                )
+            except ValueError as error:
+                raise CommandError(str(error)) from None
+            self.stdout.write(json.dumps(result, indent=2) if options["json"] else bench_database.format_table(result))
+            return
+        result = bench.run_bench(
             votes=options["votes"],
             models=options["models"],
             rounds=options["rounds"],
             reference_rounds=options["reference_rounds"],
             seed=options["seed"],
         )
-        self.stdout.write(json.dumps(result, indent=2) if options["json"] else format_table(result))
+        self.stdout.write(json.dumps(result, indent=2) if options["json"] else bench.format_table(result))
