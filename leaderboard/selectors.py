@@ -4,8 +4,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from django.db.models import Count, Exists, F, FloatField, OuterRef, Q, QuerySet, Subquery, Sum, Value
-from django.db.models.functions import Length
+from django.db.models import Count, Exists, F, FloatField, OuterRef, Q, QuerySet, Subquery, Sum, Value, Window
+from django.db.models.functions import Lag, Length
 
 from inference.models import LLM
 from leaderboard import fixing, ratings, style
@@ -126,18 +126,20 @@ def category_data(category: str, names: list[str], elo_through: tuple[Any, int] 
     A vote counts once its battle has ended, and a battle takes no vote after that: the order
     (battle end, vote id) never has to be replayed.
     """
-    index = {name: i for i, name in enumerate(names)}
+    # By model id: the votes' GROUP BY need not join the models' table.
+    position = {name: i for i, name in enumerate(names)}
+    index = {pk: position[name] for pk, name in LLM.objects.values_list("pk", "name") if name in position}
     votes = counted_votes(category)
     cells: dict[tuple[int, int], list[float]] = {}
     inverse: dict[tuple[int, int], float] = {}  # Sum of 1 / pair probability, per pair.
     unrecorded = 0  # Votes whose battle has no recorded pair probability.
-    grouped = votes.values("battle__model_a__name", "battle__model_b__name", "choice").annotate(
+    grouped = votes.values("battle__model_a_id", "battle__model_b_id", "choice").annotate(
         n=Count("id"),
         recorded=Count("battle__pair_probability"),
         inverse=Sum(Value(1.0) / F("battle__pair_probability"), output_field=FloatField()),
     )
     for row in grouped.order_by():
-        a, b = index[row["battle__model_a__name"]], index[row["battle__model_b__name"]]
+        a, b = index[row["battle__model_a_id"]], index[row["battle__model_b_id"]]
         score = ratings.VOTE_SCORES[row["choice"]]
         i, j, score_i = (a, b, score) if a < b else (b, a, 1.0 - score)
         cell = cells.setdefault((i, j), [0.0, 0.0, 0.0])
@@ -156,11 +158,11 @@ def category_data(category: str, names: list[str], elo_through: tuple[Any, int] 
         new = votes.filter(after)
         counted_before = votes.exclude(after).count()
     history = new.order_by("battle__ended", "pk").values_list(
-        "battle__model_a__name", "battle__model_b__name", "choice", "battle__ended", "pk"
+        "battle__model_a_id", "battle__model_b_id", "choice", "battle__ended", "pk"
     )
     games, marker = [], elo_through or (None, 0)
-    for a_name, b_name, choice, ended, pk in history:
-        games.append((index[a_name], index[b_name], ratings.VOTE_SCORES[choice]))
+    for a_id, b_id, choice, ended, pk in history:
+        games.append((index[a_id], index[b_id], ratings.VOTE_SCORES[choice]))
         marker = (ended, pk)
     outcomes = ratings.PairOutcomes.from_cells(len(names), cells)
     return CategoryData(names, outcomes, games, marker, counted_before, pair_weights)
@@ -197,26 +199,41 @@ def style_outcomes(category: str, names: list[str]) -> style.StyleOutcomes:
 
 def fix_rates(names: list[str]) -> dict[str, dict[str, ratings.FixRate]]:
     """Per model, the share of replies to a correction that fixed the mistake: as rated by the
-    voters (🥦 after a 🍄/🔥) and as judged by the checker (correct after a wrong verdict)."""
+    voters (🥦 after a 🍄/🔥) and as judged by the checker (correct after a wrong verdict).
+
+    The reply before each one on its side comes from a window function, and only the replies
+    after a wrong one leave the database."""
+    wrong_ratings, wrong_verdicts = (Rating.MISTAKE, Rating.GARBAGE), (Verdict.MISTAKE, Verdict.GARBAGE)
+    before = {"partition_by": [F("battle_id"), F("side")], "order_by": F("turn").asc()}
     replies = (
         Message.objects.filter(role=Message.Role.ASSISTANT, battle__state=Battle.State.ENDED, battle__excluded=False)
         .exclude(voter_flagged())
-        .order_by("battle_id", "side", "turn")
-        .values_list("battle_id", "side", "rating", "check_verdict", "battle__model_a__name", "battle__model_b__name")
+        .annotate(
+            rating_before=Window(Lag("rating"), **before),
+            verdict_before=Window(Lag("check_verdict"), **before),
+        )
+        .filter(Q(rating_before__in=wrong_ratings) | Q(verdict_before__in=wrong_verdicts))
+        .values_list(
+            "side",
+            "rating",
+            "check_verdict",
+            "rating_before",
+            "verdict_before",
+            "battle__model_a__name",
+            "battle__model_b__name",
+        )
     )
-    wrong_ratings, wrong_verdicts = (Rating.MISTAKE, Rating.GARBAGE), (Verdict.MISTAKE, Verdict.GARBAGE)
     tallies = {name: {"voters": [0, 0], "checker": [0, 0]} for name in names}
-    previous: tuple[Any, ...] | None = None
-    for battle_id, side, rating, verdict, model_a, model_b in replies:
-        model = model_a if side == "a" else model_b
-        if previous is not None and previous[:2] == (battle_id, side) and model in tallies:
-            if previous[2] in wrong_ratings and rating:
-                tallies[model]["voters"][0] += rating == Rating.FIXED
-                tallies[model]["voters"][1] += 1
-            if previous[3] in wrong_verdicts and verdict:
-                tallies[model]["checker"][0] += verdict == Verdict.CORRECT
-                tallies[model]["checker"][1] += 1
-        previous = (battle_id, side, rating, verdict)
+    for side, rating, verdict, rating_before, verdict_before, model_a, model_b in replies:
+        tally = tallies.get(model_a if side == "a" else model_b)
+        if tally is None:
+            continue
+        if rating_before in wrong_ratings and rating:
+            tally["voters"][0] += rating == Rating.FIXED
+            tally["voters"][1] += 1
+        if verdict_before in wrong_verdicts and verdict:
+            tally["checker"][0] += verdict == Verdict.CORRECT
+            tally["checker"][1] += 1
     return {
         name: {source: ratings.fix_rate(*counts) for source, counts in by_source.items()}
         for name, by_source in tallies.items()
