@@ -283,12 +283,10 @@ def sandwich_intervals(
 
 
 def _laplacian(n: int, i: np.ndarray, j: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    matrix = np.zeros((n, n))
-    np.add.at(matrix, (i, j), -weight)
-    np.add.at(matrix, (j, i), -weight)
-    np.add.at(matrix, (i, i), weight)
-    np.add.at(matrix, (j, j), weight)
-    return matrix
+    """sum_c weight_c (e_i - e_j)(e_i - e_j)^T; bincount, many times faster than np.add.at."""
+    off = np.bincount(i * n + j, weight, minlength=n * n).reshape(n, n)
+    off += off.T
+    return np.diag(off.sum(axis=1)) - off
 
 
 def _z(level: float) -> float:

@@ -173,9 +173,9 @@ def _blocks(n: int, first: np.ndarray, second: np.ndarray, features: np.ndarray,
     matrix = np.zeros((n + k, n + k))
     matrix[:n, :n] = ratings._laplacian(n, first, second, weight)
     weighted = features * weight[:, None]
-    cross = np.zeros((n, k))
-    np.add.at(cross, first, weighted)
-    np.add.at(cross, second, -weighted)
+    cross = np.column_stack(
+        [np.bincount(first, column, minlength=n) - np.bincount(second, column, minlength=n) for column in weighted.T]
+    ).reshape(n, k)
     matrix[:n, n:], matrix[n:, :n] = cross, cross.T
     matrix[n:, n:] = weighted.T @ features
     return matrix
