@@ -90,6 +90,7 @@ def populate(votes: int, models: int, seed: int = 0) -> dict[str, int]:
     voter = rng.integers(0, bench.VOTERS, votes)
     corrected = rng.random(votes) < 1 / 7
     reply = rng.integers(0, len(REPLIES), (votes, 2))
+    tokens = rng.integers(20, 800, (votes, 3))  # Lengths as varied as real replies': cells do not compress.
     fixed = rng.random(votes) < 0.5
     now = timezone.now()
     # Battles ended over the last 30 days, in id order, the last one a minute ago.
@@ -125,13 +126,13 @@ def populate(votes: int, models: int, seed: int = 0) -> dict[str, int]:
     )
     markdown = ["\t".join(map(str, style.markdown_counts(text))) for text in REPLIES]
 
-    def message(battle: int, side: str, turn: int, role: str, text: int | None, rating: str) -> str:
-        """A prompt (``text`` None) or a reply (the index of its text in REPLIES)."""
+    def message(battle: int, side: str, turn: int, role: str, text: int | None, rating: str, length: int = 0) -> str:
+        """A prompt (``text`` None) or a reply (the index of its text in REPLIES, ``length`` tokens)."""
         if text is None:
             content = "The time is wrong." if turn else "Add a meeting with Fred on Nov 11 at 5PM"
             counts = "\t".join([null] * 4)
         else:
-            content, counts = texts[text], f"{len(REPLIES[text]) // 4}\t{markdown[text]}"
+            content, counts = texts[text], f"{length}\t{markdown[text]}"
         fields = (battle, side, turn, role, content, "done", 0, "f", "", "", rating, "", "", "{}", "", 0, stamp, counts)
         return "\t".join(map(str, fields)) + "\n"
 
@@ -141,10 +142,10 @@ def populate(votes: int, models: int, seed: int = 0) -> dict[str, int]:
             for s, side in enumerate("ab"):
                 rating = "mistake" if corrected[i] and side == "a" else ""
                 yield message(battle, side, 0, "user", None, "")
-                yield message(battle, side, 0, "assistant", int(reply[i, s]), rating)
+                yield message(battle, side, 0, "assistant", int(reply[i, s]), rating, tokens[i, s])
             if corrected[i]:
                 yield message(battle, "a", 1, "user", None, "")
-                yield message(battle, "a", 1, "assistant", 0, "fixed" if fixed[i] else "mistake")
+                yield message(battle, "a", 1, "assistant", 0, "fixed" if fixed[i] else "mistake", tokens[i, 2])
 
     _copy("votes_message", tuple(message_columns.split(", ")), messages())
     choices = np.where(score == 1.0, "a", np.where(score == 0.0, "b", "tie"))

@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 from django.db.models import Count, Exists, F, FloatField, OuterRef, Q, QuerySet, Subquery, Sum, Value, Window
-from django.db.models.functions import Lag, Length
+from django.db.models.functions import Cast, Coalesce, Lag, Length
 
 from inference.models import LLM
 from leaderboard import fixing, ratings, style
@@ -170,31 +170,37 @@ def category_data(category: str, names: list[str], elo_through: tuple[Any, int] 
 
 def style_outcomes(category: str, names: list[str]) -> style.StyleOutcomes:
     """The category's counted votes with the style differences of the replies each voter had
-    seen (length in tokens, markdown counts, leaderboard.style), reduced to cells."""
-    index = {name: i for i, name in enumerate(names)}
-    votes = list(
-        counted_votes(category).values_list(
-            "battle_id", "after_turn", "battle__model_a__name", "battle__model_b__name", "choice"
-        )
+    seen (length in tokens, markdown counts, leaderboard.style), reduced to cells.
+
+    The database sums each side's replies up to the vote's turn, one row per vote; the markdown
+    was counted when each reply finished, so no reply's text leaves the database (its length
+    stands in only for a reply without a token count)."""
+    position = {name: i for i, name in enumerate(names)}
+    index = {pk: position[name] for pk, name in LLM.objects.values_list("pk", "name") if name in position}
+    reply = "battle__messages__"
+    length = Coalesce(Cast(f"{reply}token_count", FloatField()), Cast(Length(f"{reply}content"), FloatField()) / 4.0)
+    sums = {}
+    for side in "ab":
+        seen = Q(**{f"{reply}role": Message.Role.ASSISTANT, f"{reply}side": side, f"{reply}turn__lte": F("after_turn")})
+        sums[f"length_{side}"] = Sum(length, filter=seen, default=0.0, output_field=FloatField())
+        for feature, field in (("headers", "header_count"), ("lists", "list_count"), ("bold", "bold_count")):
+            sums[f"{feature}_{side}"] = Sum(
+                Cast(f"{reply}{field}", FloatField()), filter=seen, default=0.0, output_field=FloatField()
+            )
+    rows = (
+        counted_votes(category)
+        .annotate(**sums)
+        .values_list("battle__model_a_id", "battle__model_b_id", "choice", *sums)
     )
-    replies: dict[int, list[tuple[str, int, tuple[float, ...]]]] = {}
-    # The markdown counted when each reply finished, and its length in tokens (else characters
-    # / 4): the replies' text is never read here.
-    rows = Message.objects.filter(role=Message.Role.ASSISTANT, battle__in=counted_votes(category).values("battle"))
-    for battle_id, side, turn, tokens, characters, headers, lists, bold in rows.values_list(
-        "battle_id", "side", "turn", "token_count", Length("content"), "header_count", "list_count", "bold_count"
-    ):
-        length = float(tokens) if tokens is not None else characters / 4.0
-        replies.setdefault(battle_id, []).append((side, turn, (length, headers or 0, lists or 0, bold or 0)))
-    cells = []
-    for battle_id, after_turn, model_a, model_b, choice in votes:
-        seen = {side: np.zeros(len(style.FEATURES)) for side in "ab"}
-        for side, turn, features in replies.get(battle_id, []):
-            if turn <= after_turn:
-                seen[side] += features
-        score = ratings.VOTE_SCORES[choice]
-        cells.append((index[model_a], index[model_b], score, style.differences(seen["a"], seen["b"])))
-    return style.StyleOutcomes.from_votes(len(names), cells)
+    columns = list(zip(*rows, strict=True))
+    if not columns:
+        return style.StyleOutcomes.from_votes(len(names), [])
+    a = np.array([index[pk] for pk in columns[0]])
+    b = np.array([index[pk] for pk in columns[1]])
+    score = np.array([ratings.VOTE_SCORES[choice] for choice in columns[2]])
+    seen_a = np.array(columns[3:7], dtype=float).T  # length, headers, lists, bold of side A...
+    seen_b = np.array(columns[7:11], dtype=float).T  # ...and of side B, as style.FEATURES orders them.
+    return style.StyleOutcomes.from_arrays(len(names), a, b, score, style.differences(seen_a, seen_b))
 
 
 def fix_rates(names: list[str]) -> dict[str, dict[str, ratings.FixRate]]:

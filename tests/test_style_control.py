@@ -161,6 +161,41 @@ def test_the_overall_board_has_a_style_toggle(client) -> None:
     assert "Style control:" in client.get("/leaderboard/").content.decode()
 
 
+@pytest.mark.django_db
+def test_the_site_reads_each_votes_style_from_the_database() -> None:
+    """selectors.style_outcomes sums, in the database, each side's replies up to the vote's turn
+    (markdown counted when each reply was saved; characters / 4 without a token count): the
+    cells are those of the replies' texts, styled one by one."""
+    from leaderboard import selectors
+
+    names = ["m0", "m1", "m2"]
+    models = [LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}") for name in names]
+    rng = np.random.default_rng(3)
+    texts = ["plain", "# Title\n\n- a\n- b", "**bold** and **more**", "1. one\n2. two\n\n## H"]
+    expected = []
+    for index in range(40):
+        a, b = rng.choice(3, 2, replace=False)
+        battle = Battle.objects.create(model_a=models[a], model_b=models[b], voter_key=f"v{index}", state="ended")
+        seen = {"a": np.zeros(4), "b": np.zeros(4)}
+        for turn in range(2):  # The vote is cast after turn 0: turn 1's replies are not counted.
+            for side in "ab":
+                text = texts[rng.integers(len(texts))] * int(rng.integers(1, 4))
+                tokens = None if rng.random() < 0.3 else int(rng.integers(5, 200))
+                Message.objects.create(battle=battle, side=side, turn=turn, role="user", content="q")
+                Message.objects.create(
+                    battle=battle, side=side, turn=turn, role="assistant", content=text, token_count=tokens
+                )
+                if turn == 0:
+                    seen[side] += style.style_of(text, tokens)
+        choice = ["a", "b", "tie"][rng.integers(3)]
+        Vote.objects.create(battle=battle, choice=choice, stage="first_try", after_turn=0)
+        expected.append((int(a), int(b), ratings.VOTE_SCORES[choice], style.differences(seen["a"], seen["b"])))
+    got = selectors.style_outcomes("overall", names)
+    want = style.StyleOutcomes.from_votes(3, expected)
+    for field in ("first", "second", "features", "first_wins", "second_wins", "ties"):
+        np.testing.assert_allclose(getattr(got, field), getattr(want, field))
+
+
 def test_rate_battles_with_style_control(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
     records = []
