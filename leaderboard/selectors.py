@@ -151,12 +151,10 @@ def category_data(category: str, names: list[str], elo_through: tuple[Any, int] 
     pair_weights = (
         np.array([inverse[key] / sum(cells[key]) for key in sorted(cells)]) if cells and not unrecorded else None
     )
-    new, counted_before = votes, 0
+    new = votes
     if elo_through is not None and elo_through[0] is not None:
         ended, vote_id = elo_through
-        after = Q(battle__ended__gt=ended) | Q(battle__ended=ended, pk__gt=vote_id)
-        new = votes.filter(after)
-        counted_before = votes.exclude(after).count()
+        new = votes.filter(Q(battle__ended__gt=ended) | Q(battle__ended=ended, pk__gt=vote_id))
     history = new.order_by("battle__ended", "pk").values_list(
         "battle__model_a_id", "battle__model_b_id", "choice", "battle__ended", "pk"
     )
@@ -165,6 +163,9 @@ def category_data(category: str, names: list[str], elo_through: tuple[Any, int] 
         games.append((index[a_id], index[b_id], ratings.VOTE_SCORES[choice]))
         marker = (ended, pk)
     outcomes = ratings.PairOutcomes.from_cells(len(names), cells)
+    # The votes up to the marker are the counted ones less those after it: no second count. (A
+    # vote cast between the two queries makes this one lower, and Elo merely starts again.)
+    counted_before = round(outcomes.total) - len(games) if elo_through is not None and elo_through[0] else 0
     return CategoryData(names, outcomes, games, marker, counted_before, pair_weights)
 
 
