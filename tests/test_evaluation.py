@@ -168,6 +168,7 @@ def test_the_scenarios_human_sentence_for_each_kind_of_mistake() -> None:
     assert evaluation.human_correction("time is '05:00', expected '17:00'") == "The time is wrong."
     assert evaluation.human_correction("duration is missing") == "Duration is required."
     assert evaluation.human_correction("text around the call: 'Sure!'") == "Just the API call, please."
+    assert evaluation.human_correction("the reply contains no function call") == "Just the API call, please."
     assert evaluation.human_correction("something else") == "It's the wrong event now."
 
 

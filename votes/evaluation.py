@@ -46,7 +46,8 @@ HUMAN_CORRECTIONS = (
     (("date", "day", "month"), "Wrong next day."),
     (("time", "hour"), "The time is wrong."),
     (("duration",), "Duration is required."),
-    (("text around", "calls, expected one"), "Just the API call, please."),
+    # A reply that chats instead of calling gets what the seed's voters sent a chatty model.
+    (("text around", "calls, expected one", "no function call"), "Just the API call, please."),
     (("title", "event", "name"), "It's the wrong event now."),
     (("parameter", "argument"), "The API requires three parameters."),
 )
