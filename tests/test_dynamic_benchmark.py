@@ -156,3 +156,16 @@ def test_a_task_context_must_be_a_conversation_ending_with_the_model() -> None:
         with pytest.raises(services.TaskImportError, match="context"):
             services.import_tasks(data)
     assert not Task.objects.filter(slug="t").exists()
+
+
+def test_only_an_admin_who_may_add_tasks_can_promote(client, episode) -> None:
+    from django.contrib.auth.models import Permission
+
+    staff = User.objects.create_user("staff", "staff@example.org", "pw", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_fixepisode"))
+    client.force_login(staff)
+    assert client.get(f"/admin/votes/fixepisode/{episode.pk}/promote/").status_code == 403
+    staff.user_permissions.add(Permission.objects.get(codename="add_task"))
+    staff = User.objects.get(pk=staff.pk)  # Permissions are cached on the user.
+    client.force_login(staff)
+    assert client.get(f"/admin/votes/fixepisode/{episode.pk}/promote/").status_code == 200
