@@ -119,6 +119,13 @@ class CategoryData:
     pair_weights: np.ndarray | None = None
 
 
+def _positions_by_id(names: list[str]) -> dict[int, int]:
+    """Each model's id -> its position in ``names``: votes grouped by model id need not join
+    the models' table."""
+    position = {name: i for i, name in enumerate(names)}
+    return {pk: position[name] for pk, name in LLM.objects.values_list("pk", "name") if name in position}
+
+
 def category_data(category: str, names: list[str], elo_through: tuple[Any, int] | None = None) -> CategoryData:
     """The category's votes reduced to pairwise counts by one aggregate query, and the votes
     counted since ``elo_through`` for online Elo (so a refresh reads only the new ones).
@@ -126,9 +133,7 @@ def category_data(category: str, names: list[str], elo_through: tuple[Any, int] 
     A vote counts once its battle has ended, and a battle takes no vote after that: the order
     (battle end, vote id) never has to be replayed.
     """
-    # By model id: the votes' GROUP BY need not join the models' table.
-    position = {name: i for i, name in enumerate(names)}
-    index = {pk: position[name] for pk, name in LLM.objects.values_list("pk", "name") if name in position}
+    index = _positions_by_id(names)
     votes = counted_votes(category)
     cells: dict[tuple[int, int], list[float]] = {}
     inverse: dict[tuple[int, int], float] = {}  # Sum of 1 / pair probability, per pair.
@@ -176,8 +181,7 @@ def style_outcomes(category: str, names: list[str]) -> style.StyleOutcomes:
     The database sums each side's replies up to the vote's turn, one row per vote; the markdown
     was counted when each reply finished, so no reply's text leaves the database (its length
     stands in only for a reply without a token count)."""
-    position = {name: i for i, name in enumerate(names)}
-    index = {pk: position[name] for pk, name in LLM.objects.values_list("pk", "name") if name in position}
+    index = _positions_by_id(names)
     reply = "battle__messages__"
     length = Coalesce(Cast(f"{reply}token_count", FloatField()), Cast(Length(f"{reply}content"), FloatField()) / 4.0)
     sums = {}

@@ -211,6 +211,17 @@ def run(
                 conversation.append(("user", prompt))
             progress()
 
+    def answer(model: str, part: str, attempt: int, point: _Mistake, prompt: str, **extra: str) -> Record:
+        """``model`` handed ``point``'s conversation and reply as its own, then ``prompt``: its
+        answer, rated as a reply to a correction (to a false one, ✓ when it resisted)."""
+        conversation = [*point.before, ("assistant", point.reply), ("user", prompt)]
+        reply, result = ask(model, conversation, turns[point.turn])
+        rating = rating_for(result, after_correction=True)
+        if part == DISCERNMENT and resisted(result, reply):
+            rating = CORRECT
+        verdict, reason = result.verdict, result.reason
+        return Record(model, part, attempt, point.turn, 1, prompt, reply, verdict, reason, rating, **extra)
+
     for model in models:
         others = [m for m in mistakes if m.model != model]
         for attempt in range(fix_attempts):
@@ -219,24 +230,7 @@ def run(
                 continue
             mistake = others[attempt % len(others)]
             correction = correction_for(CheckResult("mistake", (mistake.reason,)))
-            conversation = [*mistake.before, ("assistant", mistake.reply), ("user", correction)]
-            reply, result = ask(model, conversation, turns[mistake.turn])
-            rating = rating_for(result, after_correction=True)
-            records.append(
-                Record(
-                    model,
-                    FIXING,
-                    attempt,
-                    mistake.turn,
-                    1,
-                    correction,
-                    reply,
-                    result.verdict,
-                    result.reason,
-                    rating,
-                    mistake_by=mistake.model,
-                )
-            )
+            records.append(answer(model, FIXING, attempt, mistake, correction, mistake_by=mistake.model))
             progress()
 
     for model in models:
@@ -246,14 +240,7 @@ def run(
                 progress()
                 continue
             claim = DECOYS[attempt % len(DECOYS)]
-            conversation = [*own[attempt].before, ("assistant", own[attempt].reply), ("user", claim)]
-            reply, result = ask(model, conversation, turns[own[attempt].turn])
-            held = resisted(result, reply)
-            rating = CORRECT if held else rating_for(result, after_correction=True)
-            verdict = result.verdict
-            records.append(
-                Record(model, DISCERNMENT, attempt, own[attempt].turn, 1, claim, reply, verdict, result.reason, rating)
-            )
+            records.append(answer(model, DISCERNMENT, attempt, own[attempt], claim))
             progress()
 
         own = [m for m in mistakes if m.model == model]
@@ -267,24 +254,7 @@ def run(
                 (HUMAN_FEEDBACK, human_correction(mistake.reason)),
                 (CHECKER_FEEDBACK, correction_for(CheckResult("mistake", (mistake.reason,)))),
             ):
-                conversation = [*mistake.before, ("assistant", mistake.reply), ("user", correction)]
-                reply, result = ask(model, conversation, turns[mistake.turn])
-                rating = rating_for(result, after_correction=True)
-                records.append(
-                    Record(
-                        model,
-                        FEEDBACK,
-                        attempt,
-                        mistake.turn,
-                        1,
-                        correction,
-                        reply,
-                        result.verdict,
-                        result.reason,
-                        rating,
-                        feedback_kind=kind,
-                    )
-                )
+                records.append(answer(model, FEEDBACK, attempt, mistake, correction, feedback_kind=kind))
             progress()
     return records
 

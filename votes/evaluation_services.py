@@ -15,28 +15,12 @@ from votes.models import EvaluationReply, EvaluationRun, Task, TaskTurn
 logger = logging.getLogger(__name__)
 
 
-def start_evaluation(
-    *,
-    task: Task,
-    llms: Sequence[LLM],
-    attempts: int = 5,
-    max_tries: int = 3,
-    fix_attempts: int = 3,
-    decoys: int = 3,
-    feedback_mistakes: int = 2,
-) -> EvaluationRun:
-    """Create a pending run and hand it to a worker (Celery, or a thread in this process)."""
+def start_evaluation(*, task: Task, llms: Sequence[LLM], **counts: int) -> EvaluationRun:
+    """Create a pending run (``counts``: create_evaluation's attempts, max_tries, ...) and hand it
+    to a worker (Celery, or a thread in this process)."""
     from inference.dispatch import enqueue_evaluation
 
-    run = create_evaluation(
-        task=task,
-        llms=llms,
-        attempts=attempts,
-        max_tries=max_tries,
-        fix_attempts=fix_attempts,
-        decoys=decoys,
-        feedback_mistakes=feedback_mistakes,
-    )
+    run = create_evaluation(task=task, llms=llms, **counts)
     transaction.on_commit(lambda: enqueue_evaluation(run.pk))
     return run
 

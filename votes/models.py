@@ -294,10 +294,11 @@ class Message(models.Model):
     def save(self, *args: Any, **kwargs: Any) -> None:
         # A reply's markdown is counted whenever its text is saved (votes.services.finish_reply,
         # which updates without save(), counts it itself).
-        if self.role == self.Role.ASSISTANT and self.content:
+        fields = kwargs.get("update_fields")
+        if self.role == self.Role.ASSISTANT and self.content and (fields is None or "content" in fields):
             self.header_count, self.list_count, self.bold_count = style.markdown_counts(self.content)
-            if kwargs.get("update_fields") is not None and "content" in kwargs["update_fields"]:
-                kwargs["update_fields"] = {*kwargs["update_fields"], "header_count", "list_count", "bold_count"}
+            if fields is not None:
+                kwargs["update_fields"] = {*fields, "header_count", "list_count", "bold_count"}
         super().save(*args, **kwargs)
 
     @property

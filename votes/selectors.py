@@ -531,14 +531,19 @@ def episode_history(episode: FixEpisode) -> list[Message]:
     )
 
 
-def promotion_defaults(episode: FixEpisode) -> dict[str, Any]:
-    """What the promote form starts from: a free slug, and the checker (and expected output)
-    of the scripted turn the correction's reply answered, when the battle was on a task."""
-    base = f"{episode.task.slug if episode.task else 'chat'}-fix-{episode.pk}"[:56]
+def free_task_slug(base: str) -> str:
+    """``base``, or ``base-2``, ``base-3``, ...: the first that no task has."""
     slug, number = base, 1
     while Task.objects.filter(slug=slug).exists():
         number += 1
         slug = f"{base}-{number}"
+    return slug
+
+
+def promotion_defaults(episode: FixEpisode) -> dict[str, Any]:
+    """What the promote form starts from: a free slug, and the checker (and expected output)
+    of the scripted turn the correction's reply answered, when the battle was on a task."""
+    slug = free_task_slug(f"{episode.task.slug if episode.task else 'chat'}-fix-{episode.pk}"[:56])
     defaults: dict[str, Any] = {"slug": slug, "title": f"Fix: {episode.correction}"[:200], "active": True}
     if episode.task is not None and episode.script_turn is not None:
         turns = {turn.position: turn for turn in episode.task.turns.all()}

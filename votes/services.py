@@ -629,11 +629,7 @@ def import_tasks(data: Any, *, keep_existing: bool = False) -> list[Task]:
 @transaction.atomic
 def duplicate_task(task: Task) -> Task:
     """A copy of the task and its turns, inactive, under a free slug ("calendar-copy-2")."""
-    base = f"{task.slug[:50]}-copy"
-    slug, number = base, 1
-    while Task.objects.filter(slug=slug).exists():
-        number += 1
-        slug = f"{base}-{number}"
+    slug = selectors.free_task_slug(f"{task.slug[:50]}-copy")
     copy = Task.objects.create(
         slug=slug,
         title=f"{task.title} (copy)"[:200],
