@@ -166,13 +166,22 @@ def anomalous_voters(
     table = VoteTable.from_votes(votes)
     if table.voter.size == 0:
         return []
-    n_voters = len(table.voters)
-    pair = np.unique(table.first * len(table.models) + table.second, return_inverse=True)[1]
+    n_voters, n_models = len(table.voters), len(table.models)
+    pair = table.first * n_models + table.second  # Dense codes: a few thousand pairs at most.
     code = (table.outcome * 2).astype(np.intp)  # 0, 1, 2: the outcomes in increasing order.
-    pair_totals = np.bincount(pair * 3 + code, table.count, minlength=(pair.max() + 1) * 3).reshape(-1, 3)
-    own_pair = np.unique(table.voter * (pair.max() + 1) + pair, return_inverse=True)[1]
-    own = np.bincount(own_pair * 3 + code, table.count, minlength=(own_pair.max() + 1) * 3).reshape(-1, 3)
-    history = pair_totals[pair] - own[own_pair]  # Everyone else's votes on the pair.
+    pair_totals = np.bincount(pair * 3 + code, table.count, minlength=n_models * n_models * 3).reshape(-1, 3)
+    # The voter's own votes on the pair: rows of one (voter, pair) are adjacent once sorted (a
+    # GROUP BY voter, pair, outcome returns them so; the sort is skipped then).
+    key = table.voter.astype(np.int64) * (n_models * n_models) + pair
+    order = None if np.all(key[1:] >= key[:-1]) else np.argsort(key, kind="stable")
+    sorted_key = key if order is None else key[order]
+    new_group = np.ones(key.size, dtype=bool)
+    new_group[1:] = sorted_key[1:] != sorted_key[:-1]
+    group = np.cumsum(new_group) - 1
+    if order is not None:
+        group[order] = group.copy()
+    own = np.bincount(group * 3 + code, table.count, minlength=(int(group.max()) + 1) * 3).reshape(-1, 3)
+    history = pair_totals[pair] - own[group]  # Everyone else's votes on the pair.
     rows = np.arange(code.size)
     total = history.sum(axis=1)
     at_most = np.cumsum(history, axis=1)[rows, code]
@@ -199,14 +208,18 @@ def concentrated_voters(
 ) -> list[Anomaly]:
     """Voters who chose one model far more often than the other voters do (module docstring)."""
     table = VoteTable.from_votes(votes)
-    n_models = np.union1d(table.first, table.second).size
+    present = np.zeros(len(table.models), dtype=bool)
+    present[table.first] = present[table.second] = True
+    n_models = int(present.sum())
     decisive = table.outcome != 0.5
     chosen = np.where(table.outcome == 1.0, table.first, table.second)[decisive]
     voter, count = table.voter[decisive], table.count[decisive]
     if voter.size == 0:
         return []
-    cells, cell = np.unique(voter * len(table.models) + chosen, return_inverse=True)
-    per_cell = np.bincount(cell, count)  # Decisive votes per (voter, model chosen).
+    # Decisive votes per (voter, model chosen), densely: voters x models cells.
+    dense = np.bincount(voter * len(table.models) + chosen, count, minlength=len(table.voters) * len(table.models))
+    cells = np.flatnonzero(dense)
+    per_cell = dense[cells]
     own = np.bincount(voter, count, minlength=len(table.voters))
     everyone = np.bincount(chosen, count, minlength=len(table.models))
     total = everyone.sum()
@@ -218,11 +231,16 @@ def concentrated_voters(
     # The other voters' share, with one pseudo-vote so that a model nobody else chose does not
     # make any choice of it infinitely unlikely.
     others = total - own[cell_voter]
-    tails = binom.sf(per_cell - 1, own[cell_voter], (everyone[cell_model] - per_cell + 1) / (others + 1))
+    share = (everyone[cell_model] - per_cell + 1) / (others + 1)
+    # A count at or below its binomial mean has a tail of at least one half (the median is at
+    # least the mean's floor): it cannot flag its voter (the flag needs tail x models < alpha),
+    # so only the counts above their mean are computed.
+    above = per_cell > own[cell_voter] * share if alpha < 0.5 * n_models else np.ones(per_cell.size, dtype=bool)
+    tails = binom.sf(per_cell[above] - 1, own[cell_voter][above], share[above])
     worst = np.ones(len(table.voters))
-    np.minimum.at(worst, cell_voter, tails)
+    np.minimum.at(worst, cell_voter[above], tails)
     combined = np.minimum(1.0, worst * n_models)
-    flagged = np.unique(cell_voter[combined[cell_voter] < alpha])
+    flagged = np.flatnonzero(combined < alpha)
     found = [
         Anomaly(
             voter=table.voters[index], p_value=float(combined[index]), votes=round(own[index]), test="concentration"

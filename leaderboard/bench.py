@@ -60,16 +60,28 @@ def synthetic_episodes(count: int, models: int, seed: int = 0) -> list[fixing.Ep
 
 def reduce_to_outcomes(models: int, a: np.ndarray, b: np.ndarray, score: np.ndarray) -> ratings.PairOutcomes:
     """What the database's GROUP BY does, for arrays: counts per (pair, outcome) cell."""
+    return reduce_to_boards(models, a, b, score, np.zeros(a.size, dtype=np.int64), [np.array([True])])[0]
+
+
+def reduce_to_boards(
+    models: int, a: np.ndarray, b: np.ndarray, score: np.ndarray, group: np.ndarray, boards: list[np.ndarray]
+) -> list[ratings.PairOutcomes]:
+    """Every board's counts per (pair, outcome) cell in one pass over the votes: one count per
+    (group, pair, outcome), then each board sums its groups (``boards``: one flag per group)."""
     first, second = np.minimum(a, b), np.maximum(a, b)
     score_first = np.where(a < b, score, 1.0 - score)
     outcome = np.where(score_first == 1.0, 0, np.where(score_first == 0.0, 1, 2))
-    cell = (first * models + second) * 3 + outcome
-    counts = np.bincount(cell, minlength=models * models * 3).reshape(models, models, 3)
+    groups = int(group.max()) + 1 if group.size else 1
+    cell = ((group * models + first) * models + second) * 3 + outcome
+    counts = np.bincount(cell, minlength=groups * models * models * 3).reshape(groups, models, models, 3)
     i, j = np.triu_indices(models, k=1)
-    present = counts[i, j].sum(axis=1) > 0
-    i, j = i[present], j[present]
-    cells = counts[i, j].astype(float)
-    return ratings.PairOutcomes(models, i, j, cells[:, 0], cells[:, 1], cells[:, 2])
+    reduced = []
+    for board in boards:
+        cells = counts[np.asarray(board)[:groups]].sum(axis=0)[i, j].astype(float)
+        present = cells.sum(axis=1) > 0
+        kept = cells[present]
+        reduced.append(ratings.PairOutcomes(models, i[present], j[present], kept[:, 0], kept[:, 1], kept[:, 2]))
+    return reduced
 
 
 def _stage(results: list[dict[str, Any]], name: str, work: Callable[[], Any]) -> Any:
@@ -116,13 +128,18 @@ TASKS = 5
 VOTERS, STUFFERS = 20_000, 25
 
 
-def synthetic_categories(votes: int, seed: int = 0) -> list[tuple[str, np.ndarray]]:
-    """Which votes each vote board counts: every vote overall, one in seven after a correction,
-    and the votes of each of five tasks (a sixth of them are free chat, in no task board)."""
+def synthetic_categories(votes: int, seed: int = 0) -> tuple[np.ndarray, list[tuple[str, np.ndarray]]]:
+    """Which votes each vote board counts, as a group per vote (its task, 0 for free chat, and
+    whether it came after a correction) and per board the groups it sums: every vote overall,
+    one in seven after a correction, and the votes of each of five tasks (a sixth of them are
+    free chat, in no task board)."""
     rng = np.random.default_rng(seed + 3)
     task = rng.integers(0, TASKS + 1, votes)  # 0: free chat.
-    boards = [("overall", np.ones(votes, dtype=bool)), ("after correction", rng.random(votes) < 1 / 7)]
-    return boards + [(f"task {t}", task == t) for t in range(1, TASKS + 1)]
+    after = rng.random(votes) < 1 / 7
+    group = task * 2 + after
+    groups = np.arange(2 * (TASKS + 1))
+    boards = [("overall", np.ones(groups.size, dtype=bool)), ("after correction", groups % 2 == 1)]
+    return group, boards + [(f"task {t}", groups // 2 == t) for t in range(1, TASKS + 1)]
 
 
 def synthetic_voters(a: np.ndarray, b: np.ndarray, score: np.ndarray, seed: int = 0) -> anomaly.VoteTable:
@@ -154,12 +171,12 @@ def run_bench(
     *, votes: int = 1_000_000, models: int = 40, rounds: int = 1000, reference_rounds: int = 2, seed: int = 0
 ) -> dict[str, Any]:
     a, b, score = synthetic_votes(votes, models, seed)  # Not timed.
-    boards = synthetic_categories(votes, seed)
+    group, boards = synthetic_categories(votes, seed)
     stages: list[dict[str, Any]] = []
     outcomes = _stage(
         stages,
-        f"reduce votes to pair counts ({len(boards)} vote boards)",
-        lambda: [reduce_to_outcomes(models, a[m], b[m], score[m]) for _, m in boards],
+        f"reduce votes to pair counts, one pass ({len(boards)} vote boards)",
+        lambda: reduce_to_boards(models, a, b, score, group, [groups for _, groups in boards]),
     )
     _stage(stages, "Bradley-Terry fits", lambda: [ratings.bradley_terry(o.wins()) for o in outcomes])
     _stage(

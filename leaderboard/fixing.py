@@ -143,9 +143,11 @@ def rate_fixes(episodes: Iterable[Episode], *, level: float = 0.95) -> list[FixA
     clusters: dict[Any, int] = {}
     keys = [e.battle if e.battle is not None else ("episode", k) for k, e in enumerate(episodes)]
     cluster = np.array([clusters.setdefault(key, len(clusters)) for key in keys])
-    scores = np.zeros((len(clusters), n_params))
-    np.add.at(scores, (cluster, rows), residual)
-    np.add.at(scores, (cluster, columns), residual)
+    scores = np.bincount(
+        np.concatenate([cluster * n_params + rows, cluster * n_params + columns]),
+        np.concatenate([residual, residual]),
+        minlength=len(clusters) * n_params,
+    ).reshape(len(clusters), n_params)
     bread = np.linalg.inv(hessian)
     covariance = bread @ (scores.T @ scores) @ bread
     # Contrasts with the models' mean: the only thing the data identifies about the abilities.

@@ -79,38 +79,49 @@ class StyleOutcomes:
         cls, n_models: int, a: np.ndarray, b: np.ndarray, score: np.ndarray, difference: np.ndarray
     ) -> StyleOutcomes:
         """The same from arrays (a, b, score of a: [votes]; differences: [votes, features]), in
-        one vectorised pass: each cell's key packs the pair and the rounded differences into one
-        integer."""
+        one vectorised pass: each vote's key packs the pair, the rounded differences and the
+        outcome into one number; one sort groups them. Cells come out in pair order."""
         a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
         if np.any(a == b):
             raise ValueError("A model cannot play itself.")
-        flip = a > b
-        first, second = np.where(flip, b, a), np.where(flip, a, b)
-        score_first = np.where(flip, 1.0 - np.asarray(score, dtype=float), score)
-        levels = round(1.0 / BINS)
         difference = np.asarray(difference, dtype=float)
         difference = difference.reshape(a.size, -1) if a.size else np.zeros((0, len(FEATURES)))
-        steps = np.rint(difference / BINS).astype(np.int64)
-        steps = np.clip(np.where(flip[:, None], -steps, steps), -levels, levels) + levels
-        key = first * n_models + second
-        for column in steps.T:  # Base 2 * levels + 1 digits, after the pair.
-            key = key * (2 * levels + 1) + column
-        cells, inverse = np.unique(key, return_inverse=True)
-        outcome = np.where(score_first == 1.0, 0, np.where(score_first == 0.0, 1, 2))
-        counts = np.zeros((cells.size, 3))
-        np.add.at(counts, (inverse, outcome), 1.0)
-        digits = np.zeros((cells.size, steps.shape[1]), dtype=np.int64)
-        rest = cells.copy()
-        for column in range(steps.shape[1] - 1, -1, -1):
-            rest, digits[:, column] = np.divmod(rest, 2 * levels + 1)
+        flip = a > b
+        score_first = np.where(flip, 1.0 - np.asarray(score, dtype=float), score)
+        levels = round(1.0 / BINS)
+        base = 2 * levels + 1
+        # Integral floats throughout (exact below 2**53): no conversion of a million rows to int.
+        key = np.where(flip, b * n_models + a, a * n_models + b).astype(float)
+        sign = np.where(flip, -1.0, 1.0)
+        for column in difference.T:  # Base ``base`` digits after the pair.
+            steps = np.rint(column * sign / BINS)
+            np.clip(steps, -levels, levels, out=steps)
+            key *= base
+            key += steps + levels
+        key *= 3
+        key += np.where(score_first == 1.0, 0.0, np.where(score_first == 0.0, 1.0, 2.0))
+        keys, counts = np.unique(key, return_counts=True)  # Sorted, so a cell's outcomes are adjacent.
+        cell_key, outcome = np.divmod(keys.astype(np.int64), 3)  # Integer division: floats' is slow.
+        new_cell = np.ones(cell_key.size, dtype=bool)
+        new_cell[1:] = cell_key[1:] != cell_key[:-1]
+        cell = np.cumsum(new_cell) - 1
+        cell_key = cell_key[new_cell]
+        per_outcome = np.zeros((cell_key.size, 3))
+        per_outcome[cell, outcome] = counts
+        digits = np.zeros((cell_key.size, difference.shape[1]), dtype=np.int64)
+        rest = cell_key
+        for column in range(difference.shape[1] - 1, -1, -1):
+            rest, digits[:, column] = np.divmod(rest, base)
+        pair = rest.astype(np.intp)
+        digits -= levels
         return cls(
             n_models,
-            (rest // n_models).astype(np.intp),
-            (rest % n_models).astype(np.intp),
-            (digits - levels).astype(float) * BINS,
-            counts[:, 0],
-            counts[:, 1],
-            counts[:, 2],
+            pair // n_models,
+            pair % n_models,
+            digits * BINS,
+            per_outcome[:, 0],
+            per_outcome[:, 1],
+            per_outcome[:, 2],
         )
 
     @property
@@ -150,76 +161,102 @@ class StyleControlled:
     coefficient_upper: np.ndarray
 
 
-def _with_prior(outcomes: StyleOutcomes, prior: float) -> tuple[np.ndarray, ...]:
-    """The cells plus ``prior`` virtual ties per pair at equal style."""
-    n = outcomes.n_models
-    i, j = np.triu_indices(n, 1)
-    k = outcomes.features.shape[1]
-    return (
-        np.concatenate([outcomes.first, i]),
-        np.concatenate([outcomes.second, j]),
-        np.concatenate([outcomes.features, np.zeros((i.size, k))]),
-        np.concatenate([outcomes.first_wins, np.zeros(i.size)]),
-        np.concatenate([outcomes.second_wins, np.zeros(i.size)]),
-        np.concatenate([outcomes.ties, np.full(i.size, prior)]),
-    )
+class _CellsByPair:
+    """The cells grouped by pair, for the fit's sums: every per-cell quantity is summed within
+    its pair once (``np.add.reduceat`` over cells in pair order), and the pair sums (a few
+    hundred) then go to the models. The prior's virtual ties, one set per pair at equal style,
+    join at the pair level: they have no features."""
 
+    def __init__(self, outcomes: StyleOutcomes, prior: float) -> None:
+        n = self.n = outcomes.n_models
+        code = outcomes.first * n + outcomes.second
+        order = None if np.all(code[1:] >= code[:-1]) else np.argsort(code, kind="stable")
+        pick = (lambda values: values) if order is None else (lambda values: values[order])
+        code, self.features = pick(code), pick(outcomes.features)
+        self.wins_i, self.wins_j, self.ties = pick(outcomes.first_wins), pick(outcomes.second_wins), pick(outcomes.ties)
+        self.ones_and_features = np.column_stack([np.ones(code.size), self.features])
+        self.games = self.wins_i + self.wins_j + self.ties
+        self.scored = self.wins_i + self.ties / 2.0
+        starts = np.flatnonzero(np.r_[True, code[1:] != code[:-1]]) if code.size else np.zeros(0, dtype=np.intp)
+        self.starts = starts
+        self.group = np.cumsum(np.isin(np.arange(code.size), starts)) - 1  # Each cell's pair group.
+        # Pairs: those with cells, then every pair for the prior (a pair may appear in both).
+        first, second = np.triu_indices(n, 1)
+        self.first = np.concatenate([code[starts] // n, first])
+        self.second = np.concatenate([code[starts] % n, second])
+        self.prior_games = np.concatenate([np.zeros(starts.size), np.full(first.size, prior)])
 
-def _blocks(n: int, first: np.ndarray, second: np.ndarray, features: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """sum_c weight_c g_c g_c^T for the cells' rows g_c = [e_i - e_j, features_c], block by block
-    (the strengths' block is a weighted Laplacian): O(cells x features^2), never a dense design
-    matrix of the cells."""
-    k = features.shape[1]
-    matrix = np.zeros((n + k, n + k))
-    matrix[:n, :n] = ratings._laplacian(n, first, second, weight)
-    weighted = features * weight[:, None]
-    cross = np.column_stack(
-        [np.bincount(first, column, minlength=n) - np.bincount(second, column, minlength=n) for column in weighted.T]
-    ).reshape(n, k)
-    matrix[:n, n:], matrix[n:, :n] = cross, cross.T
-    matrix[n:, n:] = weighted.T @ features
-    return matrix
+    def pair_sums(self, values: np.ndarray) -> np.ndarray:
+        """Sums within each pair group (rows of ``values``), then zeros for the prior's pairs."""
+        sums = np.add.reduceat(values, self.starts, axis=0) if self.starts.size else values[:0]
+        return np.concatenate([sums, np.zeros((self.first.size - self.starts.size, *values.shape[1:]))])
 
+    def to_models(self, per_pair: np.ndarray) -> np.ndarray:
+        """sum over pairs of value * (e_i - e_j): [n] or [n, k] from [pairs] or [pairs, k]."""
+        if per_pair.ndim == 1:
+            return np.bincount(self.first, per_pair, self.n) - np.bincount(self.second, per_pair, self.n)
+        return np.column_stack([self.to_models(column) for column in per_pair.T]).reshape(self.n, -1)
 
-def _gradient(n: int, first: np.ndarray, second: np.ndarray, features: np.ndarray, residual: np.ndarray) -> np.ndarray:
-    """sum_c residual_c g_c."""
-    strengths = np.bincount(first, residual, minlength=n) - np.bincount(second, residual, minlength=n)
-    return np.concatenate([strengths, features.T @ residual])
+    def blocks(self, weight: np.ndarray, pair_weight: np.ndarray) -> np.ndarray:
+        """sum_c weight_c g_c g_c^T over the cells' rows g_c = [e_i - e_j, features_c], plus
+        ``pair_weight`` per pair on the strengths alone, block by block: O(cells x features^2),
+        never a dense design matrix."""
+        n, k = self.n, self.features.shape[1]
+        weighted = self.ones_and_features * weight[:, None]  # [weight, weight * features] per cell.
+        sums = self.pair_sums(weighted)
+        matrix = np.zeros((n + k, n + k))
+        matrix[:n, :n] = ratings._laplacian(n, self.first, self.second, sums[:, 0] + pair_weight)
+        cross = self.to_models(sums[:, 1:])
+        matrix[:n, n:], matrix[n:, :n] = cross, cross.T
+        matrix[n:, n:] = (weighted.T @ self.ones_and_features)[1:, 1:]  # One BLAS call on whole rows.
+        return matrix
+
+    def gradient(self, residual: np.ndarray, pair_residual: np.ndarray) -> np.ndarray:
+        """sum_c residual_c g_c, plus ``pair_residual`` per pair on the strengths."""
+        strengths = self.to_models(self.pair_sums(residual) + pair_residual)
+        return np.concatenate([strengths, self.features.T @ residual])
 
 
 def style_controlled(outcomes: StyleOutcomes, *, prior: float | None = None, level: float = 0.95) -> StyleControlled:
     """The contextual Bradley-Terry fit with sandwich intervals (see the module docstring)."""
     n, k = outcomes.n_models, outcomes.features.shape[1]
     prior = ratings.default_prior(n) if prior is None else prior
-    first, second, features, wins_i, wins_j, ties = _with_prior(outcomes, prior)
-    games = wins_i + wins_j + ties
-    scored = wins_i + ties / 2.0
+    cells = _CellsByPair(outcomes, prior)
     params = np.zeros(n + k)
+    # Start from the plain Bradley-Terry fit of the same votes (pair sums: nearly free), which
+    # saves Newton iterations over every cell.
+    scored, games = cells.pair_sums(np.column_stack([cells.scored, cells.games])).T
+    wins = np.zeros((n, n))
+    np.add.at(wins, (cells.first, cells.second), scored)
+    np.add.at(wins, (cells.second, cells.first), games - scored)
+    params[:n] = ratings._fit_log_strengths(wins, prior)
     # The strengths' common shift is free: fixing their mean makes the system regular. A feature
     # no reply has (no markdown at all) has no information: a negligible ridge keeps it at 0.
     gauge = np.zeros((n + k, n + k))
     gauge[:n, :n] = 1.0 / n
     gauge[n:, n:] = 1e-9 * np.eye(k)
 
-    def probabilities() -> np.ndarray:
-        return 1.0 / (1.0 + np.exp(-(params[first] - params[second] + features @ params[n:])))
+    def probabilities() -> tuple[np.ndarray, np.ndarray]:
+        """P(i beats j) per cell, and per pair at equal style (the prior's virtual ties)."""
+        strengths = params[cells.first] - params[cells.second]
+        logit = strengths[: cells.starts.size][cells.group] + cells.features @ params[n:]
+        return 1.0 / (1.0 + np.exp(-logit)), 1.0 / (1.0 + np.exp(-strengths))
 
     for _ in range(100):
-        p = probabilities()
-        gradient = _gradient(n, first, second, features, scored - games * p)
-        step = np.linalg.solve(_blocks(n, first, second, features, games * p * (1.0 - p)) + gauge, gradient)
-        step = np.clip(step, -5.0, 5.0)
+        p, p_pair = probabilities()
+        gradient = cells.gradient(cells.scored - cells.games * p, cells.prior_games * (0.5 - p_pair))
+        hessian = cells.blocks(cells.games * p * (1.0 - p), cells.prior_games * p_pair * (1.0 - p_pair))
+        step = np.clip(np.linalg.solve(hessian + gauge, gradient), -5.0, 5.0)
         params += step
         params[:n] -= params[:n].mean()
-        if np.max(np.abs(step)) < 1e-10:
+        if np.max(np.abs(step)) < 1e-9:  # 0.0000002 rating points.
             break
     # Sandwich: the meat sums each vote's squared score, from the cell's outcome counts; the
-    # prior's virtual ties (the last cells) are not data.
-    p = probabilities()
-    squared = wins_i * (1.0 - p) ** 2 + wins_j * p**2 + ties * (0.5 - p) ** 2
-    real = np.arange(first.size) < outcomes.first.size
-    meat = _blocks(n, first[real], second[real], features[real], squared[real])
-    inverse = np.linalg.pinv(_blocks(n, first, second, features, games * p * (1.0 - p)))
+    # prior's virtual ties are not data.
+    p, p_pair = probabilities()
+    squared = cells.wins_i * (1.0 - p) ** 2 + cells.wins_j * p**2 + cells.ties * (0.5 - p) ** 2
+    meat = cells.blocks(squared, np.zeros(cells.first.size))
+    inverse = np.linalg.pinv(cells.blocks(cells.games * p * (1.0 - p), cells.prior_games * p_pair * (1.0 - p_pair)))
     covariance = inverse @ meat @ inverse
     spread = np.sqrt(np.maximum(np.diag(covariance), 0.0))
     z = ratings._z(level)

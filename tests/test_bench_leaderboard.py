@@ -25,7 +25,7 @@ def test_bench_command_json() -> None:
     )
     result = json.loads(out.getvalue())
     stages = [stage["stage"] for stage in result["stages"]]
-    assert stages[0] == "reduce votes to pair counts (7 vote boards)"
+    assert stages[0] == "reduce votes to pair counts, one pass (7 vote boards)"
     assert "bootstrap intervals (50 rounds x 7 boards)" in stages
     assert any(stage.startswith("fix-ability (500 episodes)") for stage in stages)
     assert any(stage.startswith("anomaly detection (20,000 voters") for stage in stages)
@@ -72,3 +72,14 @@ def test_bench_from_a_scratch_database() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [result["database"]])
         assert cursor.fetchone() is None
+
+
+def test_one_pass_reduction_gives_each_board_its_own_votes() -> None:
+    a, b, score = bench.synthetic_votes(4000, 6, seed=2)
+    group, boards = bench.synthetic_categories(4000, seed=2)
+    reduced = bench.reduce_to_boards(6, a, b, score, group, [groups for _, groups in boards])
+    for (_, groups), outcomes in zip(boards, reduced, strict=True):
+        mask = groups[group]
+        alone = bench.reduce_to_outcomes(6, a[mask], b[mask], score[mask])
+        np.testing.assert_array_equal(outcomes.wins(), alone.wins())
+        assert outcomes.total == mask.sum()

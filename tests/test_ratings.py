@@ -229,3 +229,39 @@ def test_bootstrap_does_not_depend_on_the_number_of_threads(monkeypatch) -> None
     np.testing.assert_array_equal(many.lower, one.lower)
     np.testing.assert_array_equal(many.upper, one.upper)
     assert not np.array_equal(ratings.bootstrap_intervals(outcomes, rounds=600, seed=4).lower, one.lower)
+
+
+def test_each_bootstrap_round_is_refitted_to_its_own_maximum_likelihood() -> None:
+    # The chord method keeps the full-data Hessian; its fixed point must be each round's MLE,
+    # the one full Newton finds, on a board of many votes and on one of a handful.
+    rng = np.random.default_rng(8)
+    for votes in (20_000, 60):
+        outcomes = ratings.PairOutcomes.from_games(6, simulate(centred(np.linspace(850, 1150, 6)), votes, rng))
+        prior = ratings.default_prior(6)
+        theta = (ratings.bradley_terry(outcomes.wins(), prior=prior) - 1000.0) / ratings._TO_RATING
+        fit = ratings._RoundFit(outcomes, None, prior, theta)
+        score, games = fit.resample(np.random.default_rng(1), 50)
+        chord = fit.refit((score, games))
+        wins = np.zeros((50, 6, 6))
+        wins[:, fit.first, fit.second] = score - prior / 2.0
+        wins[:, fit.second, fit.first] = games - score - prior / 2.0
+        newton = ratings._fit_log_strengths(wins, prior, tol=1e-12)
+        np.testing.assert_allclose(chord, newton, atol=1e-5)
+
+
+def test_normal_draws_of_large_cells_give_the_poisson_bootstrap_intervals(monkeypatch) -> None:
+    # Cells of at least NORMAL_FROM votes draw from the Poisson's normal approximation: the
+    # intervals must be those of the all-Poisson bootstrap, up to the percentiles' Monte Carlo
+    # error (about 1.5% of the width between two runs of 4000 rounds). Every cell normal, of
+    # 10-100 votes, where the approximation is at its coarsest.
+    rng = np.random.default_rng(9)
+    votes = simulate(centred(np.linspace(900, 1100, 8)), 4000, rng, tie_share=0.3)
+    outcomes = ratings.PairOutcomes.from_games(8, votes)
+    cells = np.concatenate([outcomes.first_wins, outcomes.second_wins, outcomes.ties])
+    assert cells.min() >= ratings.NORMAL_FROM and cells.max() <= 100
+    mixed = ratings.bootstrap_intervals(outcomes, rounds=4000, seed=1)
+    monkeypatch.setattr(ratings, "NORMAL_FROM", np.inf)
+    poisson = ratings.bootstrap_intervals(outcomes, rounds=4000, seed=2)
+    width = poisson.upper - poisson.lower
+    assert np.max(np.abs(mixed.lower - poisson.lower) / width) < 0.06
+    assert np.max(np.abs(mixed.upper - poisson.upper) / width) < 0.06
