@@ -4,13 +4,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from django.db.models import Count, Exists, F, FloatField, OuterRef, Q, QuerySet, Subquery, Sum, Value, Window
-from django.db.models.functions import Cast, Coalesce, Lag, Length
+from django.db.models import Count, Exists, F, FloatField, OuterRef, Q, QuerySet, Subquery, Sum, Value
+from django.db.models.functions import Cast, Coalesce, Length
 
 from inference.models import LLM
 from leaderboard import fixing, ratings, style
 from leaderboard.models import LeaderboardRefresh
-from votes.models import Battle, FixEpisode, FlaggedVoter, Message, Rating, Task, Verdict, Vote
+from votes.models import Battle, FixEpisode, FlaggedVoter, Message, Task, Vote
 
 OVERALL, FIXING, AFTER_CORRECTION = "overall", "fixing", "after_correction"
 TASK_PREFIX = "task:"
@@ -209,46 +209,31 @@ def style_outcomes(category: str, names: list[str]) -> style.StyleOutcomes:
 
 
 def fix_rates(names: list[str]) -> dict[str, dict[str, ratings.FixRate]]:
-    """Per model, the share of replies to a correction that fixed the mistake: as rated by the
-    voters (🥦 after a 🍄/🔥) and as judged by the checker (correct after a wrong verdict).
-
-    The reply before each one on its side comes from a window function, and only the replies
-    after a wrong one leave the database."""
-    wrong_ratings, wrong_verdicts = (Rating.MISTAKE, Rating.GARBAGE), (Verdict.MISTAKE, Verdict.GARBAGE)
-    before = {"partition_by": [F("battle_id"), F("side")], "order_by": F("turn").asc()}
-    replies = (
-        Message.objects.filter(role=Message.Role.ASSISTANT, battle__state=Battle.State.ENDED, battle__excluded=False)
+    """Per model, the share of its counted fix episodes (a reply judged wrong, a correction, the
+    reply to it) whose answer fixed the mistake: as the voter rated them (🍄/🔥, then 🥦 or ✓)
+    and as the checker judged them (wrong, then correct), each judge's episodes alone. One
+    aggregate over the stored episodes (votes.services.record_fix_episodes)."""
+    tallies = (
+        FixEpisode.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False)
         .exclude(voter_flagged())
+        .values("model__name")
         .annotate(
-            rating_before=Window(Lag("rating"), **before),
-            verdict_before=Window(Lag("check_verdict"), **before),
+            by_voter_fixed=Count("pk", filter=Q(voter_fixed=True)),
+            by_voter=Count("voter_fixed"),
+            by_checker_fixed=Count("pk", filter=Q(checker_fixed=True)),
+            by_checker=Count("checker_fixed"),
         )
-        .filter(Q(rating_before__in=wrong_ratings) | Q(verdict_before__in=wrong_verdicts))
-        .values_list(
-            "side",
-            "rating",
-            "check_verdict",
-            "rating_before",
-            "verdict_before",
-            "battle__model_a__name",
-            "battle__model_b__name",
-        )
+        .order_by()
     )
-    tallies = {name: {"voters": [0, 0], "checker": [0, 0]} for name in names}
-    for side, rating, verdict, rating_before, verdict_before, model_a, model_b in replies:
-        tally = tallies.get(model_a if side == "a" else model_b)
-        if tally is None:
-            continue
-        if rating_before in wrong_ratings and rating:
-            tally["voters"][0] += rating == Rating.FIXED
-            tally["voters"][1] += 1
-        if verdict_before in wrong_verdicts and verdict:
-            tally["checker"][0] += verdict == Verdict.CORRECT
-            tally["checker"][1] += 1
-    return {
-        name: {source: ratings.fix_rate(*counts) for source, counts in by_source.items()}
-        for name, by_source in tallies.items()
-    }
+    counts = {row["model__name"]: row for row in tallies}
+    rates = {}
+    for name in names:
+        row = counts.get(name, {})
+        rates[name] = {
+            "voters": ratings.fix_rate(row.get("by_voter_fixed", 0), row.get("by_voter", 0)),
+            "checker": ratings.fix_rate(row.get("by_checker_fixed", 0), row.get("by_checker", 0)),
+        }
+    return rates
 
 
 def base_model_names() -> set[str]:

@@ -242,6 +242,7 @@ def style_controlled(outcomes: StyleOutcomes, *, prior: float | None = None, lev
         logit = strengths[: cells.starts.size][cells.group] + cells.features @ params[n:]
         return 1.0 / (1.0 + np.exp(-logit)), 1.0 / (1.0 + np.exp(-strengths))
 
+    hessian = gauge
     for _ in range(100):
         p, p_pair = probabilities()
         gradient = cells.gradient(cells.scored - cells.games * p, cells.prior_games * (0.5 - p_pair))
@@ -249,14 +250,17 @@ def style_controlled(outcomes: StyleOutcomes, *, prior: float | None = None, lev
         step = np.clip(np.linalg.solve(hessian + gauge, gradient), -5.0, 5.0)
         params += step
         params[:n] -= params[:n].mean()
-        if np.max(np.abs(step)) < 1e-9:  # 0.0000002 rating points.
+        # Newton converges quadratically: after a step below 1e-5 the error left is of the order
+        # of its square, far below anything shown.
+        if np.max(np.abs(step)) < 1e-5:
             break
     # Sandwich: the meat sums each vote's squared score, from the cell's outcome counts; the
-    # prior's virtual ties are not data.
-    p, p_pair = probabilities()
+    # prior's virtual ties are not data. The bread is the last iteration's Hessian: the step
+    # after it moved no parameter by 1e-5, which changes it by as little, relatively.
+    p, _ = probabilities()
     squared = cells.wins_i * (1.0 - p) ** 2 + cells.wins_j * p**2 + cells.ties * (0.5 - p) ** 2
     meat = cells.blocks(squared, np.zeros(cells.first.size))
-    inverse = np.linalg.pinv(cells.blocks(cells.games * p * (1.0 - p), cells.prior_games * p_pair * (1.0 - p_pair)))
+    inverse = np.linalg.pinv(hessian)
     covariance = inverse @ meat @ inverse
     spread = np.sqrt(np.maximum(np.diag(covariance), 0.0))
     z = ratings._z(level)

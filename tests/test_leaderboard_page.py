@@ -97,22 +97,30 @@ def test_categories_count_the_right_votes_and_say_what_is_left_out(client, model
 
 
 def test_fix_rates_by_voters_and_checker(models) -> None:
-    strong, weak, _idle = models
+    # From the stored fix episodes: each judge's own verdicts, a fixed reply rated ✓ counted as
+    # fixed, and a reply after a correct one (no mistake to fix) not counted at all.
+    strong, weak, idle = models
     battle = make_battle(strong, weak, "a", after_fix="a")
     replies = [
         ("a", 0, "mistake", "mistake"),
         ("a", 1, "fixed", "correct"),
         ("b", 0, "garbage", "garbage"),
-        ("b", 1, "mistake", "mistake"),
+        ("b", 1, "correct", "mistake"),
     ]
     for side, turn, rating, verdict in replies:
         Message.objects.create(
             battle=battle, side=side, turn=turn, role="assistant", rating=rating, check_verdict=verdict
         )
+    untouched = make_battle(idle, weak, "a")
+    for turn, rating in ((0, "correct"), (1, "mistake")):
+        Message.objects.create(battle=untouched, side="a", turn=turn, role="assistant", rating=rating)
+    voter_services.record_fix_episodes()
     rates = selectors.fix_rates(["strong", "weak", "idle"])
     assert (rates["strong"]["voters"].fixed, rates["strong"]["voters"].corrections) == (1, 1)
+    assert (rates["strong"]["checker"].fixed, rates["strong"]["checker"].corrections) == (1, 1)
+    assert (rates["weak"]["voters"].fixed, rates["weak"]["voters"].corrections) == (1, 1)
     assert (rates["weak"]["checker"].fixed, rates["weak"]["checker"].corrections) == (0, 1)
-    assert rates["idle"]["voters"].rate is None
+    assert rates["idle"]["voters"].rate is None and rates["idle"]["checker"].corrections == 0
 
 
 def test_snapshots_refresh_when_due_and_stay_viewable(client, models, settings) -> None:

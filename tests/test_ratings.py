@@ -240,7 +240,7 @@ def test_each_bootstrap_round_is_refitted_to_its_own_maximum_likelihood() -> Non
         prior = ratings.default_prior(6)
         theta = (ratings.bradley_terry(outcomes.wins(), prior=prior) - 1000.0) / ratings._TO_RATING
         fit = ratings._RoundFit(outcomes, None, prior, theta)
-        score, games = fit.resample(np.random.default_rng(1), 50)
+        score, games = fit.resample(np.random.SeedSequence(1), 50)
         chord = fit.refit((score, games))
         wins = np.zeros((50, 6, 6))
         wins[:, fit.first, fit.second] = score - prior / 2.0

@@ -539,6 +539,17 @@ class FixEpisode(models.Model):
     turns_to_fix = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="The corrections this mistake took to be fixed; empty: never fixed."
     )
+    # The leaderboard's two fix-rate columns, each from one judge alone.
+    voter_fixed = models.BooleanField(
+        null=True,
+        blank=True,
+        help_text="The voter rated the wrong reply 🍄/🔥 and the answer 🥦 or ✓ (yes) or not (no); empty: not rated.",
+    )
+    checker_fixed = models.BooleanField(
+        null=True,
+        blank=True,
+        help_text="The checker judged the wrong reply wrong, the answer correct (yes) or not (no); empty: unjudged.",
+    )
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -511,6 +511,8 @@ def _side_episodes(
             fixed=fixed,
             regression=fixing.regressed(parts, next_parts),
             persisted=fixing.persisted(fixing.fixed_parts(parts, next_parts), later) if fixed else None,
+            voter_fixed=next_rating in FIXED_RATINGS if rating in WRONG_RATINGS and next_rating else None,
+            checker_fixed=next_verdict == Verdict.CORRECT if verdict in WRONG_VERDICTS and next_verdict else None,
         )
         episodes.append(episode)
         chain.append(episode)
