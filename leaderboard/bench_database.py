@@ -150,13 +150,24 @@ def populate(votes: int, models: int, seed: int = 0) -> dict[str, int]:
     _copy("votes_message", tuple(message_columns.split(", ")), messages())
     choices = np.where(score == 1.0, "a", np.where(score == 0.0, "b", "tie"))
 
+    reply_markdown = np.array([style.markdown_counts(text) for text in REPLIES], dtype=float)
+
+    def seen(length: float, markdown: np.ndarray) -> str:
+        """A side's seen style, as casting the vote stores it (Vote.seen_*)."""
+        return "\t".join(map(str, (float(length), *markdown.tolist())))
+
     def vote_rows() -> Iterator[str]:
         for i in range(votes):
-            yield f"{battle_ids[i]}\tfirst_try\t0\t{choices[i]}\t{stamp}\n"
-            if corrected[i]:
-                yield f"{battle_ids[i]}\tafter_fix\t1\t{'a' if fixed[i] else 'b'}\t{stamp}\n"
+            side_a, side_b = reply_markdown[reply[i, 0]], reply_markdown[reply[i, 1]]
+            first_b = seen(tokens[i, 1], side_b)
+            yield f"{battle_ids[i]}\tfirst_try\t0\t{choices[i]}\t{stamp}\t{seen(tokens[i, 0], side_a)}\t{first_b}\n"
+            if corrected[i]:  # Side A's correction reply (REPLIES[0]) was seen too.
+                both_a = seen(tokens[i, 0] + tokens[i, 2], side_a + reply_markdown[0])
+                choice = "a" if fixed[i] else "b"
+                yield f"{battle_ids[i]}\tafter_fix\t1\t{choice}\t{stamp}\t{both_a}\t{first_b}\n"
 
-    _copy("votes_vote", ("battle_id", "stage", "after_turn", "choice", "created"), vote_rows())
+    seen_columns = tuple(f"seen_{feature}_{side}" for side in "ab" for feature in style.FEATURES)
+    _copy("votes_vote", ("battle_id", "stage", "after_turn", "choice", "created", *seen_columns), vote_rows())
     with connection.cursor() as cursor:
         cursor.execute("SELECT setval('votes_battle_id_seq', %s)", [votes])
         cursor.execute("ANALYZE")

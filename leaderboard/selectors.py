@@ -4,13 +4,28 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from django.db.models import Count, Exists, F, FloatField, OuterRef, Q, QuerySet, Subquery, Sum, Value
-from django.db.models.functions import Cast, Coalesce, Length
+from django.db.models import (
+    BooleanField,
+    Case,
+    Count,
+    Exists,
+    F,
+    FloatField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Abs, Floor, Sign
+from django.db.models.lookups import GreaterThan
 
 from inference.models import LLM
 from leaderboard import fixing, ratings, style
 from leaderboard.models import LeaderboardRefresh
-from votes.models import Battle, FixEpisode, FlaggedVoter, Message, Task, Vote
+from votes.models import Battle, FixEpisode, FlaggedVoter, Task, Vote
 
 OVERALL, FIXING, AFTER_CORRECTION = "overall", "fixing", "after_correction"
 TASK_PREFIX = "task:"
@@ -41,14 +56,35 @@ def in_category(votes: QuerySet[Vote], category: str) -> QuerySet[Vote]:
     correction", and only where a wrong reply was corrected before it was cast.
     """
     if category == AFTER_CORRECTION:
-        corrected = FixEpisode.objects.filter(battle=OuterRef("battle"), wrong_turn__lt=OuterRef("after_turn"))
-        return votes.filter(stage=Vote.Stage.AFTER_FIX).filter(Exists(corrected))
+        return votes.filter(stage=Vote.Stage.AFTER_FIX).filter(_corrected_before_vote())
     first = votes.filter(stage=Vote.Stage.FIRST_TRY)
     if category == OVERALL:
         return first
     if category.startswith(TASK_PREFIX):
         return first.filter(battle__task__category=category.removeprefix(TASK_PREFIX))
     raise ValueError(f"Unknown leaderboard category {category!r}.")
+
+
+def _corrected_before_vote() -> Exists:
+    """For a query on votes: whether a reply judged wrong was corrected before the vote."""
+    return Exists(FixEpisode.objects.filter(battle=OuterRef("battle"), wrong_turn__lt=OuterRef("after_turn")))
+
+
+def _after_fix_and_corrected() -> Case:
+    """``_corrected_before_vote`` for after-fix votes only (false for the others, which the
+    database then does not look up: most votes are first-try ones)."""
+    return Case(
+        When(stage=Vote.Stage.AFTER_FIX, then=_corrected_before_vote()),
+        default=Value(False),
+        output_field=BooleanField(),
+    )
+
+
+def _categories_of(stage: str, task_category: str | None, corrected: bool) -> list[str]:
+    """The categories a vote counts in (``in_category``'s rules, for one grouped row)."""
+    if stage == Vote.Stage.FIRST_TRY:
+        return [OVERALL] + ([f"{TASK_PREFIX}{task_category}"] if task_category else [])
+    return [AFTER_CORRECTION] if corrected else []
 
 
 def _battle_voter_flags() -> QuerySet[FlaggedVoter]:
@@ -90,19 +126,87 @@ def voter_flag_reason() -> Subquery:
     return Subquery(_battle_voter_flags().values("reason")[:1])
 
 
+def _counted(votes: QuerySet[Vote]) -> QuerySet[Vote]:
+    """Votes of ended battles without an identity leak, by unflagged voters."""
+    return votes.filter(battle__state=Battle.State.ENDED, battle__excluded=False).exclude(voter_flagged())
+
+
 def counted_votes(category: str = OVERALL) -> QuerySet[Vote]:
     """The votes a category counts: ended battles without an identity leak, by unflagged voters."""
-    votes = Vote.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False).exclude(voter_flagged())
-    return in_category(votes, category)
+    return in_category(_counted(Vote.objects.all()), category)
+
+
+EXCLUSION_REASONS = ("identity leak", "flagged voter", "unfinished battle")
+
+
+def excluded_by_category() -> dict[str, dict[str, int]]:
+    """Per category, the votes left out per reason (the first that applies, in
+    ``EXCLUSION_REASONS`` order), from one aggregate query over every vote."""
+    rows = (
+        Vote.objects.annotate(corrected=_after_fix_and_corrected(), flagged=voter_flagged())
+        .values("stage", "battle__task__category", "corrected", "battle__excluded", "flagged", "battle__state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    left_out: dict[str, dict[str, int]] = {}
+    for row in rows:
+        if row["battle__excluded"]:
+            reason = "identity leak"
+        elif row["flagged"]:
+            reason = "flagged voter"
+        elif row["battle__state"] != Battle.State.ENDED:
+            reason = "unfinished battle"
+        else:
+            continue  # Counted.
+        for category in _categories_of(row["stage"], row["battle__task__category"], row["corrected"]):
+            counts = left_out.setdefault(category, dict.fromkeys(EXCLUSION_REASONS, 0))
+            counts[reason] += row["n"]
+    return left_out
 
 
 def excluded_votes(category: str = OVERALL) -> dict[str, int]:
     """Votes of the category left out, per reason (the first that applies, in this order)."""
-    votes = in_category(Vote.objects.all(), category)
-    leaked = votes.filter(battle__excluded=True)
-    flagged = votes.filter(battle__excluded=False).filter(voter_flagged())
-    unfinished = votes.filter(battle__excluded=False).exclude(voter_flagged()).exclude(battle__state=Battle.State.ENDED)
-    return {"identity leak": leaked.count(), "flagged voter": flagged.count(), "unfinished battle": unfinished.count()}
+    return excluded_by_category().get(category, dict.fromkeys(EXCLUSION_REASONS, 0))
+
+
+@dataclass
+class BoardCounts:
+    """One category's counted votes per unordered pair (model positions i < j): wins of i,
+    wins of j, ties; the sum of 1 / pair probability of their battles; and how many votes have
+    no recorded probability."""
+
+    cells: dict[tuple[int, int], list[float]]
+    inverse: dict[tuple[int, int], float]
+    unrecorded: int
+
+
+def board_counts(names: list[str]) -> dict[str, BoardCounts]:
+    """Every vote board's counts from one aggregate query over the counted votes (a vote's
+    categories follow ``in_category``)."""
+    index = _positions_by_id(names)
+    rows = (
+        _counted(Vote.objects.all())
+        .annotate(corrected=_after_fix_and_corrected())
+        .values("stage", "battle__task__category", "corrected", "battle__model_a_id", "battle__model_b_id", "choice")
+        .annotate(
+            n=Count("id"),
+            recorded=Count("battle__pair_probability"),
+            inverse=Sum(Value(1.0) / F("battle__pair_probability"), output_field=FloatField()),
+        )
+        .order_by()
+    )
+    boards: dict[str, BoardCounts] = {}
+    for row in rows:
+        a, b = index[row["battle__model_a_id"]], index[row["battle__model_b_id"]]
+        score = ratings.VOTE_SCORES[row["choice"]]
+        i, j, score_i = (a, b, score) if a < b else (b, a, 1.0 - score)
+        outcome = 0 if score_i == 1.0 else 1 if score_i == 0.0 else 2
+        for category in _categories_of(row["stage"], row["battle__task__category"], row["corrected"]):
+            board = boards.setdefault(category, BoardCounts({}, {}, 0))
+            board.cells.setdefault((i, j), [0.0, 0.0, 0.0])[outcome] += row["n"]
+            board.inverse[(i, j)] = board.inverse.get((i, j), 0.0) + (row["inverse"] or 0.0)
+            board.unrecorded += row["n"] - row["recorded"]
+    return boards
 
 
 @dataclass(frozen=True)
@@ -126,35 +230,30 @@ def _positions_by_id(names: list[str]) -> dict[int, int]:
     return {pk: position[name] for pk, name in LLM.objects.values_list("pk", "name") if name in position}
 
 
-def category_data(category: str, names: list[str], elo_through: tuple[Any, int] | None = None) -> CategoryData:
-    """The category's votes reduced to pairwise counts by one aggregate query, and the votes
-    counted since ``elo_through`` for online Elo (so a refresh reads only the new ones).
+def category_data(
+    category: str,
+    names: list[str],
+    elo_through: tuple[Any, int] | None = None,
+    counts: BoardCounts | None = None,
+) -> CategoryData:
+    """The category's votes reduced to pairwise counts (``counts``, from ``board_counts``, or
+    its own aggregate query), and the votes counted since ``elo_through`` for online Elo (so a
+    refresh reads only the new ones).
 
     A vote counts once its battle has ended, and a battle takes no vote after that: the order
     (battle end, vote id) never has to be replayed.
     """
     index = _positions_by_id(names)
     votes = counted_votes(category)
-    cells: dict[tuple[int, int], list[float]] = {}
-    inverse: dict[tuple[int, int], float] = {}  # Sum of 1 / pair probability, per pair.
-    unrecorded = 0  # Votes whose battle has no recorded pair probability.
-    grouped = votes.values("battle__model_a_id", "battle__model_b_id", "choice").annotate(
-        n=Count("id"),
-        recorded=Count("battle__pair_probability"),
-        inverse=Sum(Value(1.0) / F("battle__pair_probability"), output_field=FloatField()),
-    )
-    for row in grouped.order_by():
-        a, b = index[row["battle__model_a_id"]], index[row["battle__model_b_id"]]
-        score = ratings.VOTE_SCORES[row["choice"]]
-        i, j, score_i = (a, b, score) if a < b else (b, a, 1.0 - score)
-        cell = cells.setdefault((i, j), [0.0, 0.0, 0.0])
-        cell[0 if score_i == 1.0 else 1 if score_i == 0.0 else 2] += row["n"]
-        inverse[(i, j)] = inverse.get((i, j), 0.0) + (row["inverse"] or 0.0)
-        unrecorded += row["n"] - row["recorded"]
+    if counts is None:
+        counts = board_counts(names).get(category, BoardCounts({}, {}, 0))
+    cells = counts.cells
     # Inverse-probability weights (the mean over the pair's votes, as PairOutcomes keeps one
     # weight per pair): only when every counted battle recorded its probability.
     pair_weights = (
-        np.array([inverse[key] / sum(cells[key]) for key in sorted(cells)]) if cells and not unrecorded else None
+        np.array([counts.inverse[key] / sum(cells[key]) for key in sorted(cells)])
+        if cells and not counts.unrecorded
+        else None
     )
     new = votes
     if elo_through is not None and elo_through[0] is not None:
@@ -175,27 +274,22 @@ def category_data(category: str, names: list[str], elo_through: tuple[Any, int] 
 
 
 def style_outcomes(category: str, names: list[str]) -> style.StyleOutcomes:
-    """The category's counted votes with the style differences of the replies each voter had
-    seen (length in tokens, markdown counts, leaderboard.style), reduced to cells.
-
-    The database sums each side's replies up to the vote's turn, one row per vote; the markdown
-    was counted when each reply finished, so no reply's text leaves the database (its length
-    stands in only for a reply without a token count)."""
+    """The category's counted votes reduced to style cells (leaderboard.style) by one aggregate
+    query: each vote stores the style of what its voter had seen (``Vote.seen_*``), the database
+    rounds the four differences to ``style.BINS`` steps as ``style.rounded_steps`` does and counts
+    the votes per (models, choice, steps), and only those counts leave it."""
     index = _positions_by_id(names)
-    reply = "battle__messages__"
-    length = Coalesce(Cast(f"{reply}token_count", FloatField()), Cast(Length(f"{reply}content"), FloatField()) / 4.0)
-    sums = {}
-    for side in "ab":
-        seen = Q(**{f"{reply}role": Message.Role.ASSISTANT, f"{reply}side": side, f"{reply}turn__lte": F("after_turn")})
-        sums[f"length_{side}"] = Sum(length, filter=seen, default=0.0, output_field=FloatField())
-        for feature, field in (("headers", "header_count"), ("lists", "list_count"), ("bold", "bold_count")):
-            sums[f"{feature}_{side}"] = Sum(
-                Cast(f"{reply}{field}", FloatField()), filter=seen, default=0.0, output_field=FloatField()
-            )
+    steps = {}
+    for feature in style.FEATURES:
+        a, b = F(f"seen_{feature}_a"), F(f"seen_{feature}_b")
+        difference = Case(When(GreaterThan(a + b, 0.0), then=(a - b) / (a + b)), default=Value(0.0))
+        steps[f"step_{feature}"] = Sign(difference) * Floor(Abs(difference) / style.BINS + 0.5)
     rows = (
         counted_votes(category)
-        .annotate(**sums)
-        .values_list("battle__model_a_id", "battle__model_b_id", "choice", *sums)
+        .annotate(**steps)
+        .values_list("battle__model_a_id", "battle__model_b_id", "choice", *steps)
+        .annotate(n=Count("id"))
+        .order_by()
     )
     columns = list(zip(*rows, strict=True))
     if not columns:
@@ -203,9 +297,8 @@ def style_outcomes(category: str, names: list[str]) -> style.StyleOutcomes:
     a = np.array([index[pk] for pk in columns[0]])
     b = np.array([index[pk] for pk in columns[1]])
     score = np.array([ratings.VOTE_SCORES[choice] for choice in columns[2]])
-    seen_a = np.array(columns[3:7], dtype=float).T  # length, headers, lists, bold of side A...
-    seen_b = np.array(columns[7:11], dtype=float).T  # ...and of side B, as style.FEATURES orders them.
-    return style.StyleOutcomes.from_arrays(len(names), a, b, score, style.differences(seen_a, seen_b))
+    difference = np.array(columns[3:7], dtype=float).T * style.BINS
+    return style.StyleOutcomes.from_arrays(len(names), a, b, score, difference, counts=np.array(columns[7]))
 
 
 def fix_rates(names: list[str]) -> dict[str, dict[str, ratings.FixRate]]:

@@ -53,6 +53,10 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
     with stopwatch("fix rates"):
         fixes = selectors.fix_rates(names)
     provisional_below = settings.LEADERBOARD_PROVISIONAL_VOTES
+    with stopwatch("votes to pair counts"):
+        pair_counts = selectors.board_counts(names)  # Every board in one pass over the votes.
+    with stopwatch("excluded counts"):
+        left_out = selectors.excluded_by_category()
     for position, (category, title) in enumerate(selectors.categories()):
         if category in selectors.EPISODE_CATEGORIES:
             with stopwatch("fix-ability"):
@@ -60,12 +64,13 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
             continue
         before = earlier.get(category)
         marker = (before.elo_through_ended, before.elo_through_vote) if before else None
+        board_votes = pair_counts.get(category, selectors.BoardCounts({}, {}, 0))
         with stopwatch("votes to pair counts"):
-            data = selectors.category_data(category, names, marker)
+            data = selectors.category_data(category, names, marker, board_votes)
             if before is not None and data.counted_before != before.elo_votes:
                 # Votes were excluded (a flagged voter, a leak) or let back in since the last
                 # refresh: online Elo cannot take a vote back, so it starts again from all of them.
-                before, data = None, selectors.category_data(category, names)
+                before, data = None, selectors.category_data(category, names, None, board_votes)
         with stopwatch("online Elo"):
             # Online Elo goes on from the previous refresh with the votes counted since.
             start = np.array([(before.elo_state if before else {}).get(name, ratings.BASE_RATING) for name in names])
@@ -88,8 +93,7 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
         order = np.argsort(np.argsort(index))  # Positions of the rated models in name order.
         fractions = ratings.win_fraction_matrix(played)[np.ix_(order, order)]
         counts = played.games()[np.ix_(order, order)]
-        with stopwatch("excluded counts"):
-            excluded = selectors.excluded_votes(category)
+        excluded = left_out.get(category, dict.fromkeys(selectors.EXCLUSION_REASONS, 0))
         LeaderboardSnapshot.objects.create(
             refresh=refresh,
             position=position,

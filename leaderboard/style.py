@@ -45,6 +45,13 @@ def style_of(text: str, tokens: int | None = None) -> tuple[float, ...]:
     return (length, *map(float, markdown_counts(text)))
 
 
+def rounded_steps(difference: np.ndarray) -> np.ndarray:
+    """Differences in ``BINS`` steps, rounded to the nearest, halves away from zero: what the
+    database computes too (leaderboard.selectors.style_outcomes), so both bin alike."""
+    steps = np.abs(difference) / BINS
+    return np.sign(difference) * np.floor(steps + 0.5)
+
+
 def differences(style_a: Sequence[float], style_b: Sequence[float]) -> np.ndarray:
     """(a - b) / (a + b) per feature, 0 where both are 0."""
     a, b = np.asarray(style_a, dtype=float), np.asarray(style_b, dtype=float)
@@ -76,11 +83,18 @@ class StyleOutcomes:
 
     @classmethod
     def from_arrays(
-        cls, n_models: int, a: np.ndarray, b: np.ndarray, score: np.ndarray, difference: np.ndarray
+        cls,
+        n_models: int,
+        a: np.ndarray,
+        b: np.ndarray,
+        score: np.ndarray,
+        difference: np.ndarray,
+        counts: np.ndarray | None = None,
     ) -> StyleOutcomes:
-        """The same from arrays (a, b, score of a: [votes]; differences: [votes, features]), in
-        one vectorised pass: each vote's key packs the pair, the rounded differences and the
-        outcome into one number; one sort groups them. Cells come out in pair order."""
+        """The same from arrays (a, b, score of a: [votes]; differences: [votes, features];
+        ``counts``: how many votes each row stands for, as a GROUP BY returns them), in one
+        vectorised pass: each row's key packs the pair, the rounded differences and the outcome
+        into one number; one sort groups them. Cells come out in pair order."""
         a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
         if np.any(a == b):
             raise ValueError("A model cannot play itself.")
@@ -94,13 +108,17 @@ class StyleOutcomes:
         key = np.where(flip, b * n_models + a, a * n_models + b).astype(float)
         sign = np.where(flip, -1.0, 1.0)
         for column in difference.T:  # Base ``base`` digits after the pair.
-            steps = np.rint(column * sign / BINS)
+            steps = rounded_steps(column * sign)
             np.clip(steps, -levels, levels, out=steps)
             key *= base
             key += steps + levels
         key *= 3
         key += np.where(score_first == 1.0, 0.0, np.where(score_first == 0.0, 1.0, 2.0))
-        keys, counts = np.unique(key, return_counts=True)  # Sorted, so a cell's outcomes are adjacent.
+        if counts is None:
+            keys, counts = np.unique(key, return_counts=True)  # Sorted: a cell's outcomes are adjacent.
+        else:
+            keys, row_key = np.unique(key, return_inverse=True)
+            counts = np.bincount(row_key, np.asarray(counts, dtype=float), minlength=keys.size)
         cell_key, outcome = np.divmod(keys.astype(np.int64), 3)  # Integer division: floats' is slow.
         new_cell = np.ones(cell_key.size, dtype=bool)
         new_cell[1:] = cell_key[1:] != cell_key[:-1]

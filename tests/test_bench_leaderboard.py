@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from django.core.management import CommandError, call_command
 
-from leaderboard import bench, ratings
+from leaderboard import bench, ratings, style
 
 
 def test_reduction_matches_the_vote_by_vote_count() -> None:
@@ -83,3 +83,19 @@ def test_one_pass_reduction_gives_each_board_its_own_votes() -> None:
         alone = bench.reduce_to_outcomes(6, a[mask], b[mask], score[mask])
         np.testing.assert_array_equal(outcomes.wins(), alone.wins())
         assert outcomes.total == mask.sum()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_synthetic_votes_store_the_style_casting_them_would() -> None:
+    """The scratch database's votes carry the style the site's write path computes from their
+    battles' messages (votes.services.record_seen_style)."""
+    from leaderboard import bench_database
+    from votes import services as vote_services
+    from votes.models import Vote
+
+    bench_database.populate(300, 4, seed=5)
+    columns = [f"seen_{feature}_{side}" for side in "ab" for feature in style.FEATURES]
+    stored = list(Vote.objects.order_by("pk").values_list(*columns))
+    assert any(row[0] != row[4] for row in stored)  # Not all zeros or alike.
+    vote_services.record_seen_style(Vote.objects.all())
+    assert list(Vote.objects.order_by("pk").values_list(*columns)) == stored

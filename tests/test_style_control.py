@@ -13,6 +13,7 @@ from django.core.management import CommandError, call_command
 
 from inference.models import LLM
 from leaderboard import ratings, services, style
+from votes import services as vote_services
 from votes.models import Battle, Message, Vote
 
 TRUE = np.array([0.0, 0.0, 50.0, -50.0, 100.0, -100.0])
@@ -153,6 +154,7 @@ def test_the_overall_board_has_a_style_toggle(client) -> None:
             Message.objects.create(battle=battle, side=side, turn=0, role="user", content="q")
             Message.objects.create(battle=battle, side=side, turn=0, role="assistant", content=text, token_count=None)
         Vote.objects.create(battle=battle, choice="a" if index < 4 else "b", stage="first_try")
+    vote_services.record_seen_style(Vote.objects.all())
     snapshot = services.refresh_leaderboard(rounds=20).snapshots.get(category="overall")
     assert {row["model"] for row in snapshot.style_rows} == {"verbose", "terse"}
     assert set(snapshot.style_coefficients) == set(style.FEATURES)
@@ -163,9 +165,10 @@ def test_the_overall_board_has_a_style_toggle(client) -> None:
 
 @pytest.mark.django_db
 def test_the_site_reads_each_votes_style_from_the_database() -> None:
-    """selectors.style_outcomes sums, in the database, each side's replies up to the vote's turn
-    (markdown counted when each reply was saved; characters / 4 without a token count): the
-    cells are those of the replies' texts, styled one by one."""
+    """A vote stores the style of each side's replies up to its turn (summed in the database
+    when it is cast: markdown counted when each reply was saved; characters / 4 without a token
+    count), and selectors.style_outcomes bins and counts them there: the cells are those of the
+    replies' texts, styled one by one."""
     from leaderboard import selectors
 
     names = ["m0", "m1", "m2"]
@@ -188,7 +191,8 @@ def test_the_site_reads_each_votes_style_from_the_database() -> None:
                 if turn == 0:
                     seen[side] += style.style_of(text, tokens)
         choice = ["a", "b", "tie"][rng.integers(3)]
-        Vote.objects.create(battle=battle, choice=choice, stage="first_try", after_turn=0)
+        vote = Vote.objects.create(battle=battle, choice=choice, stage="first_try", after_turn=0)
+        vote_services.record_seen_style(Vote.objects.filter(pk=vote.pk))
         expected.append((int(a), int(b), ratings.VOTE_SCORES[choice], style.differences(seen["a"], seen["b"])))
     got = selectors.style_outcomes("overall", names)
     want = style.StyleOutcomes.from_votes(3, expected)
@@ -220,3 +224,18 @@ def test_rate_battles_with_style_control(tmp_path: Path) -> None:
     path.write_text(json.dumps(records))
     with pytest.raises(CommandError, match=r"Battle 6: conv_metadata is not an object; --style-control needs it\."):
         call_command("rate_battles", str(path), "--style-control")
+
+
+@pytest.mark.django_db
+def test_a_cast_vote_stores_the_style_its_voter_had_seen() -> None:
+    a, b = (LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}") for name in ("m0", "m1"))
+    battle = Battle.objects.create(model_a=a, model_b=b, voter_key="v")
+    replies = {("a", 0): ("# Plan\n\n- one\n- **two**", 30), ("b", 0): ("plain" * 8, None), ("a", 1): ("later", 5)}
+    for (side, turn), (text, tokens) in replies.items():
+        Message.objects.create(battle=battle, side=side, turn=turn, role="user", content="q")
+        Message.objects.create(battle=battle, side=side, turn=turn, role="assistant", content=text, token_count=tokens)
+    first = vote_services.cast_vote(battle=battle, choice="a")
+    first.refresh_from_db()
+    assert first.after_turn == 1  # Both of side A's replies had been seen, and side B's one.
+    assert (first.seen_length_a, first.seen_headers_a, first.seen_lists_a, first.seen_bold_a) == (35.0, 1.0, 2.0, 1.0)
+    assert (first.seen_length_b, first.seen_headers_b, first.seen_lists_b, first.seen_bold_b) == (10.0, 0.0, 0.0, 0.0)

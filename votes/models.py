@@ -366,6 +366,17 @@ class Vote(models.Model):
     after_turn = models.PositiveIntegerField(default=0, help_text="The last turn the voter had seen.")
     choice = models.CharField(max_length=10, choices=Choice.choices)
     created = models.DateTimeField(auto_now_add=True)
+    # The style of what the voter had seen when voting (each side's replies up to ``after_turn``:
+    # length in tokens, markdown headers, list items, bold spans: leaderboard.style.FEATURES), stored with the vote
+    # so that style control reads one row per vote instead of summing every reply at each refresh.
+    seen_length_a = models.FloatField(default=0.0)
+    seen_headers_a = models.FloatField(default=0.0)
+    seen_lists_a = models.FloatField(default=0.0)
+    seen_bold_a = models.FloatField(default=0.0)
+    seen_length_b = models.FloatField(default=0.0)
+    seen_headers_b = models.FloatField(default=0.0)
+    seen_lists_b = models.FloatField(default=0.0)
+    seen_bold_b = models.FloatField(default=0.0)
 
     class Meta:
         ordering = ["-created"]

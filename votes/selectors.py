@@ -7,11 +7,11 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet
-from django.db.models.functions import Now
+from django.db.models import Count, FloatField, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models.functions import Cast, Coalesce, Length, Now
 
 from inference.models import LLM
-from leaderboard import fixing
+from leaderboard import fixing, style
 from votes import evaluation, feedback
 from votes.checkers import CheckerConfigError
 from votes.models import Battle, EvaluationRun, FixEpisode, Message, Rating, Task, TaskTurn, Verdict, Vote
@@ -602,3 +602,25 @@ def _checked_parts(turns: list[TaskTurn], record: evaluation.Record) -> dict[str
     except CheckerConfigError:
         return {}
     return dict(result.parts) if result is not None else {}
+
+
+def seen_style(message_model: type[Message] = Message) -> dict[str, Coalesce]:
+    """For an update (or query) on votes: each side's replies up to the vote's ``after_turn``,
+    summed per style feature (leaderboard.style.FEATURES: the length in tokens, or characters / 4
+    for a reply without a token count, and the markdown counts taken when each reply finished),
+    as the ``seen_<feature>_<side>`` columns. ``message_model``: a migration's historical one."""
+    per_feature = {
+        "length": Coalesce(Cast("token_count", FloatField()), Cast(Length("content"), FloatField()) / 4.0),
+        "headers": Cast("header_count", FloatField()),
+        "lists": Cast("list_count", FloatField()),
+        "bold": Cast("bold_count", FloatField()),
+    }
+    sums = {}
+    for side in "ab":
+        seen = message_model.objects.filter(
+            battle=OuterRef("battle"), role="assistant", side=side, turn__lte=OuterRef("after_turn")
+        ).order_by()
+        for feature in style.FEATURES:
+            total = seen.values("battle").annotate(total=Sum(per_feature[feature])).values("total")[:1]
+            sums[f"seen_{feature}_{side}"] = Coalesce(Subquery(total, output_field=FloatField()), 0.0)
+    return sums

@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Max, Q
+from django.db.models import Max, Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -303,9 +303,17 @@ def cast_vote(*, battle: Battle, choice: str, stage: str | None = None) -> Vote:
             raise ArenaError("not_ready", "Correct a side (or both) before voting after the fix.")
     try:
         with transaction.atomic():
-            return Vote.objects.create(battle=battle, stage=stage, choice=choice, after_turn=last_turn)
+            vote = Vote.objects.create(battle=battle, stage=stage, choice=choice, after_turn=last_turn)
+            record_seen_style(Vote.objects.filter(pk=vote.pk))
+            return vote
     except IntegrityError:
         raise ArenaError("already_voted", "This stage already has a vote.") from None
+
+
+def record_seen_style(votes: QuerySet[Vote]) -> int:
+    """Store on each vote the style of the replies its voter had seen (``Vote.seen_*``), in one
+    update: what style control reads (leaderboard.selectors.style_outcomes)."""
+    return votes.update(**selectors.seen_style())
 
 
 @transaction.atomic
