@@ -322,6 +322,16 @@ class EpisodeOut(Schema):
     persisted: bool | None = Field(
         description="The parts it fixed stayed right in that side's later checked replies; null: none to judge."
     )
+    voter_fixed: bool | None = Field(
+        default=None,
+        description="The voter rated the wrong reply 🍄/🔥 and the answer 🥦 or ✓ (true) or not (false); null: "
+        "not so rated. The leaderboard's voters' fix rate.",
+    )
+    checker_fixed: bool | None = Field(
+        default=None,
+        description="The checker judged the wrong reply wrong and the answer correct (true) or not (false); null: "
+        "not so judged. The leaderboard's checker's fix rate.",
+    )
     decoy: bool
     excluded: bool
     excluded_reason: str | None

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -132,30 +132,25 @@ class VoteTable:
         )
 
     @classmethod
-    def from_choices(
-        cls,
-        voters: Sequence[str],
-        models_a: Sequence[str],
-        models_b: Sequence[str],
-        choices: Sequence[str],
-        counts: Sequence[int],
-    ) -> VoteTable:
-        """From columns as the votes are stored: the voter, the models on sides A and B, the
-        choice ("a", "b", "tie" or "both_bad") and how many such votes."""
+    def from_rows(cls, rows: Sequence[tuple[str, Hashable, Hashable, str, int]]) -> VoteTable:
+        """From rows as a GROUP BY over the stored votes returns them: the voter, the models on
+        sides A and B (any labels: names or ids), the choice ("a", "b", "tie" or "both_bad") and
+        how many such votes. One pass per column (a million rows take well under a second)."""
         voter_codes: dict[str, int] = {}
-        model_codes: dict[str, int] = {}
-        voter = np.fromiter((voter_codes.setdefault(v, len(voter_codes)) for v in voters), np.intp, len(voters))
-        a = np.fromiter((model_codes.setdefault(m, len(model_codes)) for m in models_a), np.intp, len(models_a))
-        b = np.fromiter((model_codes.setdefault(m, len(model_codes)) for m in models_b), np.intp, len(models_b))
-        score_a = np.fromiter((CHOICE_SCORES[choice] for choice in choices), float, len(choices))
+        model_codes: dict[Hashable, int] = {}
+        count = len(rows)
+        voter = np.fromiter((voter_codes.setdefault(row[0], len(voter_codes)) for row in rows), np.intp, count)
+        a = np.fromiter((model_codes.setdefault(row[1], len(model_codes)) for row in rows), np.intp, count)
+        b = np.fromiter((model_codes.setdefault(row[2], len(model_codes)) for row in rows), np.intp, count)
+        score_a = np.fromiter((CHOICE_SCORES[row[3]] for row in rows), float, count)
         return cls(
             list(voter_codes),
-            list(model_codes),
+            [str(model) for model in model_codes],
             voter,
             np.minimum(a, b),
             np.maximum(a, b),
             np.where(a < b, score_a, 1.0 - score_a),
-            np.asarray(counts, dtype=float),
+            np.fromiter((row[4] for row in rows), float, count),
         )
 
 

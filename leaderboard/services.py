@@ -168,13 +168,12 @@ def flag_anomalous_voters() -> list[FlaggedVoter]:
     rows = (
         Vote.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False)
         .exclude(selectors.voter_flagged())
-        .values_list("battle__voter_key", "battle__model_a__name", "battle__model_b__name", "choice")
+        .values_list("battle__voter_key", "battle__model_a_id", "battle__model_b_id", "choice")
         .annotate(n=Count("id"))
         .order_by()
     )
-    columns = list(zip(*rows, strict=True)) or [(), (), (), (), ()]
     found = anomaly.suspicious_voters(
-        anomaly.VoteTable.from_choices(*columns),
+        anomaly.VoteTable.from_rows(list(rows)),
         alpha=settings.LEADERBOARD_ANOMALY_ALPHA,
         min_votes=settings.LEADERBOARD_ANOMALY_MIN_VOTES,
     )

@@ -13,6 +13,7 @@ from inference.models import LLM
 from leaderboard import ratings, selectors, services
 from leaderboard.anomaly import (
     PairVote,
+    VoteTable,
     anomalous_voters,
     concentrated_voters,
     fisher_p_value,
@@ -85,6 +86,20 @@ def test_orientation_of_a_vote() -> None:
     assert pair_vote("v", WEAK, STRONG, "a") == PairVote("v", (STRONG, WEAK), 0.0)
     assert pair_vote("v", STRONG, WEAK, "a") == PairVote("v", (STRONG, WEAK), 1.0)
     assert pair_vote("v", WEAK, STRONG, "both_bad").outcome == 0.5
+
+
+def test_rows_of_stored_votes_give_the_same_verdicts_as_pair_votes() -> None:
+    # flag_anomalous_voters reads (voter, model A, model B, choice, count) rows: sides in any
+    # order and model ids as labels must not change a verdict.
+    rng = random.Random(8)
+    rows = honest_votes(rng, voters=300, per_voter=4) + stuffing_votes("stuffer", 80)
+    ids = {name: number for number, name in enumerate(sorted({row[1] for row in rows} | {row[2] for row in rows}))}
+    table = VoteTable.from_rows([(voter, ids[a], ids[b], choice, 1) for voter, a, b, choice in rows])
+    expected = suspicious_voters(pair_vote(*row) for row in rows)
+    assert [(a.voter, a.test, a.votes) for a in suspicious_voters(table)] == [
+        (a.voter, a.test, a.votes) for a in expected
+    ]
+    assert [a.voter for a in expected] == ["stuffer"]
 
 
 def test_a_simulated_vote_stuffing_attack_is_caught_and_honest_voters_are_not() -> None:

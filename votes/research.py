@@ -268,6 +268,8 @@ def episode_records(
                 "turns_to_fix": episode.turns_to_fix,
                 "regression": episode.regression,
                 "persisted": episode.persisted,
+                "voter_fixed": episode.voter_fixed,
+                "checker_fixed": episode.checker_fixed,
                 "decoy": False,
                 "excluded": reason is not None,
                 "excluded_reason": reason,
