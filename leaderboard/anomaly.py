@@ -177,10 +177,11 @@ def anomalous_voters(
         group[order] = group.copy()
     own = np.bincount(group * 3 + code, table.count, minlength=(int(group.max()) + 1) * 3).reshape(-1, 3)
     history = pair_totals[pair] - own[group]  # Everyone else's votes on the pair.
-    rows = np.arange(code.size)
-    total = history.sum(axis=1)
-    at_most = np.cumsum(history, axis=1)[rows, code]
-    at_least = total - at_most + history[rows, code]
+    lower, middle = history[:, 0], history[:, 1]
+    total = lower + middle + history[:, 2]
+    same = history.ravel()[np.arange(code.size) * 3 + code]  # Votes with this row's outcome.
+    at_most = np.where(code == 0, lower, np.where(code == 1, lower + middle, total))
+    at_least = total - at_most + same
     p_values = np.minimum(1.0, 2.0 * (np.minimum(at_least, at_most) + 1.0) / (total + 1.0))
     judged = total >= min_history
     weights = table.count[judged]

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from django.db import connection
 from django.db.models import (
     BooleanField,
     Case,
@@ -36,6 +37,15 @@ TITLES = {
 }
 # Categories rated from fix episodes rather than votes (leaderboard.fixing).
 EPISODE_CATEGORIES = (FIXING,)
+
+
+def _raw_rows(queryset: QuerySet) -> list[tuple]:
+    """A grouped queryset's rows as the database returns them. Its columns need no conversion,
+    and Django's per-value converters cost more than the query itself on a million rows."""
+    sql, params = queryset.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
 
 
 def categories() -> list[tuple[str, str]]:
@@ -116,6 +126,19 @@ def excluded_episodes() -> dict[str, int]:
     return {"identity leak": leaked, "flagged voter": flagged}
 
 
+def anomaly_rows() -> list[tuple[str, int, int, str, int]]:
+    """What anomaly detection reads (leaderboard.anomaly.VoteTable.from_rows): the votes of
+    ended battles without an identity leak by voters not flagged yet, counted per (voter, model
+    A id, model B id, choice)."""
+    return _raw_rows(
+        Vote.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False)
+        .exclude(voter_flagged())
+        .values_list("battle__voter_key", "battle__model_a_id", "battle__model_b_id", "choice")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+
+
 def voter_flagged() -> Exists:
     """For a query on votes or messages: whether the battle's voter is flagged."""
     return Exists(_battle_voter_flags())
@@ -139,36 +162,6 @@ def counted_votes(category: str = OVERALL) -> QuerySet[Vote]:
 EXCLUSION_REASONS = ("identity leak", "flagged voter", "unfinished battle")
 
 
-def excluded_by_category() -> dict[str, dict[str, int]]:
-    """Per category, the votes left out per reason (the first that applies, in
-    ``EXCLUSION_REASONS`` order), from one aggregate query over every vote."""
-    rows = (
-        Vote.objects.annotate(corrected=_after_fix_and_corrected(), flagged=voter_flagged())
-        .values("stage", "battle__task__category", "corrected", "battle__excluded", "flagged", "battle__state")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    left_out: dict[str, dict[str, int]] = {}
-    for row in rows:
-        if row["battle__excluded"]:
-            reason = "identity leak"
-        elif row["flagged"]:
-            reason = "flagged voter"
-        elif row["battle__state"] != Battle.State.ENDED:
-            reason = "unfinished battle"
-        else:
-            continue  # Counted.
-        for category in _categories_of(row["stage"], row["battle__task__category"], row["corrected"]):
-            counts = left_out.setdefault(category, dict.fromkeys(EXCLUSION_REASONS, 0))
-            counts[reason] += row["n"]
-    return left_out
-
-
-def excluded_votes(category: str = OVERALL) -> dict[str, int]:
-    """Votes of the category left out, per reason (the first that applies, in this order)."""
-    return excluded_by_category().get(category, dict.fromkeys(EXCLUSION_REASONS, 0))
-
-
 @dataclass
 class BoardCounts:
     """One category's counted votes per unordered pair (model positions i < j): wins of i,
@@ -180,14 +173,36 @@ class BoardCounts:
     unrecorded: int
 
 
-def board_counts(names: list[str]) -> dict[str, BoardCounts]:
-    """Every vote board's counts from one aggregate query over the counted votes (a vote's
-    categories follow ``in_category``)."""
+@dataclass(frozen=True)
+class VoteTally:
+    """Every category's counted votes per pair (``boards``) and its votes left out per reason
+    (``left_out``), from one aggregate query over every vote (``vote_tally``)."""
+
+    boards: dict[str, BoardCounts]
+    left_out: dict[str, dict[str, int]]
+
+    def excluded(self, category: str) -> dict[str, int]:
+        return self.left_out.get(category, dict.fromkeys(EXCLUSION_REASONS, 0))
+
+
+def vote_tally(names: list[str]) -> VoteTally:
+    """One pass over the votes for every board: grouped by what decides their categories
+    (``in_category``), whether they count (``counted_votes``; else the first reason that
+    applies, in ``EXCLUSION_REASONS`` order), their models and choice."""
     index = _positions_by_id(names)
-    rows = (
-        _counted(Vote.objects.all())
-        .annotate(corrected=_after_fix_and_corrected())
-        .values("stage", "battle__task__category", "corrected", "battle__model_a_id", "battle__model_b_id", "choice")
+    rows = _raw_rows(
+        Vote.objects.annotate(corrected=_after_fix_and_corrected(), flagged=voter_flagged())
+        .values_list(
+            "stage",
+            "battle__task__category",
+            "corrected",
+            "battle__excluded",
+            "flagged",
+            "battle__state",
+            "battle__model_a_id",
+            "battle__model_b_id",
+            "choice",
+        )
         .annotate(
             n=Count("id"),
             recorded=Count("battle__pair_probability"),
@@ -196,17 +211,42 @@ def board_counts(names: list[str]) -> dict[str, BoardCounts]:
         .order_by()
     )
     boards: dict[str, BoardCounts] = {}
-    for row in rows:
-        a, b = index[row["battle__model_a_id"]], index[row["battle__model_b_id"]]
-        score = ratings.VOTE_SCORES[row["choice"]]
+    left_out: dict[str, dict[str, int]] = {}
+    for stage, task_category, corrected, excluded, flagged, state, a_id, b_id, choice, n, recorded, inverse in rows:
+        categories = _categories_of(stage, task_category, bool(corrected))
+        reason = (
+            "identity leak"
+            if excluded
+            else "flagged voter"
+            if flagged
+            else "unfinished battle"
+            if state != Battle.State.ENDED
+            else None
+        )
+        if reason is not None:
+            for category in categories:
+                left_out.setdefault(category, dict.fromkeys(EXCLUSION_REASONS, 0))[reason] += n
+            continue
+        a, b = index[a_id], index[b_id]
+        score = ratings.VOTE_SCORES[choice]
         i, j, score_i = (a, b, score) if a < b else (b, a, 1.0 - score)
         outcome = 0 if score_i == 1.0 else 1 if score_i == 0.0 else 2
-        for category in _categories_of(row["stage"], row["battle__task__category"], row["corrected"]):
+        for category in categories:
             board = boards.setdefault(category, BoardCounts({}, {}, 0))
-            board.cells.setdefault((i, j), [0.0, 0.0, 0.0])[outcome] += row["n"]
-            board.inverse[(i, j)] = board.inverse.get((i, j), 0.0) + (row["inverse"] or 0.0)
-            board.unrecorded += row["n"] - row["recorded"]
-    return boards
+            board.cells.setdefault((i, j), [0.0, 0.0, 0.0])[outcome] += n
+            board.inverse[(i, j)] = board.inverse.get((i, j), 0.0) + (inverse or 0.0)
+            board.unrecorded += n - recorded
+    return VoteTally(boards, left_out)
+
+
+def excluded_votes(category: str = OVERALL) -> dict[str, int]:
+    """Votes of the category left out, per reason (the first that applies, in this order)."""
+    return vote_tally(roster_names()).excluded(category)
+
+
+def board_counts(names: list[str]) -> dict[str, BoardCounts]:
+    """Every vote board's counts (``vote_tally``)."""
+    return vote_tally(names).boards
 
 
 @dataclass(frozen=True)
@@ -278,27 +318,31 @@ def style_outcomes(category: str, names: list[str]) -> style.StyleOutcomes:
     query: each vote stores the style of what its voter had seen (``Vote.seen_*``), the database
     rounds the four differences to ``style.BINS`` steps as ``style.rounded_steps`` does and counts
     the votes per (models, choice, steps), and only those counts leave it."""
-    index = _positions_by_id(names)
+    position = np.full(max(_positions_by_id(names), default=0) + 1, -1)
+    for pk, at in _positions_by_id(names).items():
+        position[pk] = at
     steps = {}
     for feature in style.FEATURES:
         a, b = F(f"seen_{feature}_a"), F(f"seen_{feature}_b")
         difference = Case(When(GreaterThan(a + b, 0.0), then=(a - b) / (a + b)), default=Value(0.0))
         steps[f"step_{feature}"] = Sign(difference) * Floor(Abs(difference) / style.BINS + 0.5)
-    rows = (
+    score = Case(
+        *(When(choice=choice, then=Value(value)) for choice, value in ratings.VOTE_SCORES.items()),
+        output_field=FloatField(),
+    )
+    rows = _raw_rows(
         counted_votes(category)
-        .annotate(**steps)
-        .values_list("battle__model_a_id", "battle__model_b_id", "choice", *steps)
+        .annotate(score_a=score, **steps)
+        .values_list("battle__model_a_id", "battle__model_b_id", "score_a", *steps)
         .annotate(n=Count("id"))
         .order_by()
     )
-    columns = list(zip(*rows, strict=True))
-    if not columns:
+    if not rows:
         return style.StyleOutcomes.from_votes(len(names), [])
-    a = np.array([index[pk] for pk in columns[0]])
-    b = np.array([index[pk] for pk in columns[1]])
-    score = np.array([ratings.VOTE_SCORES[choice] for choice in columns[2]])
-    difference = np.array(columns[3:7], dtype=float).T * style.BINS
-    return style.StyleOutcomes.from_arrays(len(names), a, b, score, difference, counts=np.array(columns[7]))
+    table = np.array(rows, dtype=float)  # Every column is a number: one conversion.
+    a, b = position[table[:, 0].astype(int)], position[table[:, 1].astype(int)]
+    difference = table[:, 3:7] * style.BINS
+    return style.StyleOutcomes.from_arrays(len(names), a, b, table[:, 2], difference, counts=table[:, 7])
 
 
 def fix_rates(names: list[str]) -> dict[str, dict[str, ratings.FixRate]]:

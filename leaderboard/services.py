@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 import numpy as np
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Max
+from django.db.models import Max
 from django.utils import timezone
 
 from leaderboard import anomaly, board, fixing, ratings, selectors
@@ -54,9 +54,7 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
         fixes = selectors.fix_rates(names)
     provisional_below = settings.LEADERBOARD_PROVISIONAL_VOTES
     with stopwatch("votes to pair counts"):
-        pair_counts = selectors.board_counts(names)  # Every board in one pass over the votes.
-    with stopwatch("excluded counts"):
-        left_out = selectors.excluded_by_category()
+        tally = selectors.vote_tally(names)  # Every board, and what each leaves out, in one pass.
     for position, (category, title) in enumerate(selectors.categories()):
         if category in selectors.EPISODE_CATEGORIES:
             with stopwatch("fix-ability"):
@@ -64,7 +62,7 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
             continue
         before = earlier.get(category)
         marker = (before.elo_through_ended, before.elo_through_vote) if before else None
-        board_votes = pair_counts.get(category, selectors.BoardCounts({}, {}, 0))
+        board_votes = tally.boards.get(category, selectors.BoardCounts({}, {}, 0))
         with stopwatch("votes to pair counts"):
             data = selectors.category_data(category, names, marker, board_votes)
             if before is not None and data.counted_before != before.elo_votes:
@@ -93,7 +91,7 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
         order = np.argsort(np.argsort(index))  # Positions of the rated models in name order.
         fractions = ratings.win_fraction_matrix(played)[np.ix_(order, order)]
         counts = played.games()[np.ix_(order, order)]
-        excluded = left_out.get(category, dict.fromkeys(selectors.EXCLUSION_REASONS, 0))
+        excluded = tally.excluded(category)
         LeaderboardSnapshot.objects.create(
             refresh=refresh,
             position=position,
@@ -165,15 +163,8 @@ def _fixing_snapshot(
 def flag_anomalous_voters() -> list[FlaggedVoter]:
     """Flag the voters whose votes are anomalous (leaderboard.anomaly) among the votes of ended
     battles by voters not flagged yet; a flag an admin cleared is never set again."""
-    rows = (
-        Vote.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False)
-        .exclude(selectors.voter_flagged())
-        .values_list("battle__voter_key", "battle__model_a_id", "battle__model_b_id", "choice")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
     found = anomaly.suspicious_voters(
-        anomaly.VoteTable.from_rows(list(rows)),
+        anomaly.VoteTable.from_rows(selectors.anomaly_rows()),
         alpha=settings.LEADERBOARD_ANOMALY_ALPHA,
         min_votes=settings.LEADERBOARD_ANOMALY_MIN_VOTES,
     )
