@@ -334,12 +334,16 @@ class _RoundFit:
         """``size`` rounds of (score of i, games) per pair, weighted and with the prior."""
         normal_seed, poisson_seed = seed.spawn(2)
         noise = _standard_normals(normal_seed.entropy, normal_seed.spawn_key, size, self.score.size)
-        a, b, c = (coefficient.astype(np.float32) for coefficient in (self.a, self.b, self.c))
+        # Single precision throughout, as the refit reads them: counts stay exact to 2**24, and
+        # the draws' fractions need no more.
+        a, b, c, mean_score, mean_games, scale = (
+            values.astype(np.float32) for values in (self.a, self.b, self.c, self.score, self.games, self.scale)
+        )
         score = noise[0] * a
+        score += mean_score
         games = noise[0] * b
         games += noise[1] * c
-        score = score + self.score  # Double precision from here on.
-        games = games + self.games
+        games += mean_games
         np.maximum(games, 0.0, out=games)
         np.clip(score, 0.0, games, out=score)
         if self.exact.size:
@@ -347,16 +351,18 @@ class _RoundFit:
             wins_i, wins_j, ties = draws.transpose(1, 0, 2)
             score[:, self.exact] = wins_i + ties / 2.0
             games[:, self.exact] = wins_i + wins_j + ties
-        score *= self.scale
-        games *= self.scale
-        return score + self.prior / 2.0, games + self.prior
+        score *= scale
+        games *= scale
+        score += np.float32(self.prior / 2.0)
+        games += np.float32(self.prior)
+        return score, games
 
     def refit(self, rounds: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         """Each round's centred log strengths."""
         score, games = rounds
         # The residuals in single precision (twice as fast, memory-bound): their rounding moves
         # a round's fixed point by about 1e-7 in log strength, below the tolerance.
-        score32, games32 = score.astype(np.float32), games.astype(np.float32)
+        score32, games32 = np.asarray(score, dtype=np.float32), np.asarray(games, dtype=np.float32)
         incidence32 = self.incidence.astype(np.float32)
         theta = np.broadcast_to(self.theta, (score.shape[0], self.n)).copy()
         for _ in range(self.CHORD_ITERATIONS):

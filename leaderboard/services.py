@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 
 import numpy as np
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
@@ -38,6 +38,9 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
     """Recompute every category (ratings, intervals, ranks, Elo, matrices, fix rates) and store
     the snapshots of one refresh."""
     started = time.perf_counter()
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:  # Until the transaction ends (SET LOCAL).
+            cursor.execute("SELECT set_config('work_mem', %s, true)", [settings.LEADERBOARD_WORK_MEM])
     stopwatch = Stopwatch()
     with stopwatch("anomaly detection"):
         flag_anomalous_voters()

@@ -269,3 +269,17 @@ def test_the_page_says_what_the_numbers_mean(client, models, settings) -> None:
     after = client.get("/leaderboard/", {"category": "after_correction"}).content.decode()
     assert "a preference, not a measure of fixing" in after and "95 times out of" in after
     assert f"fewer than {settings.LEADERBOARD_PROVISIONAL_VOTES} votes is <strong>provisional</strong>" in after
+
+
+def test_the_refresh_raises_work_mem_for_its_own_transaction(models, settings) -> None:
+    from django.db import connection
+
+    strong, weak, _idle = models
+    make_battle(strong, weak, "a")
+    settings.LEADERBOARD_WORK_MEM = "48MB"
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW work_mem")
+        before = cursor.fetchone()[0]
+        services.refresh_leaderboard(rounds=20)
+        cursor.execute("SHOW work_mem")  # Still inside the test's transaction: SET LOCAL holds.
+        assert cursor.fetchone()[0] == "48MB" != before
