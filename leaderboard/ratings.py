@@ -24,8 +24,8 @@ BASE_RATING = 1000.0
 _TO_RATING = ELO_SCALE / np.log(10.0)  # Natural-log strength -> rating points.
 Z_95 = 1.959963984540054
 _CHUNK = 250  # Bootstrap rounds per task of the thread pool.
-# Bootstrap cells of at least this many votes draw their Poisson count from its normal
-# approximation, four times cheaper (see ``_RoundFit.resample``).
+# Bootstrap pairs whose three cells all hold at least this many votes draw their Poisson counts
+# from the normal approximation, several times cheaper (see ``_RoundFit``).
 NORMAL_FROM = 10.0
 
 # The score of model A for each vote choice. "Both bad" is a tie: neither side won.
@@ -226,10 +226,10 @@ def bootstrap_intervals(
     votes, each refitted to convergence.
 
     The Poisson bootstrap gives every vote an independent Poisson(1) weight (Hanley & MacGibbon
-    2006; Chamandy et al. 2012), so a cell of c votes becomes a Poisson(c) draw: the cells are
-    resampled independently at a cost that does not grow with the number of votes, and less than
-    half that of a multinomial over all cells. Each round is refitted by Newton's chord method
-    from the full-data fit (``_refit_rounds``).
+    2006; Chamandy et al. 2012), so a (pair, outcome) cell of c votes becomes a Poisson(c) draw:
+    the cells are resampled independently, at a cost that does not grow with the number of votes.
+    Each round is refitted to convergence by Newton's chord method from the full-data fit
+    (``_RoundFit``).
     """
     weights = _checked_weights(outcomes, pair_weights)
     n = outcomes.n_models

@@ -131,8 +131,7 @@ def anomaly_rows() -> list[tuple[str, int, int, str, int]]:
     ended battles without an identity leak by voters not flagged yet, counted per (voter, model
     A id, model B id, choice)."""
     return _raw_rows(
-        Vote.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False)
-        .exclude(voter_flagged())
+        _counted(Vote.objects.all())
         .values_list("battle__voter_key", "battle__model_a_id", "battle__model_b_id", "choice")
         .annotate(n=Count("id"))
         .order_by()

@@ -197,7 +197,9 @@ class _CellsByPair:
         self.scored = self.wins_i + self.ties / 2.0
         starts = np.flatnonzero(np.r_[True, code[1:] != code[:-1]]) if code.size else np.zeros(0, dtype=np.intp)
         self.starts = starts
-        self.group = np.cumsum(np.isin(np.arange(code.size), starts)) - 1  # Each cell's pair group.
+        first_of_pair = np.zeros(code.size, dtype=bool)
+        first_of_pair[starts] = True
+        self.group = np.cumsum(first_of_pair) - 1  # Each cell's pair group.
         # Pairs: those with cells, then every pair for the prior (a pair may appear in both).
         first, second = np.triu_indices(n, 1)
         self.first = np.concatenate([code[starts] // n, first])
