@@ -100,7 +100,11 @@ class PairOutcomes:
 
     def wins(self, weights: np.ndarray | None = None) -> np.ndarray:
         """The pairwise score matrix, optionally with a weight per pair."""
-        return _scores(self.n_models, self.first, self.second, self.first_wins, self.second_wins, self.ties, weights)
+        scale = 1.0 if weights is None else weights
+        wins = np.zeros((self.n_models, self.n_models))
+        wins[self.first, self.second] = (self.first_wins + self.ties / 2.0) * scale
+        wins[self.second, self.first] = (self.second_wins + self.ties / 2.0) * scale
+        return wins
 
     def games(self) -> np.ndarray:
         """games[i, j] = votes between i and j (symmetric)."""
@@ -129,24 +133,6 @@ class PairOutcomes:
             self.second_wins[inside],
             self.ties[inside],
         )
-
-
-def _scores(
-    n: int,
-    first: np.ndarray,
-    second: np.ndarray,
-    first_wins: np.ndarray,
-    second_wins: np.ndarray,
-    ties: np.ndarray,
-    weights: np.ndarray | None = None,
-) -> np.ndarray:
-    """Score matrices from cell counts; the counts may carry a leading batch axis."""
-    batch = first_wins.shape[:-1]
-    scale = 1.0 if weights is None else weights
-    wins = np.zeros((*batch, n, n))
-    wins[..., first, second] = (first_wins + ties / 2.0) * scale
-    wins[..., second, first] = (second_wins + ties / 2.0) * scale
-    return wins
 
 
 def _fit_log_strengths(

@@ -317,9 +317,9 @@ def style_outcomes(category: str, names: list[str]) -> style.StyleOutcomes:
     query: each vote stores the style of what its voter had seen (``Vote.seen_*``), the database
     rounds the four differences to ``style.BINS`` steps as ``style.rounded_steps`` does and counts
     the votes per (models, choice, steps), and only those counts leave it."""
-    position = np.full(max(_positions_by_id(names), default=0) + 1, -1)
-    for pk, at in _positions_by_id(names).items():
-        position[pk] = at
+    by_id = _positions_by_id(names)
+    position = np.full(max(by_id, default=0) + 1, -1)
+    position[list(by_id)] = list(by_id.values())
     steps = {}
     for feature in style.FEATURES:
         a, b = F(f"seen_{feature}_a"), F(f"seen_{feature}_b")
