@@ -4,8 +4,9 @@ A scratch database (``bench_<name>``, created and dropped around the run, so no 
 touched) is filled by COPY with synthetic battles as the arena stores them: their models,
 tasks and voters, each battle's messages (both sides' replies, with their text for style
 control; one battle in seven has a correction to side A and a second vote), and its votes.
-Then ``refresh_leaderboard`` runs as the site runs it, twice: the first refresh replays online
-Elo over every vote, the second goes on from it, as every later refresh does. Each refresh's
+Then ``refresh_leaderboard`` runs as the site runs it, twice: the first counts every vote and
+replays online Elo over them all; ``NEW_BATTLES`` more battles end; the second goes on from the
+first's running counts and Elo with those, as every later refresh does. Each refresh's
 seconds per stage are those it records itself (``LeaderboardRefresh.stages``).
 """
 
@@ -25,6 +26,8 @@ from django.utils import timezone
 from leaderboard import bench, style
 
 TASK_CATEGORIES = ("calendar", "conversion", "csv", "dates", "json")
+# Battles that end between the two refreshes: a busy arena's minute, which the next refresh counts.
+NEW_BATTLES = 1_000
 # Replies of varied length and markdown, as style control reads them.
 REPLIES = (
     "action.add_calendar_entry('Meeting', date='2024-11-11', time='17:00', duration=30)",
@@ -70,20 +73,36 @@ def _copy(table: str, columns: tuple[str, ...], lines: Iterator[str]) -> None:
 
 def populate(votes: int, models: int, seed: int = 0) -> dict[str, int]:
     """Synthetic battles, messages and votes (one first-try vote per battle; a battle in seven
-    has a correction to side A and an after-fix vote), by COPY. Returns the row counts."""
+    has a correction to side A and an after-fix vote), by COPY, ended over the last 30 days.
+    Returns the row counts."""
     from inference.models import LLM
     from votes.models import Task
 
     connection.ensure_connection()
-    llms = LLM.objects.bulk_create(
+    LLM.objects.bulk_create(
         LLM(name=f"model-{i:02d}", family="gemma", preset=f"/presets/model-{i:02d}", queue=f"q{i}")
         for i in range(models)
     )
-    tasks = Task.objects.bulk_create(
+    Task.objects.bulk_create(
         Task(slug=f"task-{i}", title=f"Task {i}", category=category) for i, category in enumerate(TASK_CATEGORIES)
     )
-    model_ids = np.array([llm.pk for llm in llms])
-    task_ids = [None] + [task.pk for task in tasks]
+    return _copy_battles(votes, timedelta(days=30), seed)
+
+
+def add_battles(count: int, seed: int) -> dict[str, int]:
+    """``count`` more battles, ended over the last minute (what a refresh finds new)."""
+    return _copy_battles(count, timedelta(minutes=1), seed)
+
+
+def _copy_battles(votes: int, over: timedelta, seed: int) -> dict[str, int]:
+    """``votes`` battles between the stored models, ended over the span ``over`` up to a minute
+    ago, in id order after the stored ones, with their messages and votes (``populate``)."""
+    from inference.models import LLM
+    from votes.models import Battle, Task
+
+    model_ids = np.array(LLM.objects.order_by("name").values_list("pk", flat=True))
+    models = len(model_ids)
+    task_ids = [None, *Task.objects.order_by("slug").values_list("pk", flat=True)]
     a, b, score = bench.synthetic_votes(votes, models, seed)
     rng = np.random.default_rng(seed + 6)
     task = rng.integers(0, len(task_ids), votes)
@@ -93,14 +112,10 @@ def populate(votes: int, models: int, seed: int = 0) -> dict[str, int]:
     tokens = rng.integers(20, 800, (votes, 3))  # Lengths as varied as real replies': cells do not compress.
     fixed = rng.random(votes) < 0.5
     now = timezone.now()
-    # Battles ended over the last 30 days, in id order, the last one a minute ago.
-    ended = [
-        (now - timedelta(minutes=1) - timedelta(days=30) * (1 - i / max(votes - 1, 1))).isoformat()
-        for i in range(votes)
-    ]
+    ended = [(now - timedelta(minutes=1) - over * (1 - i / max(votes - 1, 1))).isoformat() for i in range(votes)]
     pair_probability = 1.0 / (models * (models - 1) / 2)
-    battle_ids = np.arange(1, votes + 1)
-
+    first_id = (Battle.objects.order_by("-pk").values_list("pk", flat=True).first() or 0) + 1
+    battle_ids = np.arange(first_id, first_id + votes)
     stamp = now.isoformat()
     null = "\\N"  # COPY's NULL
 
@@ -108,7 +123,7 @@ def populate(votes: int, models: int, seed: int = 0) -> dict[str, int]:
         for i in range(votes):
             task_id = task_ids[task[i]]
             yield (
-                f"{battle_ids[i]}\tb{i:011d}\t{model_ids[a[i]]}\t{model_ids[b[i]]}\t"
+                f"{battle_ids[i]}\tb{battle_ids[i]:011d}\t{model_ids[a[i]]}\t{model_ids[b[i]]}\t"
                 f"{null if task_id is None else task_id}\tv{voter[i]:05d}\tended\tf\t\t{ended[i]}\t"
                 f"{ended[i]}\t{pair_probability}\n"
             )
@@ -169,7 +184,7 @@ def populate(votes: int, models: int, seed: int = 0) -> dict[str, int]:
     seen_columns = tuple(f"seen_{feature}_{side}" for side in "ab" for feature in style.FEATURES)
     _copy("votes_vote", ("battle_id", "stage", "after_turn", "choice", "created", *seen_columns), vote_rows())
     with connection.cursor() as cursor:
-        cursor.execute("SELECT setval('votes_battle_id_seq', %s)", [votes])
+        cursor.execute("SELECT setval('votes_battle_id_seq', %s)", [int(battle_ids[-1])])
         cursor.execute("ANALYZE")
         counts = {}
         for table in ("votes_battle", "votes_message", "votes_vote"):
@@ -187,7 +202,12 @@ def run_database_bench(*, votes: int, models: int, rounds: int, seed: int = 0) -
         counts = populate(votes, models, seed)
         filled = time.perf_counter() - began
         refreshes = []
-        for label in ("first refresh (online Elo over every vote)", "next refresh (online Elo goes on)"):
+        for label, new in (
+            ("first refresh (every vote counted, online Elo over all)", 0),
+            (f"next refresh ({NEW_BATTLES:,} battles ended since)", NEW_BATTLES),
+        ):
+            if new:
+                add_battles(new, seed + 1)
             began = time.perf_counter()
             refresh = refresh_leaderboard(rounds=rounds, seed=seed)
             refreshes.append({"refresh": label, "seconds": time.perf_counter() - began, "stages": dict(refresh.stages)})

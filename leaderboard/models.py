@@ -64,3 +64,17 @@ class LeaderboardSnapshot(models.Model):
 
     def __str__(self) -> str:
         return f"{self.category} ({self.refresh})"
+
+
+class VoteTallyState(models.Model):
+    """The counts the latest refresh kept for the next one (leaderboard.tally), stored whole: a
+    single row, derived from the votes and rebuilt from them whenever it cannot be followed."""
+
+    data = models.BinaryField(help_text="leaderboard.tally.Tally.to_bytes()")
+    stale = models.BooleanField(
+        default=False, help_text="A counted battle, vote or reply changed since: the next refresh recounts every vote."
+    )
+    updated = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"Vote counts of {self.updated:%Y-%m-%d %H:%M:%S}" + (" (stale)" if self.stale else "")

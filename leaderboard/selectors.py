@@ -4,6 +4,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import psycopg
+from django.core.exceptions import EmptyResultSet
 from django.db import connection
 from django.db.models import (
     BooleanField,
@@ -12,6 +14,7 @@ from django.db.models import (
     Exists,
     F,
     FloatField,
+    IntegerField,
     OuterRef,
     Q,
     QuerySet,
@@ -20,12 +23,12 @@ from django.db.models import (
     Value,
     When,
 )
-from django.db.models.functions import Abs, Floor, Sign
+from django.db.models.functions import Abs, Cast, Floor, Sign
 from django.db.models.lookups import GreaterThan
 
 from inference.models import LLM
-from leaderboard import fixing, ratings, style
-from leaderboard.models import LeaderboardRefresh
+from leaderboard import fixing, ratings, style, tally
+from leaderboard.models import LeaderboardRefresh, VoteTallyState
 from votes.models import Battle, FixEpisode, FlaggedVoter, Task, Vote
 
 OVERALL, FIXING, AFTER_CORRECTION = "overall", "fixing", "after_correction"
@@ -42,7 +45,10 @@ EPISODE_CATEGORIES = (FIXING,)
 def _raw_rows(queryset: QuerySet) -> list[tuple]:
     """A grouped queryset's rows as the database returns them. Its columns need no conversion,
     and Django's per-value converters cost more than the query itself on a million rows."""
-    sql, params = queryset.query.sql_with_params()
+    try:
+        sql, params = queryset.query.sql_with_params()
+    except EmptyResultSet:  # A filter that can match nothing (``pk__in=[]``).
+        return []
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
@@ -126,18 +132,6 @@ def excluded_episodes() -> dict[str, int]:
     return {"identity leak": leaked, "flagged voter": flagged}
 
 
-def anomaly_rows() -> list[tuple[str, int, int, str, int]]:
-    """What anomaly detection reads (leaderboard.anomaly.VoteTable.from_rows): the votes of
-    ended battles without an identity leak by voters not flagged yet, counted per (voter, model
-    A id, model B id, choice)."""
-    return _raw_rows(
-        _counted(Vote.objects.all())
-        .values_list("battle__voter_key", "battle__model_a_id", "battle__model_b_id", "choice")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-
-
 def voter_flagged() -> Exists:
     """For a query on votes or messages: whether the battle's voter is flagged."""
     return Exists(_battle_voter_flags())
@@ -175,7 +169,7 @@ class BoardCounts:
 @dataclass(frozen=True)
 class VoteTally:
     """Every category's counted votes per pair (``boards``) and its votes left out per reason
-    (``left_out``), from one aggregate query over every vote (``vote_tally``)."""
+    (``left_out``) (``vote_tally``)."""
 
     boards: dict[str, BoardCounts]
     left_out: dict[str, dict[str, int]]
@@ -184,20 +178,17 @@ class VoteTally:
         return self.left_out.get(category, dict.fromkeys(EXCLUSION_REASONS, 0))
 
 
-def vote_tally(names: list[str]) -> VoteTally:
-    """One pass over the votes for every board: grouped by what decides their categories
-    (``in_category``), whether they count (``counted_votes``; else the first reason that
-    applies, in ``EXCLUSION_REASONS`` order), their models and choice."""
-    index = _positions_by_id(names)
+def _vote_rows(votes: QuerySet[Vote]) -> list[tally.VoteRow]:
+    """``votes`` grouped by what decides where they count (``in_category``; an identity leak;
+    the voter), their models and choice (``tally.VoteRow``)."""
     rows = _raw_rows(
-        Vote.objects.annotate(corrected=_after_fix_and_corrected(), flagged=voter_flagged())
+        votes.annotate(corrected=_after_fix_and_corrected())
         .values_list(
+            "battle__voter_key",
             "stage",
             "battle__task__category",
             "corrected",
             "battle__excluded",
-            "flagged",
-            "battle__state",
             "battle__model_a_id",
             "battle__model_b_id",
             "choice",
@@ -209,32 +200,102 @@ def vote_tally(names: list[str]) -> VoteTally:
         )
         .order_by()
     )
-    boards: dict[str, BoardCounts] = {}
-    left_out: dict[str, dict[str, int]] = {}
-    for stage, task_category, corrected, excluded, flagged, state, a_id, b_id, choice, n, recorded, inverse in rows:
-        categories = _categories_of(stage, task_category, bool(corrected))
-        reason = (
-            "identity leak"
-            if excluded
-            else "flagged voter"
-            if flagged
-            else "unfinished battle"
-            if state != Battle.State.ENDED
-            else None
+    return [
+        tally.VoteRow(
+            voter,
+            _categories_of(stage, task_category, bool(corrected)),
+            excluded,
+            a_id,
+            b_id,
+            choice,
+            n,
+            recorded,
+            inverse or 0.0,
         )
-        if reason is not None:
-            for category in categories:
-                left_out.setdefault(category, dict.fromkeys(EXCLUSION_REASONS, 0))[reason] += n
-            continue
+        for voter, stage, task_category, corrected, excluded, a_id, b_id, choice, n, recorded, inverse in rows
+    ]
+
+
+def _style_rows(votes: QuerySet[Vote]) -> list[tuple]:
+    """``votes`` as style cells by one aggregate query: each vote stores the style of what its
+    voter had seen (``Vote.seen_*``), the database rounds the four differences to
+    ``style.BINS`` steps as ``style.rounded_steps`` does and counts the votes per (models,
+    choice, steps), and only those counts leave it."""
+    steps = {}
+    for feature in style.FEATURES:
+        a, b = F(f"seen_{feature}_a"), F(f"seen_{feature}_b")
+        difference = Case(When(GreaterThan(a + b, 0.0), then=(a - b) / (a + b)), default=Value(0.0))
+        steps[f"step_{feature}"] = Cast(Sign(difference) * Floor(Abs(difference) / style.BINS + 0.5), IntegerField())
+    return _raw_rows(
+        votes.annotate(**steps)
+        .values_list("battle__model_a_id", "battle__model_b_id", "choice", *steps)
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+
+
+def battles_tally(battles: Q, flagged: frozenset[str]) -> tally.Tally:
+    """The tally (``leaderboard.tally``) of the votes of the battles ``battles`` selects (a
+    filter on votes), with the ``flagged`` voters' votes left out of the boards."""
+    votes = Vote.objects.filter(battles)
+    overall = in_category(votes.filter(battle__excluded=False), OVERALL).exclude(battle__voter_key__in=flagged)
+    return tally.tally_of(_vote_rows(votes), _style_rows(overall), flagged)
+
+
+def stored_tally() -> tally.Tally | None:
+    """The running counts the latest refresh stored (``VoteTallyState``), if any can be read.
+    PostgreSQL sends them in its binary format: in text, as hex, they would be twice the size
+    and cost more to decode than to fetch."""
+    if connection.vendor == "postgresql":
+        with psycopg.Cursor(connection.connection) as cursor:
+            cursor.execute(f"SELECT data FROM {VoteTallyState._meta.db_table} WHERE id = 1", binary=True)
+            row = cursor.fetchone()
+        data = bytes(row[0]) if row else b""
+    else:
+        data = bytes(VoteTallyState.objects.filter(pk=1).values_list("data", flat=True).first() or b"")
+    return tally.Tally.from_bytes(data) if data else None
+
+
+def flagged_voters() -> frozenset[str]:
+    """The voters whose votes stay out (flagged, not cleared)."""
+    return frozenset(FlaggedVoter.objects.filter(cleared=False).values_list("voter_key", flat=True))
+
+
+def current_tally() -> tally.Tally:
+    """Every ended battle's votes counted from scratch, as the flags are now (what a refresh's
+    running counts must equal)."""
+    return battles_tally(Q(battle__state=Battle.State.ENDED), flagged_voters())
+
+
+def vote_tally(names: list[str], counts: tally.Tally | None = None) -> VoteTally:
+    """Every board's counted votes per pair and what each leaves out, from the ended battles'
+    counts (``counts``, a refresh's running tally; by default counted now) and the votes of the
+    battles not ended yet (read now: few)."""
+    counts = current_tally() if counts is None else counts
+    index = _positions_by_id(names)
+    boards: dict[str, BoardCounts] = {}
+    for (category, a_id, b_id, choice), (n, recorded, inverse) in zip(
+        counts.boards.keys.tolist(), counts.boards.values.tolist(), strict=True
+    ):
         a, b = index[a_id], index[b_id]
-        score = ratings.VOTE_SCORES[choice]
+        score = ratings.VOTE_SCORES[tally.CHOICES[choice]]
         i, j, score_i = (a, b, score) if a < b else (b, a, 1.0 - score)
         outcome = 0 if score_i == 1.0 else 1 if score_i == 0.0 else 2
-        for category in categories:
-            board = boards.setdefault(category, BoardCounts({}, {}, 0))
-            board.cells.setdefault((i, j), [0.0, 0.0, 0.0])[outcome] += n
-            board.inverse[(i, j)] = board.inverse.get((i, j), 0.0) + (inverse or 0.0)
-            board.unrecorded += n - recorded
+        board = boards.setdefault(counts.categories[category], BoardCounts({}, {}, 0))
+        board.cells.setdefault((i, j), [0.0, 0.0, 0.0])[outcome] += n
+        board.inverse[(i, j)] = board.inverse.get((i, j), 0.0) + inverse
+        board.unrecorded += round(n - recorded)
+    left_out: dict[str, dict[str, int]] = {}
+    for (category, reason), (n,) in zip(counts.left_out.keys.tolist(), counts.left_out.values.tolist(), strict=True):
+        left = left_out.setdefault(counts.categories[category], dict.fromkeys(EXCLUSION_REASONS, 0))
+        left[tally.LEFT_OUT_REASONS[reason]] += round(n)
+    # Votes of unfinished battles count nowhere yet: left out, for the first reason that applies.
+    flagged = flagged_voters()
+    unfinished = Vote.objects.filter(battle__tallied=False).exclude(battle__state=Battle.State.ENDED)
+    for row in _vote_rows(unfinished):
+        reason = "identity leak" if row.leaked else "flagged voter" if row.voter in flagged else "unfinished battle"
+        for category in row.categories:
+            left_out.setdefault(category, dict.fromkeys(EXCLUSION_REASONS, 0))[reason] += row.votes
     return VoteTally(boards, left_out)
 
 
@@ -243,20 +304,10 @@ def excluded_votes(category: str = OVERALL) -> dict[str, int]:
     return vote_tally(roster_names()).excluded(category)
 
 
-def board_counts(names: list[str]) -> dict[str, BoardCounts]:
-    """Every vote board's counts (``vote_tally``)."""
-    return vote_tally(names).boards
-
-
 @dataclass(frozen=True)
 class CategoryData:
     names: list[str]
     outcomes: ratings.PairOutcomes
-    new_games: list[tuple[int, int, float]]  # Counted since the Elo marker, in Elo order.
-    elo_through: tuple[Any, int]  # The new marker: (battle end, vote id) of the last game.
-    # Votes counted now up to the old marker: when it differs from what Elo took then, a vote
-    # was excluded (or let back in) since, and Elo must start again from every counted vote.
-    counted_before: int
     # Per pair (in ``outcomes`` order): the mean inverse sampling probability of its votes' battles;
     # None when a counted battle has none recorded (drawn before it was).
     pair_weights: np.ndarray | None = None
@@ -269,23 +320,11 @@ def _positions_by_id(names: list[str]) -> dict[int, int]:
     return {pk: position[name] for pk, name in LLM.objects.values_list("pk", "name") if name in position}
 
 
-def category_data(
-    category: str,
-    names: list[str],
-    elo_through: tuple[Any, int] | None = None,
-    counts: BoardCounts | None = None,
-) -> CategoryData:
-    """The category's votes reduced to pairwise counts (``counts``, from ``board_counts``, or
-    its own aggregate query), and the votes counted since ``elo_through`` for online Elo (so a
-    refresh reads only the new ones).
-
-    A vote counts once its battle has ended, and a battle takes no vote after that: the order
-    (battle end, vote id) never has to be replayed.
-    """
-    index = _positions_by_id(names)
-    votes = counted_votes(category)
+def category_data(category: str, names: list[str], counts: BoardCounts | None = None) -> CategoryData:
+    """The category's votes reduced to pairwise counts (``counts``, from ``vote_tally``, or
+    counted now), and the pairs' inverse-probability weights."""
     if counts is None:
-        counts = board_counts(names).get(category, BoardCounts({}, {}, 0))
+        counts = vote_tally(names).boards.get(category, BoardCounts({}, {}, 0))
     cells = counts.cells
     # Inverse-probability weights (the mean over the pair's votes, as PairOutcomes keeps one
     # weight per pair): only when every counted battle recorded its probability.
@@ -294,54 +333,70 @@ def category_data(
         if cells and not counts.unrecorded
         else None
     )
-    new = votes
-    if elo_through is not None and elo_through[0] is not None:
-        ended, vote_id = elo_through
-        new = votes.filter(Q(battle__ended__gt=ended) | Q(battle__ended=ended, pk__gt=vote_id))
-    history = new.order_by("battle__ended", "pk").values_list(
-        "battle__model_a_id", "battle__model_b_id", "choice", "battle__ended", "pk"
+    return CategoryData(names, ratings.PairOutcomes.from_cells(len(names), cells), pair_weights)
+
+
+@dataclass
+class EloGames:
+    """A category's counted votes for online Elo, in the order it takes them (battle end, vote
+    id): (position of A, position of B, score of A), and the last one's (battle end, vote id)."""
+
+    games: list[tuple[int, int, float]]
+    through: tuple[Any, int] = (None, 0)
+
+
+def elo_games(battles: Q, names: list[str], flagged: frozenset[str]) -> dict[str, EloGames]:
+    """Every category's counted votes among the battles ``battles`` selects (a filter on votes),
+    ``flagged`` voters' left out, in online Elo's order; one query.
+
+    A vote counts once its battle has ended, and a battle takes no vote after that: a refresh
+    passes the battles ended since the last one, whose votes come after every vote Elo took."""
+    index = _positions_by_id(names)
+    votes = (
+        Vote.objects.filter(battles, battle__excluded=False)
+        .exclude(battle__voter_key__in=flagged)
+        .annotate(corrected=_after_fix_and_corrected())
+        .order_by("battle__ended", "pk")
+        .values_list(
+            "stage",
+            "battle__task__category",
+            "corrected",
+            "battle__model_a_id",
+            "battle__model_b_id",
+            "choice",
+            "battle__ended",
+            "pk",
+        )
     )
-    games, marker = [], elo_through or (None, 0)
-    for a_id, b_id, choice, ended, pk in history:
-        games.append((index[a_id], index[b_id], ratings.VOTE_SCORES[choice]))
-        marker = (ended, pk)
-    outcomes = ratings.PairOutcomes.from_cells(len(names), cells)
-    # The votes up to the marker are the counted ones less those after it: no second count. (A
-    # vote cast between the two queries makes this one lower, and Elo merely starts again.)
-    counted_before = round(outcomes.total) - len(games) if elo_through is not None and elo_through[0] else 0
-    return CategoryData(names, outcomes, games, marker, counted_before, pair_weights)
+    by_category: dict[str, EloGames] = {}
+    for stage, task_category, corrected, a_id, b_id, choice, ended, pk in votes:
+        game = (index[a_id], index[b_id], ratings.VOTE_SCORES[choice])
+        for category in _categories_of(stage, task_category, bool(corrected)):
+            games = by_category.setdefault(category, EloGames([]))
+            games.games.append(game)
+            games.through = (ended, pk)
+    return by_category
 
 
-def style_outcomes(category: str, names: list[str]) -> style.StyleOutcomes:
-    """The category's counted votes reduced to style cells (leaderboard.style) by one aggregate
-    query: each vote stores the style of what its voter had seen (``Vote.seen_*``), the database
-    rounds the four differences to ``style.BINS`` steps as ``style.rounded_steps`` does and counts
-    the votes per (models, choice, steps), and only those counts leave it."""
+def style_outcomes(names: list[str], counts: tally.Tally | None = None) -> style.StyleOutcomes:
+    """The overall board's counted votes as style cells (leaderboard.style), from the ended
+    battles' counts (``counts``, a refresh's running tally; by default counted now)."""
+    counts = current_tally() if counts is None else counts
+    if not len(counts.style.keys):
+        return style.StyleOutcomes.from_votes(len(names), [])
     by_id = _positions_by_id(names)
     position = np.full(max(by_id, default=0) + 1, -1)
     position[list(by_id)] = list(by_id.values())
-    steps = {}
-    for feature in style.FEATURES:
-        a, b = F(f"seen_{feature}_a"), F(f"seen_{feature}_b")
-        difference = Case(When(GreaterThan(a + b, 0.0), then=(a - b) / (a + b)), default=Value(0.0))
-        steps[f"step_{feature}"] = Sign(difference) * Floor(Abs(difference) / style.BINS + 0.5)
-    score = Case(
-        *(When(choice=choice, then=Value(value)) for choice, value in ratings.VOTE_SCORES.items()),
-        output_field=FloatField(),
+    keys = counts.style.keys
+    score_a = np.array([ratings.VOTE_SCORES[choice] for choice in tally.CHOICES])[keys[:, 2]]
+    return style.StyleOutcomes.from_arrays(
+        len(names),
+        position[keys[:, 0]],
+        position[keys[:, 1]],
+        score_a,
+        keys[:, 3:7] * style.BINS,
+        counts=counts.style.values[:, 0],
     )
-    rows = _raw_rows(
-        counted_votes(category)
-        .annotate(score_a=score, **steps)
-        .values_list("battle__model_a_id", "battle__model_b_id", "score_a", *steps)
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    if not rows:
-        return style.StyleOutcomes.from_votes(len(names), [])
-    table = np.array(rows, dtype=float)  # Every column is a number: one conversion.
-    a, b = position[table[:, 0].astype(int)], position[table[:, 1].astype(int)]
-    difference = table[:, 3:7] * style.BINS
-    return style.StyleOutcomes.from_arrays(len(names), a, b, table[:, 2], difference, counts=table[:, 7])
 
 
 def fix_rates(names: list[str]) -> dict[str, dict[str, ratings.FixRate]]:

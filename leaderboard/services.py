@@ -4,16 +4,16 @@ import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
 
 import numpy as np
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Max
+from django.db.models import Max, Q
 from django.utils import timezone
 
-from leaderboard import anomaly, board, fixing, ratings, selectors
-from leaderboard.models import LeaderboardRefresh, LeaderboardSnapshot
+from leaderboard import anomaly, board, fixing, ratings, selectors, tally
+from leaderboard.models import LeaderboardRefresh, LeaderboardSnapshot, VoteTallyState
 from votes import services as votes_services
 from votes.models import Battle, FlaggedVoter, Task, Vote
 
@@ -34,20 +34,40 @@ class Stopwatch:
 
 
 @transaction.atomic
-def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> LeaderboardRefresh:
+def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0, recount: bool = False) -> LeaderboardRefresh:
     """Recompute every category (ratings, intervals, ranks, Elo, matrices, fix rates) and store
-    the snapshots of one refresh."""
+    the snapshots of one refresh. The votes come from the running counts (leaderboard.tally) and
+    the battles ended since the last refresh; ``recount``: from every vote again."""
     started = time.perf_counter()
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:  # Until the transaction ends (SET LOCAL).
             cursor.execute("SELECT set_config('work_mem', %s, true)", [settings.LEADERBOARD_WORK_MEM])
     stopwatch = Stopwatch()
-    with stopwatch("anomaly detection"):
-        flag_anomalous_voters()
     previous = selectors.latest_refresh()
     with stopwatch("fix episodes"):
-        episodes_through = Battle.objects.filter(state=Battle.State.ENDED).aggregate(last=Max("ended"))["last"]
-        votes_services.record_fix_episodes(ended_after=_episodes_ended_after(previous))
+        state = _locked_tally_state()
+        # Counting everything again: the first time, when the counts were kept by another
+        # version, or when something they count changed since (a task's turns or category, a
+        # counted battle, vote or reply edited in the admin).
+        recount = recount or previous is None or not _followable(state, previous)
+        newly_ended = _take_ended_battles()
+        # A battle's episodes are recorded once, when it ends (nothing it holds changes after).
+        votes_services.record_fix_episodes(battle_ids=None if recount else newly_ended)
+        last_ended = Battle.objects.filter(pk__in=newly_ended).aggregate(last=Max("ended"))["last"]
+        episodes_through = last_ended or (previous.episodes_through if previous else None)
+    with stopwatch("vote counts"):
+        stored = None if recount else selectors.stored_tally()
+        counts = (
+            selectors.battles_tally(Q(battle__tallied=True), selectors.flagged_voters())
+            if stored is None
+            else stored.plus(selectors.battles_tally(Q(battle_id__in=newly_ended), stored.flagged))
+        )
+        counts = _reflagged(counts)  # Flags set or cleared in the admin since.
+    with stopwatch("anomaly detection"):
+        flag_anomalous_voters(counts.detector_table())
+    with stopwatch("vote counts"):
+        counts = _reflagged(counts)
+        _store_tally(counts)
     rounds = settings.LEADERBOARD_BOOTSTRAP_ROUNDS if rounds is None else rounds
     names = selectors.roster_names()
     last_vote = Vote.objects.aggregate(last=Max("pk"))["last"] or 0
@@ -57,25 +77,33 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
         fixes = selectors.fix_rates(names)
     provisional_below = settings.LEADERBOARD_PROVISIONAL_VOTES
     with stopwatch("votes to pair counts"):
-        tally = selectors.vote_tally(names)  # Every board, and what each leaves out, in one pass.
+        tallied = selectors.vote_tally(names, counts)  # Every board, and what each leaves out.
+    with stopwatch("online Elo"):
+        # Online Elo goes on from the previous refresh with the votes of the battles ended since.
+        new_games = selectors.elo_games(Q(battle_id__in=newly_ended), names, counts.flagged)
+        all_games: dict[str, selectors.EloGames] | None = None
     for position, (category, title) in enumerate(selectors.categories()):
         if category in selectors.EPISODE_CATEGORIES:
             with stopwatch("fix-ability"):
                 _fixing_snapshot(refresh, position, category, title, provisional_below)
             continue
         before = earlier.get(category)
-        marker = (before.elo_through_ended, before.elo_through_vote) if before else None
-        board_votes = tally.boards.get(category, selectors.BoardCounts({}, {}, 0))
         with stopwatch("votes to pair counts"):
-            data = selectors.category_data(category, names, marker, board_votes)
-            if before is not None and data.counted_before != before.elo_votes:
-                # Votes were excluded (a flagged voter, a leak) or let back in since the last
-                # refresh: online Elo cannot take a vote back, so it starts again from all of them.
-                before, data = None, selectors.category_data(category, names, None, board_votes)
+            data = selectors.category_data(
+                category, names, tallied.boards.get(category, selectors.BoardCounts({}, {}, 0))
+            )
         with stopwatch("online Elo"):
-            # Online Elo goes on from the previous refresh with the votes counted since.
+            games = new_games.get(category, selectors.EloGames([]))
+            if before is None or before.elo_votes != round(data.outcomes.total) - len(games.games):
+                # No Elo to go on from, or votes were excluded (a flagged voter, a leak) or let
+                # back in since: online Elo cannot take a vote back, so it starts again from all.
+                if all_games is None:
+                    all_games = selectors.elo_games(Q(battle__tallied=True), names, counts.flagged)
+                before, games = None, all_games.get(category, selectors.EloGames([]))
+            elif not games.games:
+                games.through = (before.elo_through_ended, before.elo_through_vote)
             start = np.array([(before.elo_state if before else {}).get(name, ratings.BASE_RATING) for name in names])
-            elo = ratings.online_elo(len(names), data.new_games, k=settings.LEADERBOARD_ELO_K, start=start)
+            elo = ratings.online_elo(len(names), games.games, k=settings.LEADERBOARD_ELO_K, start=start)
         with stopwatch("ratings and intervals"):
             rows = board.compute_board(
                 names, data.outcomes, elo=elo, rounds=rounds, seed=seed, pair_weights=data.pair_weights
@@ -83,7 +111,7 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
         # Style control for the overall board: a toggle on the page, with its coefficients.
         with stopwatch("style control"):
             style_rows, style_coefficients = (
-                board.compute_style_board(names, selectors.style_outcomes(category, names))
+                board.compute_style_board(names, selectors.style_outcomes(names, counts))
                 if category == selectors.OVERALL
                 else ([], {})
             )
@@ -93,8 +121,7 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
         played = data.outcomes.restricted(np.isin(np.arange(len(names)), index))
         order = np.argsort(np.argsort(index))  # Positions of the rated models in name order.
         fractions = ratings.win_fraction_matrix(played)[np.ix_(order, order)]
-        counts = played.games()[np.ix_(order, order)]
-        excluded = tally.excluded(category)
+        met = played.games()[np.ix_(order, order)]
         LeaderboardSnapshot.objects.create(
             refresh=refresh,
             position=position,
@@ -112,14 +139,14 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
                 for row in rows
             ],
             unrated=board.unrated(names, data.outcomes),
-            excluded=excluded,
+            excluded=tallied.excluded(category),
             model_names=rated,
             win_fractions=[[None if math.isnan(v) else round(float(v), 4) for v in line] for line in fractions],
-            battle_counts=counts.astype(int).tolist(),
+            battle_counts=met.astype(int).tolist(),
             elo_state={name: float(value) for name, value in zip(names, elo, strict=True)},
-            elo_through_ended=data.elo_through[0],
-            elo_through_vote=data.elo_through[1],
-            elo_votes=data.counted_before + len(data.new_games),
+            elo_through_ended=games.through[0],
+            elo_through_vote=games.through[1],
+            elo_votes=round(data.outcomes.total),
             style_rows=[{**row.as_dict(), "provisional": row.votes < provisional_below} for row in style_rows],
             style_coefficients=style_coefficients,
         )
@@ -127,21 +154,6 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0) -> Leaderbo
     refresh.stages = {stage: round(seconds, 4) for stage, seconds in stopwatch.seconds.items()}
     refresh.save(update_fields=["seconds", "stages"])
     return refresh
-
-
-# Battles that ended this long before the previous refresh's newest are read again: a battle
-# that ended just before that refresh may have been committed just after it read them.
-EPISODES_MARGIN = timedelta(minutes=5)
-
-
-def _episodes_ended_after(previous: LeaderboardRefresh | None) -> datetime | None:
-    """From when the battles' fix episodes must be read again (None: all of them, when there is
-    no earlier refresh to go on from or a task changed since, its correction turns perhaps)."""
-    if previous is None or previous.episodes_through is None:
-        return None
-    if Task.objects.filter(updated__gte=previous.created).exists():
-        return None
-    return previous.episodes_through - EPISODES_MARGIN
 
 
 def _fixing_snapshot(
@@ -163,11 +175,64 @@ def _fixing_snapshot(
     )
 
 
-def flag_anomalous_voters() -> list[FlaggedVoter]:
-    """Flag the voters whose votes are anomalous (leaderboard.anomaly) among the votes of ended
-    battles by voters not flagged yet; a flag an admin cleared is never set again."""
+def _locked_tally_state() -> VoteTallyState:
+    """The running counts' row (without its data), locked until the refresh commits: two
+    refreshes at once take turns, and a change that makes the counts stale
+    (``mark_tally_stale``) waits for it."""
+    state = VoteTallyState.objects.select_for_update().defer("data").filter(pk=1).first()
+    return state if state is not None else VoteTallyState.objects.create(pk=1, data=b"", stale=True)
+
+
+def _store_tally(counts: tally.Tally) -> None:
+    """Keep the counts for the next refresh (in PostgreSQL's binary format, as
+    ``selectors.stored_tally`` reads them)."""
+    data = counts.to_bytes()
+    if connection.vendor == "postgresql":
+        with psycopg.Cursor(connection.connection) as cursor:
+            table = VoteTallyState._meta.db_table
+            cursor.execute(f"UPDATE {table} SET data = %b, stale = false, updated = now() WHERE id = 1", [data])
+    else:
+        VoteTallyState.objects.filter(pk=1).update(data=data, stale=False, updated=timezone.now())
+
+
+def _take_ended_battles() -> list[int]:
+    """The ended battles whose votes are not counted yet, marked counted (by this refresh)."""
+    ids = list(Battle.objects.filter(state=Battle.State.ENDED, tallied=False).values_list("pk", flat=True))
+    Battle.objects.filter(pk__in=ids).update(tallied=True)
+    return ids
+
+
+def _followable(state: VoteTallyState, previous: LeaderboardRefresh) -> bool:
+    """Whether the previous refresh's counts can be followed: not stale, and no task changed
+    since (its correction turns decide the fix episodes, and so which after-fix votes count;
+    its category, where votes count). Counts stored by another version are not read either
+    (``tally.Tally.from_bytes``)."""
+    return not state.stale and not Task.objects.filter(updated__gte=previous.created).exists()
+
+
+def _reflagged(counts: tally.Tally) -> tally.Tally:
+    """The counts as the flags are now: the voters flagged or cleared since have their votes
+    taken out as the old flags counted them and put back as the new ones do."""
+    flagged = selectors.flagged_voters()
+    changed = flagged ^ counts.flagged
+    if not changed:
+        return counts
+    theirs = Q(battle__tallied=True, battle__voter_key__in=changed)
+    return counts.reflagged(
+        flagged, selectors.battles_tally(theirs, counts.flagged), selectors.battles_tally(theirs, flagged)
+    )
+
+
+def mark_tally_stale() -> None:
+    """A counted battle or vote changed (in the admin): the next refresh counts every vote again."""
+    VoteTallyState.objects.update(stale=True)
+
+
+def flag_anomalous_voters(table: anomaly.VoteTable) -> list[FlaggedVoter]:
+    """Flag the voters whose votes are anomalous (leaderboard.anomaly) in ``table``, the votes
+    of ended battles by voters not flagged yet; a flag an admin cleared is never set again."""
     found = anomaly.suspicious_voters(
-        anomaly.VoteTable.from_rows(selectors.anomaly_rows()),
+        table,
         alpha=settings.LEADERBOARD_ANOMALY_ALPHA,
         min_votes=settings.LEADERBOARD_ANOMALY_MIN_VOTES,
     )

@@ -194,7 +194,7 @@ def test_the_site_reads_each_votes_style_from_the_database() -> None:
         vote = Vote.objects.create(battle=battle, choice=choice, stage="first_try", after_turn=0)
         vote_services.record_seen_style(Vote.objects.filter(pk=vote.pk))
         expected.append((int(a), int(b), ratings.VOTE_SCORES[choice], style.differences(seen["a"], seen["b"])))
-    got = selectors.style_outcomes("overall", names)
+    got = selectors.style_outcomes(names)
     want = style.StyleOutcomes.from_votes(3, expected)
     for field in ("first", "second", "features", "first_wins", "second_wins", "ties"):
         np.testing.assert_allclose(getattr(got, field), getattr(want, field))

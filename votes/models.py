@@ -181,10 +181,20 @@ class Battle(models.Model):
         help_text="The probability this pair had of being drawn (votes.pairing): the leaderboard weighs its "
         "votes by the inverse. Empty: drawn before it was recorded.",
     )
+    # The database's default too: battles written by COPY (the leaderboard benchmark) get it.
+    tallied = models.BooleanField(
+        default=False,
+        db_default=False,
+        editable=False,
+        help_text="Its votes are in the leaderboard's running counts (leaderboard.tally): set by a refresh once "
+        "the battle has ended.",
+    )
 
     class Meta:
         ordering = ["-created"]
         constraints = [models.CheckConstraint(condition=~Q(model_a=models.F("model_b")), name="battle_distinct_models")]
+        # A refresh looks for the ended battles not counted yet, and for the unfinished ones.
+        indexes = [models.Index(fields=["state"], condition=Q(tallied=False), name="battle_not_tallied")]
 
     def __str__(self) -> str:
         return f"Battle {self.public_id}"

@@ -5,8 +5,9 @@ import hmac
 import logging
 import random
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -731,19 +732,18 @@ def researcher_key_for(token: str) -> ResearcherKey | None:
 
 
 @transaction.atomic
-def record_fix_episodes(*, ended_after: datetime | None = None) -> int:
+def record_fix_episodes(*, battle_ids: Sequence[int] | None = None) -> int:
     """Record the fix episodes of ended battles (ratings can change until a battle ends, not
     after) and of every finished evaluation run; returns how many were written.
 
-    ``ended_after``: only the battles that ended after it are read, their episodes replaced (a
-    refresh passes the previous one's mark, less a margin, so that the work does not grow with
-    the arena); None rebuilds every battle's (the first refresh, or after a task's correction
-    turns changed in the admin)."""
+    ``battle_ids``: only those battles' are read, their episodes replaced (a refresh passes the
+    battles ended since the last one, so that the work does not grow with the arena); None
+    rebuilds every ended battle's (the first refresh, or after a task's correction turns or a
+    counted battle changed in the admin)."""
     battles = Battle.objects.filter(state=Battle.State.ENDED)
     stale = FixEpisode.objects.filter(battle__isnull=False)
-    if ended_after is not None:  # A battle ended without a time (written by hand) is always read.
-        battles = battles.filter(Q(ended__gt=ended_after) | Q(ended__isnull=True))
-        stale = stale.filter(Q(battle__ended__gt=ended_after) | Q(battle__ended__isnull=True))
+    if battle_ids is not None:
+        battles, stale = battles.filter(pk__in=battle_ids), stale.filter(battle_id__in=battle_ids)
     episodes = selectors.fix_episodes(battles) + selectors.evaluation_fix_episodes()
     stale.delete()
     FixEpisode.objects.filter(evaluation_run__isnull=False).delete()  # Few: always rebuilt.
