@@ -116,38 +116,73 @@ def _fit(
     return theta, hessian
 
 
-def rate_fixes(episodes: Iterable[Episode], *, level: float = 0.95) -> list[FixAbility]:
+@dataclass(frozen=True)
+class EpisodeCounts:
+    """Episodes as arrays, counted where they share everything: per row its model (a code into
+    ``models``), its difficulty cell (into ``cells``: task and turn), whether it was fixed, how
+    many episodes it counts, and its cluster: rows of one battle share a code; -1: each of the
+    row's episodes is a cluster of its own (a battle with one episode, or no battle)."""
+
+    models: list[str]
+    cells: list[tuple[str, int]]
+    model: np.ndarray
+    cell: np.ndarray
+    fixed: np.ndarray
+    count: np.ndarray
+    cluster: np.ndarray
+
+    @classmethod
+    def from_episodes(cls, episodes: Iterable[Episode]) -> EpisodeCounts:
+        episodes = list(episodes)
+        models = sorted({e.model for e in episodes})
+        cells = sorted({(e.task, e.turn) for e in episodes})
+        model_of = {name: i for i, name in enumerate(models)}
+        cell_of = {cell: i for i, cell in enumerate(cells)}
+        clusters: dict[Any, int] = {}
+        return cls(
+            models,
+            cells,
+            np.array([model_of[e.model] for e in episodes], dtype=np.intp),
+            np.array([cell_of[(e.task, e.turn)] for e in episodes], dtype=np.intp),
+            np.array([e.fixed for e in episodes], dtype=float),
+            np.ones(len(episodes)),
+            np.array(
+                [-1 if e.battle is None else clusters.setdefault(e.battle, len(clusters)) for e in episodes],
+                dtype=np.intp,
+            ),
+        )
+
+
+def rate_fixes(episodes: Iterable[Episode] | EpisodeCounts, *, level: float = 0.95) -> list[FixAbility]:
     """One row per model with an episode, best first (see the module docstring)."""
-    episodes = list(episodes)
-    if not episodes:
+    table = episodes if isinstance(episodes, EpisodeCounts) else EpisodeCounts.from_episodes(episodes)
+    if not table.count.sum():
         return []
-    models = sorted({e.model for e in episodes})
-    cells = sorted({(e.task, e.turn) for e in episodes})
+    models = table.models
     n_models = len(models)
-    n_params = n_models + len(cells)
-    model_of = {name: i for i, name in enumerate(models)}
-    cell_of = {cell: n_models + i for i, cell in enumerate(cells)}
-    rows = np.array([model_of[e.model] for e in episodes])
-    columns = np.array([cell_of[(e.task, e.turn)] for e in episodes])
-    fixed = np.array([e.fixed for e in episodes], dtype=float)
+    n_params = n_models + len(table.cells)
+    rows, columns, fixed, count = table.model, n_models + table.cell, table.fixed, table.count
 
     # The fit needs only the counts per (model, task turn).
     keys, inverse = np.unique(rows * n_params + columns, return_inverse=True)
-    trials = np.bincount(inverse).astype(float)
-    successes = np.bincount(inverse, weights=fixed)
+    trials = np.bincount(inverse, weights=count)
+    successes = np.bincount(inverse, weights=count * fixed)
     theta, hessian = _fit(keys // n_params, keys % n_params, trials, successes, n_params)
 
-    # Sandwich covariance, clustered by battle: the meat sums each cluster's score first.
+    # Sandwich covariance, clustered by battle: the meat sums each cluster's score first. A row
+    # of c episodes that are each their own cluster adds c times its score's outer product, as
+    # one cluster of score sqrt(c) times it would.
     p = 1.0 / (1.0 + np.exp(-(theta[rows] + theta[columns])))
-    residual = fixed - p
-    clusters: dict[Any, int] = {}
-    keys = [e.battle if e.battle is not None else ("episode", k) for k, e in enumerate(episodes)]
-    cluster = np.array([clusters.setdefault(key, len(clusters)) for key in keys])
+    alone = table.cluster < 0
+    shared = int(table.cluster.max(initial=-1)) + 1
+    cluster = np.where(alone, shared + np.cumsum(alone) - 1, table.cluster)
+    residual = (fixed - p) * np.where(alone, np.sqrt(count), count)
+    n_clusters = shared + int(alone.sum())
     scores = np.bincount(
         np.concatenate([cluster * n_params + rows, cluster * n_params + columns]),
         np.concatenate([residual, residual]),
-        minlength=len(clusters) * n_params,
-    ).reshape(len(clusters), n_params)
+        minlength=n_clusters * n_params,
+    ).reshape(n_clusters, n_params)
     bread = np.linalg.inv(hessian)
     covariance = bread @ (scores.T @ scores) @ bread
     # Contrasts with the models' mean: the only thing the data identifies about the abilities.
@@ -159,8 +194,8 @@ def rate_fixes(episodes: Iterable[Episode], *, level: float = 0.95) -> list[FixA
     rating = BASE_RATING + _TO_RATING * ability
     lower, upper = rating - _TO_RATING * half, rating + _TO_RATING * half
     ranks = ranks_from_intervals(lower, upper)
-    counts = np.bincount(rows, minlength=n_models)
-    fixes = np.bincount(rows, weights=fixed, minlength=n_models)
+    counts = np.bincount(rows, weights=count, minlength=n_models)
+    fixes = np.bincount(rows, weights=count * fixed, minlength=n_models)
     results = []
     for i, name in enumerate(models):
         wilson = wilson_interval(fixes[i], counts[i], level)

@@ -108,30 +108,6 @@ def _battle_voter_flags() -> QuerySet[FlaggedVoter]:
     return FlaggedVoter.objects.filter(voter_key=OuterRef("battle__voter_key"), cleared=False)
 
 
-def counted_episodes() -> list[fixing.Episode]:
-    """The fix episodes the "Fixing mistakes" board rates: of ended battles without an identity
-    leak, by unflagged voters. Difficulty cells are the task's scripted turns (free chat: one)."""
-    episodes = (
-        FixEpisode.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False)  # Live battles only.
-        .exclude(voter_flagged())
-        .values_list("model__name", "task__slug", "script_turn", "fixed", "battle__public_id")
-        .order_by("pk")
-    )
-    return [
-        fixing.Episode(model, task or "free chat", script_turn or 0, fixed, battle)
-        for model, task, script_turn, fixed, battle in episodes
-    ]
-
-
-def excluded_episodes() -> dict[str, int]:
-    """Fix episodes left out, per reason (the first that applies). Episodes are recorded for
-    ended battles only."""
-    live = FixEpisode.objects.filter(battle__isnull=False)
-    leaked = live.filter(battle__excluded=True).count()
-    flagged = live.filter(battle__excluded=False).filter(voter_flagged()).count()
-    return {"identity leak": leaked, "flagged voter": flagged}
-
-
 def voter_flagged() -> Exists:
     """For a query on votes or messages: whether the battle's voter is flagged."""
     return Exists(_battle_voter_flags())
@@ -234,12 +210,34 @@ def _style_rows(votes: QuerySet[Vote]) -> list[tuple]:
     )
 
 
+def _episode_rows(episodes: QuerySet[FixEpisode]) -> list[tally.EpisodeRow]:
+    """Fix episodes grouped per battle and by everything the fix-ability board reads."""
+    rows = _raw_rows(
+        episodes.values_list(
+            "battle_id",
+            "battle__voter_key",
+            "battle__excluded",
+            "model_id",
+            "task_id",
+            "script_turn",
+            "fixed",
+            "voter_fixed",
+            "checker_fixed",
+        )
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return [tally.EpisodeRow(*row) for row in rows]
+
+
 def battles_tally(battles: Q, flagged: frozenset[str]) -> tally.Tally:
-    """The tally (``leaderboard.tally``) of the votes of the battles ``battles`` selects (a
-    filter on votes), with the ``flagged`` voters' votes left out of the boards."""
+    """The tally (``leaderboard.tally``) of the votes and fix episodes of the battles
+    ``battles`` selects (a filter on a ``battle`` foreign key), with the ``flagged`` voters'
+    left out."""
     votes = Vote.objects.filter(battles)
     overall = in_category(votes.filter(battle__excluded=False), OVERALL).exclude(battle__voter_key__in=flagged)
-    return tally.tally_of(_vote_rows(votes), _style_rows(overall), flagged)
+    episodes = _episode_rows(FixEpisode.objects.filter(battles))
+    return tally.tally_of(_vote_rows(votes), _style_rows(overall), episodes, flagged, FIXING)
 
 
 def stored_tally() -> tally.Tally | None:
@@ -272,23 +270,34 @@ def vote_tally(names: list[str], counts: tally.Tally | None = None) -> VoteTally
     counts (``counts``, a refresh's running tally; by default counted now) and the votes of the
     battles not ended yet (read now: few)."""
     counts = current_tally() if counts is None else counts
-    index = _positions_by_id(names)
+    n = len(names)
+    position = _position_array(names)
+    keys, values = counts.boards.keys, counts.boards.values
+    a, b = position[keys[:, 1]], position[keys[:, 2]]
+    score = np.array([ratings.VOTE_SCORES[choice] for choice in tally.CHOICES])[keys[:, 3]]
+    score_i = np.where(a < b, score, 1.0 - score)  # For the pair's first model (i < j).
+    outcome = np.where(score_i == 1.0, 0, np.where(score_i == 0.0, 1, 2))
+    pair = np.minimum(a, b) * n + np.maximum(a, b)
     boards: dict[str, BoardCounts] = {}
-    for (category, a_id, b_id, choice), (n, recorded, inverse) in zip(
-        counts.boards.keys.tolist(), counts.boards.values.tolist(), strict=True
-    ):
-        a, b = index[a_id], index[b_id]
-        score = ratings.VOTE_SCORES[tally.CHOICES[choice]]
-        i, j, score_i = (a, b, score) if a < b else (b, a, 1.0 - score)
-        outcome = 0 if score_i == 1.0 else 1 if score_i == 0.0 else 2
-        board = boards.setdefault(counts.categories[category], BoardCounts({}, {}, 0))
-        board.cells.setdefault((i, j), [0.0, 0.0, 0.0])[outcome] += n
-        board.inverse[(i, j)] = board.inverse.get((i, j), 0.0) + inverse
-        board.unrecorded += round(n - recorded)
+    for code, category in enumerate(counts.categories):
+        rows = keys[:, 0] == code
+        if category in EPISODE_CATEGORIES or not rows.any():
+            continue
+        cells = np.bincount(pair[rows] * 3 + outcome[rows], values[rows, 0], minlength=n * n * 3).reshape(-1, 3)
+        inverse = np.bincount(pair[rows], values[rows, 2], minlength=n * n)
+        played = np.flatnonzero(cells.sum(axis=1))
+        boards[category] = BoardCounts(
+            {(p // n, p % n): cells[p].tolist() for p in played.tolist()},
+            {(p // n, p % n): float(inverse[p]) for p in played.tolist()},
+            round(values[rows, 0].sum() - values[rows, 1].sum()),
+        )
     left_out: dict[str, dict[str, int]] = {}
-    for (category, reason), (n,) in zip(counts.left_out.keys.tolist(), counts.left_out.values.tolist(), strict=True):
-        left = left_out.setdefault(counts.categories[category], dict.fromkeys(EXCLUSION_REASONS, 0))
-        left[tally.LEFT_OUT_REASONS[reason]] += round(n)
+    for (category, reason), (votes,) in zip(
+        counts.left_out.keys.tolist(), counts.left_out.values.tolist(), strict=True
+    ):
+        if counts.categories[category] not in EPISODE_CATEGORIES:
+            left = left_out.setdefault(counts.categories[category], dict.fromkeys(EXCLUSION_REASONS, 0))
+            left[tally.LEFT_OUT_REASONS[reason]] += round(votes)
     # Votes of unfinished battles count nowhere yet: left out, for the first reason that applies.
     flagged = flagged_voters()
     unfinished = Vote.objects.filter(battle__tallied=False).exclude(battle__state=Battle.State.ENDED)
@@ -318,6 +327,14 @@ def _positions_by_id(names: list[str]) -> dict[int, int]:
     the models' table."""
     position = {name: i for i, name in enumerate(names)}
     return {pk: position[name] for pk, name in LLM.objects.values_list("pk", "name") if name in position}
+
+
+def _position_array(names: list[str]) -> np.ndarray:
+    """``_positions_by_id`` as an array indexed by model id (-1: not in ``names``)."""
+    by_id = _positions_by_id(names)
+    position = np.full(max(by_id, default=0) + 1, -1)
+    position[list(by_id)] = list(by_id.values())
+    return position
 
 
 def category_data(category: str, names: list[str], counts: BoardCounts | None = None) -> CategoryData:
@@ -384,9 +401,7 @@ def style_outcomes(names: list[str], counts: tally.Tally | None = None) -> style
     counts = current_tally() if counts is None else counts
     if not len(counts.style.keys):
         return style.StyleOutcomes.from_votes(len(names), [])
-    by_id = _positions_by_id(names)
-    position = np.full(max(by_id, default=0) + 1, -1)
-    position[list(by_id)] = list(by_id.values())
+    position = _position_array(names)
     keys = counts.style.keys
     score_a = np.array([ratings.VOTE_SCORES[choice] for choice in tally.CHOICES])[keys[:, 2]]
     return style.StyleOutcomes.from_arrays(
@@ -399,30 +414,74 @@ def style_outcomes(names: list[str], counts: tally.Tally | None = None) -> style
     )
 
 
-def fix_rates(names: list[str]) -> dict[str, dict[str, ratings.FixRate]]:
+def fix_episode_counts(counts: tally.Tally | None = None) -> fixing.EpisodeCounts:
+    """The fix episodes the "Fixing mistakes" board rates (of ended battles without an identity
+    leak, by unflagged voters), from a refresh's running counts (by default counted now), as
+    fix-ability reads them. Difficulty cells are the task's scripted turns (free chat: one)."""
+    counts = current_tally() if counts is None else counts
+    keys, number = counts.episodes.keys, counts.episodes.values[:, 0]
+    names = dict(LLM.objects.values_list("pk", "name"))
+    slugs = {0: "free chat", **dict(Task.objects.values_list("pk", "slug"))}
+    model_ids, model = np.unique(keys[:, 0], return_inverse=True)
+    models = sorted(names[pk] for pk in model_ids.tolist())
+    model_position = {name: i for i, name in enumerate(models)}
+    cell_keys, cell = np.unique(keys[:, 1:3], axis=0, return_inverse=True)
+    cells = sorted((slugs[task], turn) for task, turn in cell_keys.tolist())
+    cell_position = {name: i for i, name in enumerate(cells)}
+    battles = keys[:, 6]
+    shared = battles != 0  # Else each of the row's episodes is a cluster of its own.
+    cluster = np.full(len(battles), -1, dtype=np.intp)
+    cluster[shared] = np.unique(battles[shared], return_inverse=True)[1].reshape(-1)
+    return fixing.EpisodeCounts(
+        models=models,
+        cells=cells,
+        model=np.array([model_position[names[pk]] for pk in model_ids.tolist()], dtype=np.intp)[model.reshape(-1)],
+        cell=np.array([cell_position[slugs[t], turn] for t, turn in cell_keys.tolist()], dtype=np.intp)[
+            cell.reshape(-1)
+        ],
+        fixed=keys[:, 3].astype(float),
+        count=number,
+        cluster=cluster,
+    )
+
+
+def excluded_episodes(counts: tally.Tally | None = None) -> dict[str, int]:
+    """Fix episodes left out, per reason (the first that applies). Episodes are recorded for
+    ended battles only."""
+    counts = current_tally() if counts is None else counts
+    left = dict.fromkeys(tally.LEFT_OUT_REASONS, 0)
+    if FIXING in counts.categories:
+        code = counts.categories.index(FIXING)
+        for (category, reason), (n,) in zip(
+            counts.left_out.keys.tolist(), counts.left_out.values.tolist(), strict=True
+        ):
+            if category == code:
+                left[tally.LEFT_OUT_REASONS[reason]] += round(n)
+    return left
+
+
+def fix_rates(names: list[str], counts: tally.Tally | None = None) -> dict[str, dict[str, ratings.FixRate]]:
     """Per model, the share of its counted fix episodes (a reply judged wrong, a correction, the
     reply to it) whose answer fixed the mistake: as the voter rated them (🍄/🔥, then 🥦 or ✓)
-    and as the checker judged them (wrong, then correct), each judge's episodes alone. One
-    aggregate over the stored episodes (votes.services.record_fix_episodes)."""
-    tallies = (
-        FixEpisode.objects.filter(battle__state=Battle.State.ENDED, battle__excluded=False)
-        .exclude(voter_flagged())
-        .values("model__name")
-        .annotate(
-            by_voter_fixed=Count("pk", filter=Q(voter_fixed=True)),
-            by_voter=Count("voter_fixed"),
-            by_checker_fixed=Count("pk", filter=Q(checker_fixed=True)),
-            by_checker=Count("checker_fixed"),
-        )
-        .order_by()
-    )
-    counts = {row["model__name"]: row for row in tallies}
+    and as the checker judged them (wrong, then correct), each judge's episodes alone. From a
+    refresh's running counts (by default counted now) of the stored episodes
+    (votes.services.record_fix_episodes)."""
+    counts = current_tally() if counts is None else counts
+    keys, number = counts.episodes.keys, counts.episodes.values[:, 0]
+    position = _position_array(names)[keys[:, 0]] if len(keys) else np.zeros(0, dtype=np.intp)
+    known = position >= 0
+
+    def per_model(judged: np.ndarray) -> np.ndarray:
+        return np.bincount(position[known & judged], number[known & judged], minlength=len(names))
+
     rates = {}
-    for name in names:
-        row = counts.get(name, {})
+    tallies = {
+        judge: (per_model(keys[:, column] == 2), per_model(keys[:, column] > 0))
+        for judge, column in (("voters", 4), ("checker", 5))
+    }
+    for i, name in enumerate(names):
         rates[name] = {
-            "voters": ratings.fix_rate(row.get("by_voter_fixed", 0), row.get("by_voter", 0)),
-            "checker": ratings.fix_rate(row.get("by_checker_fixed", 0), row.get("by_checker", 0)),
+            judge: ratings.fix_rate(round(fixed[i]), round(judged[i])) for judge, (fixed, judged) in tallies.items()
         }
     return rates
 

@@ -53,7 +53,8 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0, recount: bo
         newly_ended = _take_ended_battles()
         # A battle's episodes are recorded once, when it ends (nothing it holds changes after).
         votes_services.record_fix_episodes(battle_ids=None if recount else newly_ended)
-        last_ended = Battle.objects.filter(pk__in=newly_ended).aggregate(last=Max("ended"))["last"]
+        counted = Battle.objects.filter(tallied=True) if recount else Battle.objects.filter(pk__in=newly_ended)
+        last_ended = counted.aggregate(last=Max("ended"))["last"]
         episodes_through = last_ended or (previous.episodes_through if previous else None)
     with stopwatch("vote counts"):
         stored = None if recount else selectors.stored_tally()
@@ -74,18 +75,19 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0, recount: bo
     earlier = {s.category: s for s in previous.snapshots.all()} if previous else {}
     refresh = LeaderboardRefresh.objects.create(last_vote_id=last_vote, episodes_through=episodes_through)
     with stopwatch("fix rates"):
-        fixes = selectors.fix_rates(names)
+        fixes = selectors.fix_rates(names, counts)
     provisional_below = settings.LEADERBOARD_PROVISIONAL_VOTES
     with stopwatch("votes to pair counts"):
         tallied = selectors.vote_tally(names, counts)  # Every board, and what each leaves out.
     with stopwatch("online Elo"):
         # Online Elo goes on from the previous refresh with the votes of the battles ended since.
-        new_games = selectors.elo_games(Q(battle_id__in=newly_ended), names, counts.flagged)
+        # (A recount starts it again from every vote too.)
+        new_games = {} if recount else selectors.elo_games(Q(battle_id__in=newly_ended), names, counts.flagged)
         all_games: dict[str, selectors.EloGames] | None = None
     for position, (category, title) in enumerate(selectors.categories()):
         if category in selectors.EPISODE_CATEGORIES:
             with stopwatch("fix-ability"):
-                _fixing_snapshot(refresh, position, category, title, provisional_below)
+                _fixing_snapshot(refresh, position, category, title, provisional_below, counts)
             continue
         before = earlier.get(category)
         with stopwatch("votes to pair counts"):
@@ -94,7 +96,7 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0, recount: bo
             )
         with stopwatch("online Elo"):
             games = new_games.get(category, selectors.EloGames([]))
-            if before is None or before.elo_votes != round(data.outcomes.total) - len(games.games):
+            if recount or before is None or before.elo_votes != round(data.outcomes.total) - len(games.games):
                 # No Elo to go on from, or votes were excluded (a flagged voter, a leak) or let
                 # back in since: online Elo cannot take a vote back, so it starts again from all.
                 if all_games is None:
@@ -157,21 +159,26 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0, recount: bo
 
 
 def _fixing_snapshot(
-    refresh: LeaderboardRefresh, position: int, category: str, title: str, provisional_below: int
+    refresh: LeaderboardRefresh,
+    position: int,
+    category: str,
+    title: str,
+    provisional_below: int,
+    counts: tally.Tally,
 ) -> LeaderboardSnapshot:
     """The "Fixing mistakes" board: fix-ability from the counted fix episodes (leaderboard.fixing)."""
-    episodes = selectors.counted_episodes()
+    episodes = selectors.fix_episode_counts(counts)
     rows = fixing.rate_fixes(episodes)
     return LeaderboardSnapshot.objects.create(
         refresh=refresh,
         position=position,
         category=category,
         title=title,
-        votes=len(episodes),
+        votes=round(episodes.count.sum()),
         method="fix-ability",
         rows=[{**row.as_dict(), "provisional": row.episodes < provisional_below} for row in rows],
         unrated=[name for name in selectors.roster_names() if name not in {row.model for row in rows}],
-        excluded=selectors.excluded_episodes(),
+        excluded=selectors.excluded_episodes(counts),
     )
 
 
@@ -196,10 +203,15 @@ def _store_tally(counts: tally.Tally) -> None:
 
 
 def _take_ended_battles() -> list[int]:
-    """The ended battles whose votes are not counted yet, marked counted (by this refresh)."""
-    ids = list(Battle.objects.filter(state=Battle.State.ENDED, tallied=False).values_list("pk", flat=True))
-    Battle.objects.filter(pk__in=ids).update(tallied=True)
-    return ids
+    """The ended battles whose votes are not counted yet, marked counted (by this refresh): one
+    statement, so that a battle ending meanwhile is either marked and returned or left for the
+    next refresh."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Battle._meta.db_table} SET tallied = %s WHERE state = %s AND NOT tallied RETURNING id",
+            [True, Battle.State.ENDED],
+        )
+        return [pk for (pk,) in cursor.fetchall()]
 
 
 def _followable(state: VoteTallyState, previous: LeaderboardRefresh) -> bool:

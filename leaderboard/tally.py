@@ -2,20 +2,21 @@
 No Django.
 
 Every aggregate the refresh needs from the votes is a sum over battles: each board's votes per
-(pair, choice), the votes each board leaves out per reason, the overall board's style cells, and
-the anomaly detector's votes per (voter, pair, choice). A battle's votes never change once it has
-ended (it takes no vote after that), so a ``Tally`` of the battles counted so far plus the
-``Tally`` of the battles ended since is the ``Tally`` of them all, and a refresh reads a few new
-battles instead of a million votes.
+(pair, choice), the votes each board leaves out per reason, the overall board's style cells, the
+anomaly detector's votes per (voter, pair, choice), and the fix episodes fix-ability rates. A
+battle's votes and episodes never change once it has ended (it takes no vote or rating after
+that), so a ``Tally`` of the battles counted so far plus the ``Tally`` of the battles ended
+since is the ``Tally`` of them all, and a refresh reads a few new battles instead of a million
+votes.
 
 One thing besides battles decides where a vote counts: whether its voter is flagged. A tally is
-made for one set of flagged voters (``flagged``), whose votes the boards and style cells leave
-out; when flags change, the changed voters' own votes are taken out as the old set counted them
-and put back as the new one does (``Tally.plus`` with ``sign=-1``, then ``+1``). The detector's
-table keeps every voter, flagged or not: it is filtered when read.
+made for one set of flagged voters (``flagged``), whose votes and episodes the boards leave out;
+when flags change, the changed voters' own battles are taken out as the old set counted them and
+put back as the new one does (``Tally.reflagged``). The detector's table keeps every voter,
+flagged or not: it is filtered when read.
 
-Models are kept by their database ids (a new model does not move anyone's counts), categories
-and voters by codes into the tally's own lists.
+Models and tasks are kept by their database ids (a new model does not move anyone's counts),
+categories and voters by codes into the tally's own lists.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from leaderboard import anomaly
 
 CHOICES = ("a", "b", "tie", "both_bad")  # Codes of the choice columns.
 LEFT_OUT_REASONS = ("identity leak", "flagged voter")  # Codes of left_out's reason column.
-VERSION = 1  # Of the stored layout: a tally stored by another version is rebuilt.
+JUDGED = (None, False, True)  # Codes of a judge's verdict on an episode (None: not judged).
+VERSION = 2  # Of the stored layout: a tally stored by another version is rebuilt.
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,11 @@ class Tally:
       ``style.BINS`` steps), values (votes,): the overall board's counted votes as style cells;
     - ``ballots``: keys (voter, model A id, model B id, choice), values (votes,): the votes of
       battles without an identity leak, by every voter, flagged or not (the anomaly detector's
-      input).
+      input);
+    - ``episodes``: keys (model id, task id or 0 for free chat, script turn, fixed, fixed as the
+      voter rated it, as the checker judged it (``JUDGED``), cluster: the battle's id where it
+      has more than one episode, else 0), values (episodes,): the counted fix episodes, flagged
+      voters' and leaked battles' left out (under ``episode_category`` in ``left_out``).
     """
 
     categories: tuple[str, ...] = ()
@@ -146,6 +152,7 @@ class Tally:
     left_out: CountTable = field(default_factory=lambda: CountTable.empty(2, 1))
     style: CountTable = field(default_factory=lambda: CountTable.empty(7, 1))
     ballots: CountTable = field(default_factory=lambda: CountTable.empty(4, 1))
+    episodes: CountTable = field(default_factory=lambda: CountTable.empty(7, 1))
 
     def plus(self, other: Tally, sign: float = 1.0) -> Tally:
         """This tally with ``other``'s counts added (``sign`` -1: taken out), in this one's codes.
@@ -161,6 +168,7 @@ class Tally:
             left_out=self.left_out.plus(other.left_out.recoded(0, category_codes), sign),
             style=self.style.plus(other.style, sign),
             ballots=self.ballots.plus(other.ballots.recoded(0, voter_codes), sign),
+            episodes=self.episodes.plus(other.episodes, sign),
         )
 
     def reflagged(self, flagged: frozenset[str], old: Tally, new: Tally) -> Tally:
@@ -228,7 +236,7 @@ class Tally:
         )
 
 
-TABLES = ("boards", "left_out", "style", "ballots")
+TABLES = ("boards", "left_out", "style", "ballots", "episodes")
 
 
 def _narrowed(array: np.ndarray) -> np.ndarray:
@@ -258,14 +266,33 @@ class VoteRow:
     inverse: float  # Sum over them of 1 / pair probability.
 
 
+@dataclass(frozen=True)
+class EpisodeRow:
+    """Fix episodes of one battle and of one kind, as a GROUP BY over them returns them."""
+
+    battle: int
+    voter: str
+    leaked: bool
+    model: int
+    task: int | None
+    turn: int | None
+    fixed: bool
+    voter_fixed: bool | None
+    checker_fixed: bool | None
+    episodes: int
+
+
 def tally_of(
     rows: Sequence[VoteRow],
     style_rows: Sequence[tuple[int, int, str, int, int, int, int, int]],
+    episode_rows: Sequence[EpisodeRow],
     flagged: frozenset[str],
+    episode_category: str,
 ) -> Tally:
-    """The tally of some battles' votes (``rows``), and of their counted overall votes as style
+    """The tally of some battles' votes (``rows``), of their counted overall votes as style
     cells (``style_rows``: model A id, model B id, choice, four steps, votes; flagged voters'
-    already left out), with ``flagged`` voters' votes left out of the boards."""
+    already left out) and of their fix episodes (``episode_rows``: every episode of each of
+    those battles), with ``flagged`` voters' votes and episodes left out."""
     category_position: dict[str, int] = {}
     voter_position: dict[str, int] = {}
     board_keys, board_values, left_keys, left_values, ballot_keys, ballot_values = [], [], [], [], [], []
@@ -285,6 +312,28 @@ def tally_of(
             else:
                 board_keys.append((category, row.model_a, row.model_b, choice))
                 board_values.append((row.votes, row.recorded, row.inverse))
+    per_battle: dict[int, int] = {}
+    for episode in episode_rows:
+        per_battle[episode.battle] = per_battle.get(episode.battle, 0) + episode.episodes
+    episode_keys, episode_values = [], []
+    for episode in episode_rows:
+        reason = 0 if episode.leaked else 1 if episode.voter in flagged else None
+        if reason is not None:
+            left_keys.append((category_position.setdefault(episode_category, len(category_position)), reason))
+            left_values.append((episode.episodes,))
+            continue
+        episode_keys.append(
+            (
+                episode.model,
+                episode.task or 0,
+                episode.turn or 0,
+                int(episode.fixed),
+                JUDGED.index(episode.voter_fixed),
+                JUDGED.index(episode.checker_fixed),
+                episode.battle if per_battle[episode.battle] > 1 else 0,
+            )
+        )
+        episode_values.append((episode.episodes,))
     style = np.array([(a, b, choice_code[choice], *steps) for a, b, choice, *steps, _ in style_rows], np.int64)
     return Tally(
         categories=tuple(category_position),
@@ -295,5 +344,8 @@ def tally_of(
         style=CountTable.summed(style.reshape(-1, 7), np.array([row[-1] for row in style_rows], float).reshape(-1, 1)),
         ballots=CountTable.summed(
             np.array(ballot_keys, np.int64).reshape(-1, 4), np.array(ballot_values).reshape(-1, 1)
+        ),
+        episodes=CountTable.summed(
+            np.array(episode_keys, np.int64).reshape(-1, 7), np.array(episode_values).reshape(-1, 1)
         ),
     )

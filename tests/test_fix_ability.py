@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from django.core.management import CommandError, call_command
 
-from leaderboard.fixing import Episode, episodes_from_records, rate_fixes
+from leaderboard.fixing import Episode, EpisodeCounts, episodes_from_records, rate_fixes
 
 TASK_TURNS = [(task, turn) for task in ("calendar", "dates", "units") for turn in (1, 2, 3)]
 
@@ -45,6 +45,33 @@ def logit(p: float) -> float:
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(np.argsort(np.argsort(x)), np.argsort(np.argsort(y)))[0, 1])
+
+
+def test_counted_episodes_rate_as_the_episodes_listed_one_by_one() -> None:
+    """The site rates episodes counted per (model, task turn, fixed, cluster), a battle's own
+    cluster only where it has more than one (leaderboard.tally): the same ratings, intervals and
+    rates as the episodes one by one, clustered by battle."""
+    rng = np.random.default_rng(8)
+    episodes = simulate(np.array([0.5, 0.0, -0.5, 1.0]), 3_000, rng, per_battle=1)
+    episodes += simulate(np.array([0.5, 0.0, -0.5, 1.0]), 600, rng, per_battle=3)
+    episodes = [Episode(e.model, e.task, e.turn, e.fixed, f"{e.battle}-{k < 3_000}") for k, e in enumerate(episodes)]
+    listed = EpisodeCounts.from_episodes(episodes)
+    sizes: dict[str | None, int] = {}
+    for e in episodes:
+        sizes[e.battle] = sizes.get(e.battle, 0) + 1
+    keys = [(e.model, e.task, e.turn, e.fixed, e.battle if sizes[e.battle] > 1 else None) for e in episodes]
+    unique = sorted(set(keys), key=str)
+    counted = EpisodeCounts(
+        models=listed.models,
+        cells=listed.cells,
+        model=np.array([listed.models.index(key[0]) for key in unique]),
+        cell=np.array([listed.cells.index((key[1], key[2])) for key in unique]),
+        fixed=np.array([float(key[3]) for key in unique]),
+        count=np.array([float(keys.count(key)) for key in unique]),
+        cluster=np.array([-1 if key[4] is None else sorted(sizes).index(key[4]) for key in unique]),
+    )
+    assert len(unique) < len(episodes) / 4
+    assert rate_fixes(counted) == rate_fixes(episodes)
 
 
 def test_a_model_that_never_fixes_never_ranks_above_one_that_fixes_sixty_percent() -> None:

@@ -268,7 +268,7 @@ def test_evaluation_runs_episodes_are_recorded_but_not_on_the_live_board(pair) -
         ("fixer", "checker", PRESCRIPTIVE, True, None),
         ("stubborn", "checker", PRESCRIPTIVE, False, fixer),
     ]
-    assert leaderboard_selectors.counted_episodes() == []  # The live board rates battles only.
+    assert leaderboard_selectors.fix_episode_counts().count.sum() == 0  # The live board rates battles only.
     records = research.episode_records()
     assert [(r["evaluation_run"], r["battle"], r["mistake_by"]) for r in records] == [
         (run.pk, None, None),

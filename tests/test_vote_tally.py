@@ -11,10 +11,10 @@ from django.db.models import Q
 from django.utils import timezone
 
 from inference.models import LLM
-from leaderboard import selectors, services
+from leaderboard import fixing, selectors, services
 from leaderboard.models import LeaderboardSnapshot, VoteTallyState
 from leaderboard.tally import CountTable, Tally
-from votes.models import Battle, FlaggedVoter, Message, Task, Vote
+from votes.models import Battle, FixEpisode, FlaggedVoter, Message, Task, Vote
 
 
 def test_count_tables_sum_repeated_keys_and_drop_rows_counted_out() -> None:
@@ -133,6 +133,10 @@ class Arena:
             Message.objects.create(battle=battle, side="a", turn=1, role="user", content="The time is wrong.")
             rating = self.rng.choice(["fixed", "mistake"])
             Message.objects.create(battle=battle, side="a", turn=1, role="assistant", content="y", rating=rating)
+            if rating == "mistake" and self.rng.random() < 0.5:  # Corrected again: one battle, two episodes.
+                Message.objects.create(battle=battle, side="a", turn=2, role="user", content="Still wrong.")
+                rating = self.rng.choice(["fixed", "mistake"])
+                Message.objects.create(battle=battle, side="a", turn=2, role="assistant", content="z", rating=rating)
             Vote.objects.create(battle=battle, stage="after_fix", after_turn=1, choice=self.rng.choice("ab"), **seen)
         if ended:
             Battle.objects.filter(pk=battle.pk).update(state=Battle.State.ENDED, ended=timezone.now())
@@ -165,6 +169,16 @@ def test_each_refresh_counts_only_what_changed_and_equals_a_count_from_scratch(
         services.refresh_leaderboard(rounds=5)
         from_scratch = count_battles(Q(battle__state=Battle.State.ENDED), selectors.flagged_voters())
         assert canonical(stored_tally()) == canonical(from_scratch)
+        # Fix-ability from the counted episodes equals fix-ability over the episodes one by one.
+        listed = [
+            fixing.Episode(model, task or "free chat", turn or 0, fixed, battle)
+            for model, task, turn, fixed, battle in FixEpisode.objects.filter(
+                battle__state=Battle.State.ENDED, battle__excluded=False
+            )
+            .exclude(battle__voter_key__in=selectors.flagged_voters())
+            .values_list("model__name", "task__slug", "script_turn", "fixed", "battle__public_id")
+        ]
+        assert fixing.rate_fixes(selectors.fix_episode_counts(stored_tally())) == fixing.rate_fixes(listed)
 
     arena.battles(30)
     arena.battle("v-active", ended=False)
