@@ -245,6 +245,7 @@ def stored_tally() -> tally.Tally | None:
     PostgreSQL sends them in its binary format: in text, as hex, they would be twice the size
     and cost more to decode than to fetch."""
     if connection.vendor == "postgresql":
+        connection.ensure_connection()
         with psycopg.Cursor(connection.connection) as cursor:
             cursor.execute(f"SELECT data FROM {VoteTallyState._meta.db_table} WHERE id = 1", binary=True)
             row = cursor.fetchone()
@@ -403,12 +404,11 @@ def style_outcomes(names: list[str], counts: tally.Tally | None = None) -> style
         return style.StyleOutcomes.from_votes(len(names), [])
     position = _position_array(names)
     keys = counts.style.keys
-    score_a = np.array([ratings.VOTE_SCORES[choice] for choice in tally.CHOICES])[keys[:, 2]]
     return style.StyleOutcomes.from_arrays(
         len(names),
         position[keys[:, 0]],
         position[keys[:, 1]],
-        score_a,
+        np.array(tally.OUTCOMES)[keys[:, 2]],
         keys[:, 3:7] * style.BINS,
         counts=counts.style.values[:, 0],
     )

@@ -195,6 +195,7 @@ def _store_tally(counts: tally.Tally) -> None:
     ``selectors.stored_tally`` reads them)."""
     data = counts.to_bytes()
     if connection.vendor == "postgresql":
+        connection.ensure_connection()
         with psycopg.Cursor(connection.connection) as cursor:
             table = VoteTallyState._meta.db_table
             cursor.execute(f"UPDATE {table} SET data = %b, stale = false, updated = now() WHERE id = 1", [data])

@@ -30,10 +30,14 @@ import numpy as np
 
 from leaderboard import anomaly
 
-CHOICES = ("a", "b", "tie", "both_bad")  # Codes of the choice columns.
+CHOICES = ("a", "b", "tie", "both_bad")  # Codes of the boards' choice column.
+# Codes of the ballots' and style cells' outcome column: the score of the pair's first model (the
+# one with the smaller id), as the anomaly detector and style control read it (a tie and "both
+# bad" alike).
+OUTCOMES = (0.0, 0.5, 1.0)
 LEFT_OUT_REASONS = ("identity leak", "flagged voter")  # Codes of left_out's reason column.
 JUDGED = (None, False, True)  # Codes of a judge's verdict on an episode (None: not judged).
-VERSION = 2  # Of the stored layout: a tally stored by another version is rebuilt.
+VERSION = 3  # Of the stored layout: a tally stored by another version is rebuilt.
 
 
 @dataclass(frozen=True)
@@ -63,10 +67,12 @@ class CountTable:
         """Both tables' rows, summed per key (``sign`` -1: ``other``'s taken out). A table is
         kept in key order (``summed`` sorts it), so a few new rows merge into a million by
         binary search instead of a sort."""
-        if len(self.keys) == 0 or len(other.keys) == 0:
+        if len(other.keys) == 0:
+            return self
+        packing = _packing(self.keys, other.keys)
+        if len(self.keys) == 0 or packing is None:
             return self._summed_with(other, sign)
-        packed = _packed(np.concatenate([self.keys, other.keys]))
-        mine, theirs = packed[: len(self.keys)], packed[len(self.keys) :]
+        mine, theirs = _pack(self.keys, *packing), _pack(other.keys, *packing)
         if not _increasing(mine):  # Recoded: out of order.
             return self._summed_with(other, sign)
         if not _increasing(theirs):  # Recoded into this table's codes (still one row per key).
@@ -75,13 +81,14 @@ class CountTable:
         at = np.searchsorted(mine, theirs)
         found = at < len(mine)
         found[found] = mine[at[found]] == theirs[found]
-        values = self.values.copy()
+        keys, values = self.keys, self.values.copy()
         values[at[found]] += sign * other.values[found]
         new = ~found
-        keys = np.insert(self.keys, at[new], other.keys[new], axis=0)
-        values = np.insert(values, at[new], sign * other.values[new], axis=0)
+        if new.any():
+            keys = _inserted(keys, at[new], other.keys[new])
+            values = _inserted(values, at[new], sign * other.values[new])
         keep = values[:, 0] != 0
-        return CountTable(keys[keep], values[keep])
+        return CountTable(keys, values) if keep.all() else CountTable(keys[keep], values[keep])
 
     def _summed_with(self, other: CountTable, sign: float) -> CountTable:
         return CountTable.summed(
@@ -97,18 +104,40 @@ class CountTable:
 
 def _packed(keys: np.ndarray) -> np.ndarray:
     """One int64 per row, ordered (lexicographically, by column) and unique as the rows are:
-    the columns' offsets packed into 63 bits where they fit (they do for any arena: a few dozen
-    models, categories and choices, steps of -20 to 20, a million voters), otherwise the rows'
+    the columns' offsets packed into 63 bits where they fit (``_packing``), otherwise the rows'
     ranks."""
-    lowest = keys.min(axis=0)
-    spans = keys.max(axis=0) - lowest + 1
-    bits = [int(span - 1).bit_length() for span in spans]
-    if sum(bits) > 63:
+    packing = _packing(keys)
+    if packing is None:
         return np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1)
+    return _pack(keys, *packing)
+
+
+def _packing(*tables: np.ndarray) -> tuple[np.ndarray, list[int]] | None:
+    """Each key column's lowest value and width in bits over ``tables``' rows, or None when the
+    widths add up to more than 63 bits (any arena fits: a few dozen models, categories and
+    choices, steps of -20 to 20, a million voters)."""
+    lowest = np.min([table.min(axis=0) for table in tables if len(table)], axis=0)
+    highest = np.max([table.max(axis=0) for table in tables if len(table)], axis=0)
+    bits = [int(span).bit_length() for span in (highest - lowest).tolist()]
+    return (lowest, bits) if sum(bits) <= 63 else None
+
+
+def _pack(keys: np.ndarray, lowest: np.ndarray, bits: list[int]) -> np.ndarray:
     packed = np.zeros(len(keys), np.int64)
     for column, width in enumerate(bits):
-        packed = (packed << width) | (keys[:, column] - lowest[column])
+        packed <<= width
+        packed |= keys[:, column] - lowest[column]
     return packed
+
+
+def _inserted(rows: np.ndarray, at: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """``rows`` with ``new[k]`` inserted before ``rows[at[k]]`` (``at`` ascending): one
+    concatenation of slices, cheaper than ``np.insert``'s masks on a million rows."""
+    pieces = np.split(rows, at)
+    out = [pieces[0]]
+    for k, piece in enumerate(pieces[1:]):
+        out += [new[k : k + 1], piece]
+    return np.concatenate(out)
 
 
 def _increasing(packed: np.ndarray) -> bool:
@@ -134,9 +163,10 @@ class Tally:
       votes, flagged voters' and leaked battles' left out;
     - ``left_out``: keys (category, reason), values (votes,): what each board left out, per
       reason (``LEFT_OUT_REASONS``; the first that applies);
-    - ``style``: keys (model A id, model B id, choice, and the four style differences in
-      ``style.BINS`` steps), values (votes,): the overall board's counted votes as style cells;
-    - ``ballots``: keys (voter, model A id, model B id, choice), values (votes,): the votes of
+    - ``style``: keys (first model id, second model id, outcome (``OUTCOMES``), and the four
+      style differences, first minus second, in ``style.BINS`` steps), values (votes,): the
+      overall board's counted votes as style cells;
+    - ``ballots``: keys (voter, first model id, second model id, outcome), values (votes,): the votes of
       battles without an identity leak, by every voter, flagged or not (the anomaly detector's
       input);
     - ``episodes``: keys (model id, task id or 0 for free chat, script turn, fixed, fixed as the
@@ -177,25 +207,23 @@ class Tally:
         return replace(self.plus(old, -1.0).plus(new), flagged=flagged)
 
     def detector_table(self) -> anomaly.VoteTable:
-        """The anomaly detector's input: the ballots of the voters not flagged."""
+        """The anomaly detector's input: the ballots of the voters not flagged, in the order it
+        groups them (voter, pair: the model codes follow the ids)."""
         flagged = np.zeros(len(self.voters) + 1, dtype=bool)
         flagged[[code for code, voter in enumerate(self.voters) if voter in self.flagged]] = True
         keep = ~flagged[self.ballots.keys[:, 0]]
         keys, count = self.ballots.keys[keep], self.ballots.values[keep, 0]
-        # Models by dense codes (ids are small integers: a lookup table, not a sort).
+        # Models by dense codes in id order (ids are small integers: a lookup table, not a sort).
         present = np.zeros(int(keys[:, 1:3].max(initial=0)) + 1, dtype=bool)
         present[keys[:, 1]] = present[keys[:, 2]] = True
-        models = np.flatnonzero(present)
         code = np.cumsum(present) - 1
-        a, b = code[keys[:, 1]], code[keys[:, 2]]
-        score_a = np.array([anomaly.CHOICE_SCORES[choice] for choice in CHOICES])[keys[:, 3]]
         return anomaly.VoteTable(
             list(self.voters),
-            [str(model) for model in models],
+            [str(model) for model in np.flatnonzero(present)],
             keys[:, 0].astype(np.intp),
-            np.minimum(a, b).astype(np.intp),
-            np.maximum(a, b).astype(np.intp),
-            np.where(a < b, score_a, 1.0 - score_a),
+            code[keys[:, 1]].astype(np.intp),
+            code[keys[:, 2]].astype(np.intp),
+            np.array(OUTCOMES)[keys[:, 3]],
             count,
         )
 
@@ -240,14 +268,16 @@ TABLES = ("boards", "left_out", "style", "ballots", "episodes")
 
 
 def _narrowed(array: np.ndarray) -> np.ndarray:
-    """Integers in the smallest integer dtype that holds them; floats in single precision where
-    that is exact (counts below 2**24)."""
+    """Whole numbers (keys, counts) in the smallest integer dtype that holds them; other floats
+    in single precision where that is exact."""
     if array.size == 0:
         return array
-    if array.dtype.kind == "i":
-        return array.astype(np.result_type(np.min_scalar_type(array.min()), np.min_scalar_type(array.max())))
-    single = array.astype(np.float32)
-    return single if np.array_equal(single, array) else array
+    if array.dtype.kind == "f" and not np.array_equal(array, np.round(array)):
+        single = array.astype(np.float32)
+        return single if np.array_equal(single, array) else array
+    if np.abs(array).max() >= 2**53:  # Not every such float is an integer.
+        return array
+    return array.astype(np.result_type(np.min_scalar_type(int(array.min())), np.min_scalar_type(int(array.max()))))
 
 
 @dataclass(frozen=True)
@@ -264,6 +294,14 @@ class VoteRow:
     votes: int
     recorded: int  # Of which the battle recorded its pair probability.
     inverse: float  # Sum over them of 1 / pair probability.
+
+
+def _first_model_outcome(model_a: int, model_b: int, choice: str) -> tuple[int, int, int]:
+    """A vote as (the model with the smaller id, the other, the outcome code for the first)."""
+    score_a = anomaly.CHOICE_SCORES[choice]
+    if model_a < model_b:
+        return model_a, model_b, OUTCOMES.index(score_a)
+    return model_b, model_a, OUTCOMES.index(1.0 - score_a)
 
 
 @dataclass(frozen=True)
@@ -302,7 +340,8 @@ def tally_of(
         reason = 0 if row.leaked else 1 if row.voter in flagged else None
         if not row.leaked:
             voter = voter_position.setdefault(row.voter, len(voter_position))
-            ballot_keys.append((voter, row.model_a, row.model_b, choice))
+            first, second, outcome = _first_model_outcome(row.model_a, row.model_b, row.choice)
+            ballot_keys.append((voter, first, second, outcome))
             ballot_values.append((row.votes,))
         for name in row.categories:
             category = category_position.setdefault(name, len(category_position))
@@ -334,14 +373,20 @@ def tally_of(
             )
         )
         episode_values.append((episode.episodes,))
-    style = np.array([(a, b, choice_code[choice], *steps) for a, b, choice, *steps, _ in style_rows], np.int64)
+    style_keys = []
+    for a, b, choice, *steps, _ in style_rows:
+        first, second, outcome = _first_model_outcome(a, b, choice)
+        style_keys.append((first, second, outcome, *(steps if first == a else (-step for step in steps))))
     return Tally(
         categories=tuple(category_position),
         voters=tuple(voter_position),
         flagged=flagged,
         boards=CountTable.summed(np.array(board_keys, np.int64).reshape(-1, 4), np.array(board_values).reshape(-1, 3)),
         left_out=CountTable.summed(np.array(left_keys, np.int64).reshape(-1, 2), np.array(left_values).reshape(-1, 1)),
-        style=CountTable.summed(style.reshape(-1, 7), np.array([row[-1] for row in style_rows], float).reshape(-1, 1)),
+        style=CountTable.summed(
+            np.array(style_keys, np.int64).reshape(-1, 7),
+            np.array([row[-1] for row in style_rows], float).reshape(-1, 1),
+        ),
         ballots=CountTable.summed(
             np.array(ballot_keys, np.int64).reshape(-1, 4), np.array(ballot_values).reshape(-1, 1)
         ),

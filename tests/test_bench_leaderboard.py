@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from django.core.management import CommandError, call_command
 
-from leaderboard import bench, ratings, style
+from leaderboard import bench, bench_database, ratings, style
 
 
 def test_reduction_matches_the_vote_by_vote_count() -> None:
@@ -52,7 +52,8 @@ def test_bench_command_json() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_bench_from_a_scratch_database() -> None:
     """--from-database stores the votes in a database of its own, times the site's refresh stage
-    by stage (first and next), and drops that database: nothing is left in the test database."""
+    by stage (the first, then the next ones, each after more battles ended), and drops that
+    database: nothing is left in the test database."""
     from django.db import connection
 
     from votes.models import Battle
@@ -64,10 +65,11 @@ def test_bench_from_a_scratch_database() -> None:
     result = json.loads(out.getvalue())
     assert result["rows"]["votes_battle"] == 700
     assert result["rows"]["votes_vote"] > 700  # a second vote after each correction
-    first, following = result["refreshes"]
+    first, *following = result["refreshes"]
     assert {"anomaly detection", "fix episodes", "votes to pair counts", "style control"} <= set(first["stages"])
     assert sum(first["stages"].values()) <= first["seconds"]
-    assert following["stages"]["fix episodes"] >= 0
+    assert len(following) == bench_database.NEXT_REFRESHES
+    assert all(set(refresh["stages"]) == set(first["stages"]) for refresh in following)
     assert not Battle.objects.exists()  # back on the test database, untouched
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [result["database"]])
