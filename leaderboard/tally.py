@@ -3,8 +3,8 @@ No Django.
 
 Every aggregate the refresh needs from the votes is a sum over battles: each board's votes per
 (pair, choice), the votes each board leaves out per reason, the overall board's style cells, the
-anomaly detector's votes per (voter, pair, choice), and the fix episodes fix-ability rates. A
-battle's votes and episodes never change once it has ended (it takes no vote or rating after
+anomaly detector's votes per (voter, pair, outcome), and the fix episodes per model and task
+turn. A battle's votes and episodes never change once it has ended (it takes no vote or rating after
 that), so a ``Tally`` of the battles counted so far plus the ``Tally`` of the battles ended
 since is the ``Tally`` of them all, and a refresh reads a few new battles instead of a million
 votes.
@@ -70,7 +70,7 @@ class CountTable:
         if len(other.keys) == 0:
             return self
         packing = _packing(self.keys, other.keys)
-        if len(self.keys) == 0 or packing is None:
+        if packing is None or len(other.keys) * 8 > len(self.keys):  # Not a few rows: one sort.
             return self._summed_with(other, sign)
         mine, theirs = _pack(self.keys, *packing), _pack(other.keys, *packing)
         if not _increasing(mine):  # Recoded: out of order.
@@ -166,9 +166,9 @@ class Tally:
     - ``style``: keys (first model id, second model id, outcome (``OUTCOMES``), and the four
       style differences, first minus second, in ``style.BINS`` steps), values (votes,): the
       overall board's counted votes as style cells;
-    - ``ballots``: keys (voter, first model id, second model id, outcome), values (votes,): the votes of
-      battles without an identity leak, by every voter, flagged or not (the anomaly detector's
-      input);
+    - ``ballots``: keys (voter, first model id, second model id, outcome), values (votes,): the
+      votes of battles without an identity leak, by every voter, flagged or not (the anomaly
+      detector's input);
     - ``episodes``: keys (model id, task id or 0 for free chat, script turn, fixed, fixed as the
       voter rated it, as the checker judged it (``JUDGED``), cluster: the battle's id where it
       has more than one episode, else 0), values (episodes,): the counted fix episodes, flagged
