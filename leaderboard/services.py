@@ -46,9 +46,9 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0, recount: bo
     previous = selectors.latest_refresh()
     with stopwatch("fix episodes"):
         state = _locked_tally_state()
-        # Counting everything again: the first time, when the counts were kept by another
-        # version, or when something they count changed since (a task's turns or category, a
-        # counted battle, vote or reply edited in the admin).
+        # Counting everything again (episodes included): the first time, or when something the
+        # counts hold changed since (a task's turns or category, a counted battle, vote or reply
+        # edited in the admin). Counts stored by another version are counted again below.
         recount = recount or previous is None or not _followable(state, previous)
         newly_ended = _take_ended_battles()
         # A battle's episodes are recorded once, when it ends (nothing it holds changes after).
