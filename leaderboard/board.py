@@ -91,16 +91,29 @@ def _ranked_rows(
     ]
 
 
-def compute_style_board(names: Sequence[str], outcomes: style.StyleOutcomes) -> tuple[list[BoardRow], dict[str, Any]]:
+def compute_style_board(
+    names: Sequence[str],
+    outcomes: style.StyleOutcomes,
+    *,
+    ci: str = "sandwich",
+    rounds: int = 1000,
+    seed: int = 0,
+) -> tuple[list[BoardRow], dict[str, Any]]:
     """The board with style control (leaderboard.style): rows of the models with a vote, ranked
-    by their rating at equal style (sandwich intervals; no Elo), and each style coefficient
-    with its interval (log-odds per unit of normalised difference)."""
+    by their rating at equal style (no Elo), and each style coefficient with its interval
+    (log-odds per unit of normalised difference). Sandwich intervals by default (one fit: what
+    the site's refresh shows), or bootstrap ones from ``rounds`` resamplings."""
+    if ci not in CI_METHODS:
+        raise ValueError(f"ci must be one of {', '.join(CI_METHODS)}, got {ci!r}.")
     played = outcomes.played()
     rated = [name for name, flag in zip(names, played, strict=True) if flag]
     if not rated:
         return [], {}
     restricted = outcomes.restricted(played)
-    fitted = style.style_controlled(restricted)
+    if ci == "bootstrap":
+        fitted = style.bootstrap_intervals(restricted, rounds=rounds, seed=seed)
+    else:
+        fitted = style.style_controlled(restricted)
     counts = np.zeros(len(rated))
     games = restricted.first_wins + restricted.second_wins + restricted.ties
     np.add.at(counts, restricted.first, games)

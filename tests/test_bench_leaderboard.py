@@ -38,7 +38,7 @@ def test_bench_command_json() -> None:
     assert reference["seconds_extrapolated"] == pytest.approx(reference["seconds_per_round"] * 50)
     assert result["speedup_vs_reference"] == pytest.approx(reference["seconds_extrapolated"] / result["seconds_total"])
     styled = result["style_reference"]
-    assert styled["battles"] == 5000 and styled["rounds_run"] == 2
+    assert styled["battles"] == 5000 and styled["rounds_run"] == 50 and styled["reference_rounds_run"] == 1
     assert styled["speedup_per_round"] == pytest.approx(
         styled["reference_seconds_per_round"] / styled["seconds_per_round"]
     )

@@ -25,7 +25,7 @@ class Command(BaseCommand):
             "--style-control",
             action="store_true",
             help="Control for style: the length and markdown differences of each battle's conv_metadata "
-            "(LMArena's releases, this arena's dumps) as covariates; sandwich intervals, no Elo.",
+            "(LMArena's releases, this arena's dumps) as covariates; --ci intervals, no Elo.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -40,7 +40,7 @@ class Command(BaseCommand):
         except board.BattleFileError as error:
             raise CommandError(f"{name}: {error}") from None
         if styled is not None:
-            self._style_controlled(names, styled, as_json=options["json"])
+            self._style_controlled(names, styled, options)
             return
         rows = board.compute_board(
             names,
@@ -61,13 +61,19 @@ class Command(BaseCommand):
                 f"{row.rank:>4}  {row.model:<32} {row.rating:>7.1f} {interval:>17} {row.votes:>7} {row.elo:>7.1f}"
             )
 
-    def _style_controlled(self, names: list[str], votes: list, *, as_json: bool) -> None:
-        rows, coefficients = board.compute_style_board(names, style.StyleOutcomes.from_votes(len(names), votes))
-        if as_json:
+    def _style_controlled(self, names: list[str], votes: list, options: dict[str, Any]) -> None:
+        rows, coefficients = board.compute_style_board(
+            names,
+            style.StyleOutcomes.from_votes(len(names), votes),
+            ci=options["ci"],
+            rounds=options["rounds"],
+            seed=options["seed"],
+        )
+        if options["json"]:
             payload = {"rows": [row.as_dict() for row in rows], "coefficients": coefficients}
             self.stdout.write(json.dumps(payload, indent=2))
             return
-        self.stdout.write(f"{len(votes)} battles, {len(names)} models; style-controlled, 95% sandwich intervals")
+        self.stdout.write(f"{len(votes)} battles, {len(names)} models; style-controlled, 95% {options['ci']} intervals")
         self.stdout.write(f"{'rank':>4}  {'model':<32} {'rating':>7} {'95% interval':>17} {'votes':>7}")
         for row in rows:
             interval = f"{row.lower:.1f}-{row.upper:.1f}"
