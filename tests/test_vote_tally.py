@@ -224,3 +224,29 @@ def test_each_refresh_counts_only_what_changed_and_equals_a_count_from_scratch(
     refresh()
     assert read[0] > everything
     assert "task:Calendar" in stored_tally().categories
+
+
+@pytest.mark.django_db
+def test_a_battle_loaded_before_a_refresh_counted_it_is_not_counted_twice() -> None:
+    """An admin opens an ended battle, a refresh counts it, the admin saves it: the save does not
+    write "not counted" back (or the next refresh would count it again), and since the battle is
+    counted, the change makes the counts stale. Its votes and replies alike."""
+    arena = Arena()
+    arena.battles(6)
+    opened = Battle.objects.filter(state=Battle.State.ENDED).first()
+    vote = Vote.objects.select_related("battle").filter(battle=opened).first()
+    services.refresh_leaderboard(rounds=5)
+    assert not opened.tallied and Battle.objects.get(pk=opened.pk).tallied
+    opened.excluded_reason = "looked at by an admin"
+    opened.save()
+    assert Battle.objects.get(pk=opened.pk).tallied
+    assert VoteTallyState.objects.get().stale
+    services.refresh_leaderboard(rounds=5)
+    assert not VoteTallyState.objects.get().stale
+    vote.save()  # Its battle at hand, loaded before the refresh that counted it.
+    assert VoteTallyState.objects.get().stale
+    services.refresh_leaderboard(rounds=5)
+    from_scratch = selectors.battles_tally(Q(battle__state=Battle.State.ENDED), selectors.flagged_voters())
+    assert canonical(stored_tally()) == canonical(from_scratch)
+    Battle.objects.get(pk=opened.pk).delete()
+    assert VoteTallyState.objects.get().stale

@@ -199,6 +199,16 @@ class Battle(models.Model):
     def __str__(self) -> str:
         return f"Battle {self.public_id}"
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """``tallied`` is the refresh's to write (one UPDATE): a full save of an instance loaded
+        before a refresh counted the battle must not write the old value back, or the next
+        refresh would count it twice. It is written only where a save names it."""
+        if not self._state.adding and kwargs.get("update_fields") is None and not kwargs.get("force_insert"):
+            kwargs["update_fields"] = [
+                field.name for field in self._meta.concrete_fields if not field.primary_key and field.name != "tallied"
+            ]
+        super().save(*args, **kwargs)
+
     @property
     def is_ended(self) -> bool:
         return self.state == self.State.ENDED
