@@ -299,8 +299,9 @@ def vote_tally(names: list[str], counts: tally.Tally | None = None) -> VoteTally
         if counts.categories[category] not in EPISODE_CATEGORIES:
             left = left_out.setdefault(counts.categories[category], dict.fromkeys(EXCLUSION_REASONS, 0))
             left[tally.LEFT_OUT_REASONS[reason]] += round(votes)
-    # Votes of unfinished battles count nowhere yet: left out, for the first reason that applies.
-    flagged = flagged_voters()
+    # Votes of unfinished battles count nowhere yet: left out, for the first reason that applies
+    # (the voters flagged as the counts have them, so that both agree).
+    flagged = counts.flagged
     unfinished = Vote.objects.filter(battle__tallied=False).exclude(battle__state=Battle.State.ENDED)
     for row in _vote_rows(unfinished):
         reason = "identity leak" if row.leaked else "flagged voter" if row.voter in flagged else "unfinished battle"

@@ -60,8 +60,13 @@ class CountTable:
             return cls(keys, values)
         unique, first, inverse = np.unique(_packed(keys), return_index=True, return_inverse=True)
         sums = np.stack([np.bincount(inverse, column, len(unique)) for column in values.T], axis=1)
-        keep = sums[:, 0] != 0
-        return cls(keys[first][keep], sums[keep])
+        return cls._counted(keys[first], sums)
+
+    @classmethod
+    def _counted(cls, keys: np.ndarray, values: np.ndarray) -> CountTable:
+        """The rows whose count is not zero."""
+        keep = values[:, 0] != 0
+        return cls(keys, values) if keep.all() else cls(keys[keep], values[keep])
 
     def plus(self, other: CountTable, sign: float = 1.0) -> CountTable:
         """Both tables' rows, summed per key (``sign`` -1: ``other``'s taken out). A table is
@@ -87,8 +92,7 @@ class CountTable:
         if new.any():
             keys = _inserted(keys, at[new], other.keys[new])
             values = _inserted(values, at[new], sign * other.values[new])
-        keep = values[:, 0] != 0
-        return CountTable(keys, values) if keep.all() else CountTable(keys[keep], values[keep])
+        return CountTable._counted(keys, values)
 
     def _summed_with(self, other: CountTable, sign: float) -> CountTable:
         return CountTable.summed(
