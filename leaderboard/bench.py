@@ -9,7 +9,8 @@ refresh does not pay for it; replaying it from scratch is timed on its own line.
 
 The reference is the arena method of late 2023: an unpenalised logistic regression on the whole
 expanded vote table, refitted on every bootstrap round. It runs a few rounds and is
-extrapolated to the requested number, labelled as such.
+extrapolated to the requested number, labelled as such. Style-controlled bootstrap intervals
+are compared per round with FastChat's ``compute_bootstrap_style_control`` (``style_reference``).
 """
 
 from __future__ import annotations
