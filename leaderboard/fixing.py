@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from leaderboard.ratings import BASE_RATING, ELO_SCALE, _z, ranks_from_intervals, wilson_interval
+from votes.checkers import is_fact
 
 RIDGE = 0.1  # Penalty on every coefficient: a prior N(0, 1/0.1) on the log-odds.
 _TO_RATING = ELO_SCALE / np.log(10.0)
@@ -60,11 +61,13 @@ def fixed_parts(wrong: Parts, answer: Parts) -> frozenset[str]:
 
 
 def persisted(fixed: frozenset[str], later: Iterable[Parts]) -> bool | None:
-    """Whether the parts a correction fixed stay right in that side's later checked replies
-    (the calendar's date, fixed to 2024 at turn 2, in turns 3 to 6). It is judged part by part,
-    so a later reply that gets the same field wrong in another way (the wrong day) counts as a
-    lapse too. None when no later reply judged any of those parts."""
-    verdicts = [parts[part] for parts in later for part in fixed if part in parts]
+    """Whether the facts a correction fixed stay right in that side's later checked replies:
+    the parts named by an expected value (``checkers.is_fact``: the year 2024, fixed at the
+    calendar's turn 2), judged by each later reply that expects the same value (turns 3 to 6,
+    whose dates differ but whose year is 2024). A later reply that expects something else (the
+    next day's date) says nothing about it. None when no later reply expects any of them."""
+    facts = [part for part in fixed if is_fact(part)]
+    verdicts = [parts[fact] for parts in later for fact in facts if fact in parts]
     return all(verdicts) if verdicts else None
 
 

@@ -187,7 +187,8 @@ def test_json_semantic_equality() -> None:
 
 def test_parts_say_which_fields_are_right() -> None:
     result = check("python_call", FRED, f"Sure: {FRED.replace('2024', '2023').replace('17:00', '5PM')}", CALENDAR)
-    assert result.wrong_parts == {"date", "time", "text around"}
+    facts = {"date = 2024-11-11", "date year = 2024", "time = 17:00"}
+    assert result.wrong_parts == {"date", "time", "text around"} | facts
     assert result.parts["title"] and result.parts["duration"] and result.parts["function"]
     assert check("python_call", FRED, FRED, CALENDAR).wrong_parts == set()
     # The wrong function: its arguments cannot be bound to the expected one's, so they are not parts.
@@ -195,8 +196,34 @@ def test_parts_say_which_fields_are_right() -> None:
     assert set(removed.parts) == {"function", "calls", "text around"} and removed.wrong_parts == {"function"}
     assert check("python_call", FRED, "I can't do that.", CALENDAR).parts == {}  # nothing to judge part by part
     json_result = check("json", '{"name": "Fred", "tags": ["a"]}', 'Here: {"name": "Fred", "tags": ["b"], "x": 1}')
-    assert json_result.parts == {"$.name": True, "$.tags": False, "other keys": False, "text around": False}
+    assert json_result.parts == {
+        "$.name": True,
+        "$.tags": False,
+        "other keys": False,
+        "text around": False,
+        "$.name = Fred": True,
+        '$.tags = ["a"]': False,
+    }
     assert check("exact", "yes", "no").parts == {"reply": False}
+
+
+def test_facts_are_parts_named_by_the_value_expected() -> None:
+    """Each expected argument is a fact, and a date's year one of its own: a later turn that
+    expects the same value judges the same fact (the year 2024 of every later calendar turn),
+    whatever else it expects; a value the turn leaves open (a pattern) is no fact."""
+    next_day = check("python_call", FRED.replace("11-11", "11-12"), FRED.replace("11-11", "11-13"), CALENDAR)
+    assert next_day.parts["date year = 2024"] is True and next_day.parts["date = 2024-11-12"] is False
+    assert "date = 2024-11-11" not in next_day.parts
+    assert check("python_call", FRED, FRED, CALENDAR).parts["title = Meeting with Fred"] is True
+    assert check("python_call", CONCERT, CONCERT.replace("60*3", "180"), CALENDAR).parts["duration = 180"] is True
+    garbled = check("python_call", FRED, FRED.replace('"2024-11-11"', '"11/11/2024"'), CALENDAR)
+    assert garbled.parts["date year = 2024"] is False  # Not a date the year can be read from.
+    cancel = check("python_call", CANCEL, CANCEL.replace("2024", "2023"), CALENDAR)
+    assert cancel.parts["date year = 2024"] is False and cancel.parts["time = 17:00"] is True
+    open_year = check(
+        "python_call", FRED, FRED.replace("2024", "2023"), {**CALENDAR, "patterns": {"date": r"\d{4}-11-11"}}
+    )
+    assert open_year.verdict == "correct" and not any(part.startswith("date ") for part in open_year.parts)
 
 
 # --- configuration errors --------------------------------------------------------------------------
@@ -256,6 +283,11 @@ def test_check_reply_command_prints_json() -> None:
             "duration": True,
             "calls": True,
             "text around": True,
+            "title = Meeting with Fred": True,
+            "date = 2024-11-11": False,
+            "date year = 2024": False,
+            "time = 17:00": True,
+            "duration = 30": True,
         },
     }
 

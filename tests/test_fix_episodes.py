@@ -169,7 +169,9 @@ def checked_calendar_battle(pair, sides: dict[str, list[tuple[str, int | None, s
 @pytest.mark.django_db
 def test_regression_persistence_and_turns_to_fix_field_by_field(pair) -> None:
     # The task leaves turn 1's year open (any year is right until the voter says which): the
-    # mistakes here are the time in 12-hour format and, once, a duration.
+    # mistakes here are the time in 12-hour format and, once, a duration. The correction's turn
+    # judges the wrong reply as it judges the answer, so the year 2023 is a fact the correction
+    # fixed; it persists while the later turns that expect 2024 get it.
     year = "The current year is 2024."
     checked_calendar_battle(
         pair,
@@ -191,8 +193,15 @@ def test_regression_persistence_and_turns_to_fix_field_by_field(pair) -> None:
     )
     checked_calendar_battle(
         pair,
-        {  # Fixes the time, then writes the next one in 12-hour format again: a lapse.
+        {  # Fixes the year and the time, then writes the next entry in the old year: a lapse.
             "a": [
+                ("Add a meeting with Fred", 0, FRED.format(year=2023, time="5PM"), ""),
+                (year, 1, FRED.format(year=2024, time="17:00"), ""),
+                ("Add a rock concert", 2, CONCERT.format(year=2023, time="20:00", minutes=30), ""),
+            ],
+            # Fixes them, then gets the concert's time wrong: a new mistake, not a lapse of a
+            # corrected fact (the concert is not at 17:00); the year stays 2024: persisted.
+            "b": [
                 ("Add a meeting with Fred", 0, FRED.format(year=2023, time="5PM"), ""),
                 (year, 1, FRED.format(year=2024, time="17:00"), ""),
                 ("Add a rock concert", 2, CONCERT.format(year=2024, time="8PM", minutes=30), ""),
@@ -210,8 +219,9 @@ def test_regression_persistence_and_turns_to_fix_field_by_field(pair) -> None:
         # regression verdict, and nothing checked to follow in later turns.
         ("b", 2, "voter", True, None, None, 2),
         ("a", 1, "scripted", True, False, False, 1),
+        ("b", 1, "scripted", True, False, True, 1),
     ]
-    parts = Message.objects.filter(side="b", turn=1, role="assistant").get().check_parts
+    parts = Message.objects.filter(side="b", turn=1, role="assistant", content__contains="60)").get().check_parts
     assert parts["time"] is True and parts["duration"] is False
 
 

@@ -24,7 +24,11 @@ Every check returns a verdict, ``correct``, ``mistake`` (one or two mistakes) or
 short reason a voter could send as the correction ("date is 2023-11-11, expected 2024-11-11"),
 and the parts it judged, each right or wrong (a call's name and each parameter, the text around
 it; a JSON document's top-level keys): what fix episodes compare field by field to tell a
-regression (a correction that breaks a part that was right) and whether a fix persists.
+regression (a correction that breaks a part that was right). Besides, each value the turn expects
+is a **fact** part, named by the value (``date = 2024-11-11``; a date's year on its own too,
+``date year = 2024``): later turns that expect the same value judge the same fact, which is how a
+fix episode tells whether a corrected fact persists (the year in the calendar's turns 3 to 6,
+though their dates differ).
 
 Pure Python, no Django: the evaluation runner, the admin's validation and ``check_reply`` share it.
 """
@@ -43,6 +47,15 @@ Verdict = Literal["correct", "mistake", "garbage"]
 CHECKER_KINDS: tuple[str, ...] = ("exact", "regex", "json", "python_call")
 GARBAGE_THRESHOLD = 3  # Three or more mistakes at once is garbage, as in the seed experiment.
 _SHOWN = 60  # Characters of a value or of chatter quoted in a reason.
+
+
+FACT = " = "  # In a part's name: a fact, the part and the value expected of it.
+_ISO_DATE = re.compile(r"(\d{4})-\d{2}-\d{2}")
+
+
+def is_fact(part: str) -> bool:
+    """Whether a part names a fact (an expected value) rather than a field."""
+    return FACT in part
 
 
 class CheckerConfigError(ValueError):
@@ -82,6 +95,16 @@ class _Findings:
     def add(self, part: str, mistake: str) -> None:
         self.mistakes.append(mistake)
         self.parts[part] = False
+
+    def facts(self, parameter: str, want: Any, got: Any) -> None:
+        """The facts of an expected argument, judged as the parameter was; an ISO date's year
+        on its own too (right when the argument is a date of that year)."""
+        self.parts[f"{parameter}{FACT}{_value_text(want)}"] = self.parts[parameter]
+        year = _ISO_DATE.fullmatch(want) if isinstance(want, str) else None
+        if year is not None:
+            got_year = _ISO_DATE.fullmatch(got.strip()) if isinstance(got, str) else None
+            right = got_year is not None and got_year.group(1) == year.group(1)
+            self.parts[f"{parameter} year{FACT}{year.group(1)}"] = right
 
     def result(self) -> CheckResult:
         return _result(self.mistakes, parts=self.parts)
@@ -227,6 +250,8 @@ def _check_json(expected: str, reply: str, options: Mapping[str, Any]) -> CheckR
         path = difference.split(" ", 2)[-1] if difference.startswith(("missing key", "unexpected key")) else difference
         owner = next((key for key in keys if path == key or path.startswith((key + ".", key + "[", key + " "))), None)
         parts[owner or "other keys"] = False
+    if isinstance(want, dict) and isinstance(got, dict):
+        parts |= {f"$.{key}{FACT}{_value_text(value)}": parts[f"$.{key}"] for key, value in want.items()}
     return _result(differences + around, parts=parts)
 
 
@@ -522,6 +547,9 @@ def _check_python_call(expected: str, reply: str, options: Mapping[str, Any]) ->
                     found.add(parameter, f"{parameter} is {_value_text(value)}, expected {_value_text(want)}")
             elif not _same_value(value, want, parameter in case_insensitive):
                 found.add(parameter, f"{parameter} is {_value_text(value)}, expected {_value_text(want)}")
+        for parameter in signature.parameters:
+            if parameter not in compiled:  # A value the turn leaves open is no fact.
+                found.facts(parameter, wanted[parameter], got.get(parameter, _UNREADABLE))
     if len(calls) > 1:
         found.add("calls", f"{len(calls)} calls, expected one")
     outside = " ".join(

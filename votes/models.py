@@ -565,7 +565,8 @@ class FixEpisode(models.Model):
     persisted = models.BooleanField(
         null=True,
         blank=True,
-        help_text="The parts it fixed stayed right in that side's later checked replies; empty: none to judge.",
+        help_text="The facts it fixed (values the checker expected: the year 2024) stayed right in that side's "
+        "later replies that expect the same; empty: none to judge.",
     )
     turns_to_fix = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="The corrections this mistake took to be fixed; empty: never fixed."

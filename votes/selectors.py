@@ -429,7 +429,7 @@ def fix_episodes(battles: QuerySet[Battle] | None = None) -> list[FixEpisode]:
     (``persisted``).
     """
     battles = Battle.objects.filter(state=Battle.State.ENDED) if battles is None else battles
-    corrections = set(TaskTurn.objects.filter(corrects_previous=True).values_list("task_id", "position").order_by())
+    corrections = {(turn.task_id, turn.position): turn for turn in TaskTurn.objects.filter(corrects_previous=True)}
     rows = (
         Message.objects.filter(battle__in=battles)
         .order_by("battle_id", "side", "turn", "role")
@@ -451,16 +451,27 @@ def fix_episodes(battles: QuerySet[Battle] | None = None) -> list[FixEpisode]:
     found: list[FixEpisode] = []
     for (battle_id, side), messages in itertools.groupby(rows, key=lambda row: (row[0], row[4])):
         prompts: dict[int, tuple[str, int | None]] = {}
-        replies: dict[int, tuple[int | None, str, str, dict[str, bool]]] = {}
+        replies: dict[int, Reply] = {}
         task_id = model_id = None
         for _, task, model_a, model_b, _, turn, role, content, script_turn, rating, verdict, parts in messages:
             task_id, model_id = task, model_a if side == "a" else model_b
             if role == Message.Role.USER:
                 prompts[turn] = (content, script_turn)
             else:
-                replies[turn] = (script_turn, rating, verdict, parts or {})
+                replies[turn] = Reply(script_turn, rating, verdict, parts or {}, content)
         found += _side_episodes(battle_id, side, task_id, model_id, prompts, replies, corrections)
     return found
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A reply as fix episodes read it."""
+
+    script_turn: int | None
+    rating: str
+    verdict: str
+    parts: dict[str, bool]
+    content: str
 
 
 def _side_episodes(
@@ -469,8 +480,8 @@ def _side_episodes(
     task_id: int | None,
     model_id: int | None,
     prompts: dict[int, tuple[str, int | None]],
-    replies: dict[int, tuple[int | None, str, str, dict[str, bool]]],
-    corrections: set[tuple[int, int]],
+    replies: dict[int, Reply],
+    corrections: dict[tuple[int | None, int], TaskTurn],
 ) -> list[FixEpisode]:
     turns = sorted(replies)
     episodes: list[FixEpisode] = []
@@ -483,20 +494,28 @@ def _side_episodes(
         chain.clear()
 
     for turn, following in itertools.pairwise([*turns, None]):
-        script_turn, rating, verdict, parts = replies[turn]
+        wrong = replies[turn]
+        script_turn, rating, verdict, parts = wrong.script_turn, wrong.rating, wrong.verdict, wrong.parts
         if not (verdict in WRONG_VERDICTS or rating in WRONG_RATINGS) or following is None:
             close_chain()
             continue
         correction, prompt_script_turn = prompts.get(following, ("", None))
         scripted = prompt_script_turn is not None
-        if scripted and (task_id, prompt_script_turn) not in corrections:
+        correcting = corrections.get((task_id, prompt_script_turn)) if scripted else None
+        if scripted and correcting is None:
             close_chain()
             continue
-        _, next_rating, next_verdict, next_parts = replies[following]
+        answer = replies[following]
+        next_rating, next_verdict, next_parts = answer.rating, answer.verdict, answer.parts
         if not (next_rating or next_verdict):
             continue  # The reply to the correction was never judged: no outcome.
+        if correcting is not None:
+            # The wrong reply as the correction's turn judges it, as its answer is judged: a
+            # value its own turn left open (the year, before "The current year is 2024.") is
+            # then a fact it got wrong.
+            parts = _checked_parts_of(correcting, wrong.content) or parts
         fixed = next_verdict == Verdict.CORRECT or next_rating in FIXED_RATINGS
-        later = [replies[t][3] for t in turns if t > following]
+        later = [replies[t].parts for t in turns if t > following]
         episode = FixEpisode(
             battle_id=battle_id,
             model_id=model_id,
@@ -597,8 +616,13 @@ def evaluation_fix_episodes() -> list[FixEpisode]:
 
 def _checked_parts(turns: list[TaskTurn], record: evaluation.Record) -> dict[str, bool]:
     """An evaluation reply judged part by part by its scripted turn's checker ({}: no checker)."""
+    return _checked_parts_of(turns[record.turn], record.reply) if record.turn < len(turns) else {}
+
+
+def _checked_parts_of(turn: TaskTurn, reply: str) -> dict[str, bool]:
+    """A reply judged part by part by a scripted turn's checker ({}: no checker)."""
     try:
-        result = turns[record.turn].check_reply(record.reply) if record.turn < len(turns) else None
+        result = turn.check_reply(reply)
     except CheckerConfigError:
         return {}
     return dict(result.parts) if result is not None else {}
