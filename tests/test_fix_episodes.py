@@ -7,7 +7,7 @@ from inference.models import LLM
 from leaderboard import selectors as leaderboard_selectors
 from leaderboard import services as leaderboard_services
 from votes import research, selectors, services
-from votes.evaluation import DIALOG, FIXED, MISTAKE, Record
+from votes.evaluation import DIALOG, FEEDBACK, FIXED, FIXING, MISTAKE, Record
 from votes.evaluation import fix_episodes as evaluation_episodes
 from votes.feedback import GENERIC, POINTING, PRESCRIPTIVE, specificity
 from votes.models import Battle, EvaluationReply, EvaluationRun, FixEpisode, Message, Task, TaskTurn
@@ -308,6 +308,32 @@ def test_evaluation_dialog_tries_give_regressions_and_turns_to_fix() -> None:
         (2, True, False, 2),
     ]
     assert [e.regression for e in evaluation_episodes(records)] == [None, None]  # no checker: not judged
+
+
+def test_evaluation_fixing_and_feedback_attempts_give_regressions() -> None:
+    """An attempt at another model's mistake, and each kind of feedback on a model's own, are
+    judged part by part against the mistake they correct: the first reply of its dialog turn."""
+    judged = {
+        "time wrong": {"time": False, "duration": True},
+        "duration wrong": {"time": True, "duration": False},
+        "right": {"time": True, "duration": True},
+    }
+    records = [
+        Record("m", DIALOG, 0, 0, 0, "q", "time wrong", "", "", MISTAKE),
+        Record("n", FIXING, 0, 0, 1, "The time is wrong.", "duration wrong", "", "", MISTAKE, mistake_by="m"),
+        Record("n", FIXING, 1, 0, 1, "The time is wrong.", "right", "", "", FIXED, mistake_by="m"),
+        Record("m", FEEDBACK, 0, 0, 1, "Fix it.", "duration wrong", "", "", MISTAKE, feedback_kind="generic"),
+        Record("m", FEEDBACK, 0, 0, 1, "The time is wrong.", "right", "", "", FIXED, feedback_kind="human"),
+        Record("m", FEEDBACK, 0, 5, 1, "Fix it.", "right", "", "", FIXED, feedback_kind="generic"),  # No such turn.
+    ]
+    found = evaluation_episodes(records, lambda record: judged[record.reply])
+    assert [(e.model, e.fixed, e.regression) for e in found] == [
+        ("n", False, True),  # Fixed the time, broke the duration.
+        ("n", True, False),
+        ("m", False, True),
+        ("m", True, False),
+        ("m", True, None),  # No mistake to compare with: not judged.
+    ]
 
 
 @pytest.mark.django_db

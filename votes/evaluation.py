@@ -371,32 +371,37 @@ def fix_episodes(records: Sequence[Record], parts: Callable[[Record], Parts] | N
     turn's second correction is its attempt 2), every attempt at another model's mistake, and
     every kind of feedback on the model's own mistakes. False corrections are not fix episodes.
 
-    ``parts`` judges a record's reply part by part (the run's task turn's checker): with it, a
-    dialog try that broke a part the try before had right is a regression."""
+    ``parts`` judges a record's reply part by part (the run's task turn's checker): with it, an
+    answer that broke a part the reply it corrects had right is a regression: a dialog try
+    against the try before; an attempt at another model's mistake, or one kind of feedback on the
+    model's own, against that mistake (the first reply of its dialog turn)."""
     episodes = []
     previous: dict[tuple[str, int, int], Record] = {}  # The try before, per dialog turn.
     tries: dict[tuple[str, int, int], list[bool]] = {}  # Each turn's tries: fixed or not.
+    first_replies: dict[tuple[str, int], Record] = {}  # Per model and dialog turn: the mistakes.
     for record in records:
         if record.part == DIALOG:
             tries.setdefault((record.model, record.attempt, record.turn), []).append(record.rating == FIXED)
+            if record.try_number == 0:
+                first_replies[(record.model, record.turn)] = record
     for record in records:  # In the order they were made: a turn's tries one after another.
         key = (record.model, record.attempt, record.turn)
-        regression = None
         turns_to_fix = 1 if record.rating == FIXED else None
         before = previous.get(key)
         if record.part == DIALOG:
             previous[key] = record
         if record.part == DIALOG and record.try_number > 0:
             source = "checker"
-            if parts is not None and before is not None:
-                regression = fixing.regressed(parts(before), parts(record))
             turns_to_fix = fixing.turns_to_fix(tries[key][1:])
         elif record.part == FIXING:
             source = "checker"
+            before = first_replies.get((record.mistake_by or "", record.turn))
         elif record.part == FEEDBACK:
             source = "checker" if record.feedback_kind == CHECKER_FEEDBACK else "scripted"
+            before = first_replies.get((record.model, record.turn))
         else:
             continue
+        regression = fixing.regressed(parts(before), parts(record)) if parts and before else None
         episodes.append(
             Episode(
                 model=record.model,
