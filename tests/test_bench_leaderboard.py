@@ -21,7 +21,14 @@ def test_reduction_matches_the_vote_by_vote_count() -> None:
 def test_bench_command_json() -> None:
     out = StringIO()
     call_command(
-        "bench_leaderboard", "--votes=5000", "--models=6", "--rounds=50", "--reference-rounds=1", "--json", stdout=out
+        "bench_leaderboard",
+        "--votes=5000",
+        "--models=6",
+        "--rounds=50",
+        "--reference-rounds=1",
+        "--repeats=3",
+        "--json",
+        stdout=out,
     )
     result = json.loads(out.getvalue())
     stages = [stage["stage"] for stage in result["stages"]]
@@ -32,7 +39,14 @@ def test_bench_command_json() -> None:
     assert any(stage.startswith("style control: fit and intervals") for stage in stages)
     # The synthetic stuffers are found, and no honest voter.
     assert result["stuffers_flagged"] >= 20 and result["honest_flagged"] == 0
-    assert result["seconds_total"] == pytest.approx(sum(stage["seconds"] for stage in result["stages"]))
+    # The whole refresh is timed three times: each repeat's total is the sum of its stages, the
+    # figure quoted their median; a stage's median lies between its fastest and slowest repeats.
+    each = result["seconds_total_each_repeat"]
+    assert result["repeats"] == 3 and len(each) == 3
+    assert result["seconds_total"] == pytest.approx(float(np.median(each)))
+    assert sum(stage["fastest_seconds"] for stage in result["stages"]) <= min(each) + 1e-9
+    assert sum(stage["slowest_seconds"] for stage in result["stages"]) >= max(each) - 1e-9
+    assert all(s["fastest_seconds"] <= s["seconds"] <= s["slowest_seconds"] for s in result["stages"])
     reference = result["reference"]
     assert reference["rounds_run"] == 1
     assert reference["seconds_extrapolated"] == pytest.approx(reference["seconds_per_round"] * 50)
@@ -45,8 +59,11 @@ def test_bench_command_json() -> None:
     table = StringIO()
     call_command("bench_leaderboard", "--votes=2000", "--models=4", "--rounds=20", "--reference-rounds=0", stdout=table)
     assert "whole refresh" in table.getvalue() and "not run" in table.getvalue()
+    assert "run 5 times" in table.getvalue()
     with pytest.raises(CommandError):
         call_command("bench_leaderboard", "--models=1")
+    with pytest.raises(CommandError, match="--repeats"):
+        call_command("bench_leaderboard", "--repeats=0")
 
 
 @pytest.mark.django_db(transaction=True)

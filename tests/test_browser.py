@@ -9,6 +9,7 @@ Screenshots go to ARENA_TEST_ARTIFACTS (default var/test-artifacts/browser/).
 import asyncio
 import os
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
@@ -27,6 +30,7 @@ from inference.models import LLM
 from tests.conftest import BATTLE_PRESETS, battle_llm_fields
 from votes.loadtest import run_voters
 from votes.models import Battle, Message, Task, Vote
+from votes.selectors import battle_group
 from votes.services import NOT_PICKED_UP
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -94,7 +98,26 @@ def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
     opened.on("pageerror", lambda error: errors.append(str(error)))
     yield opened
     context.close()
+    wait_for_disconnects()
     assert errors == [], f"JavaScript errors: {errors}"
+
+
+def wait_for_disconnects(timeout_s: float = 30.0) -> None:
+    """Return once daphne has handled the closed page's websocket disconnects. A consumer that
+    disconnects stops its battle's replies in a transaction, then leaves the battle's group
+    (votes.consumers); were that transaction still running, it could deadlock with the flush
+    that ends this test (a TRUNCATE of every table). The test's battles' groups empty: done."""
+    layer = get_channel_layer()
+    battles = Battle.objects.values_list("public_id", flat=True)
+    keys = [layer._group_key(battle_group(public_id)) for public_id in battles]
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while keys and client.exists(*keys):
+            assert time.monotonic() < deadline, f"daphne did not handle a websocket disconnect in {timeout_s} s"
+            time.sleep(0.05)
+    finally:
+        client.close()
 
 
 def shot(page: Page, name: str) -> None:

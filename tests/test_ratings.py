@@ -246,7 +246,7 @@ def test_each_bootstrap_round_is_refitted_to_its_own_maximum_likelihood() -> Non
         wins[:, fit.first, fit.second] = score - prior / 2.0
         wins[:, fit.second, fit.first] = games - score - prior / 2.0
         newton = ratings._fit_log_strengths(wins, prior, tol=1e-12)
-        np.testing.assert_allclose(chord, newton, atol=1e-5)
+        np.testing.assert_allclose(chord, newton, rtol=0, atol=ratings._RoundFit.TOLERANCE)
 
 
 def test_normal_draws_of_large_cells_give_the_poisson_bootstrap_intervals(monkeypatch) -> None:

@@ -19,6 +19,9 @@ class Command(BaseCommand):
         parser.add_argument("--reference-rounds", type=int, default=2, help="Rounds of the reference actually run.")
         parser.add_argument("--seed", type=int, default=0)
         parser.add_argument(
+            "--repeats", type=int, default=5, help="Whole refreshes timed, from arrays; the median is quoted."
+        )
+        parser.add_argument(
             "--from-database",
             action="store_true",
             help="Store the votes in a scratch PostgreSQL database (created and dropped) and time the site's refresh.",
@@ -28,6 +31,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["votes"] < 1 or options["models"] < 2 or options["rounds"] < 1 or options["reference_rounds"] < 0:
             raise CommandError("Need --votes >= 1, --models >= 2, --rounds >= 1 and --reference-rounds >= 0.")
+        if options["repeats"] < 1:
+            raise CommandError("Need --repeats >= 1.")
         if options["from_database"]:
             try:
                 result = bench_database.run_database_bench(
@@ -43,5 +48,6 @@ class Command(BaseCommand):
             rounds=options["rounds"],
             reference_rounds=options["reference_rounds"],
             seed=options["seed"],
+            repeats=options["repeats"],
         )
         self.stdout.write(json.dumps(result, indent=2) if options["json"] else bench.format_table(result))
