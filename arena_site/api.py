@@ -1,5 +1,6 @@
 """The research API (django-ninja) at /api/v1: leaderboard, models, tasks, votes, battles,
-evaluation runs and dumps. OpenAPI schema at /api/v1/openapi.json, docs at /api/v1/docs.
+evaluation runs and dumps. OpenAPI schema at /api/v1/openapi.json, docs at /api/v1/docs (Swagger
+UI) and /api/v1/redoc (ReDoc), both served from django-ninja's own static files.
 
 Without a key: the leaderboard, models, tasks, evaluations and a throttled sample of the newest
 votes. With a researcher key (header ``X-API-Key``, issued in the admin): everything, paginated
@@ -16,11 +17,12 @@ from typing import Any, Literal
 
 from django.conf import settings
 from django.core.cache import cache
-from django.http import FileResponse, HttpRequest, StreamingHttpResponse
+from django.http import FileResponse, HttpRequest, HttpResponse, StreamingHttpResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from ninja import Field, NinjaAPI, Query, Schema
 from ninja.errors import HttpError, ValidationError
+from ninja.openapi.docs import Redoc
 
 from inference.models import LLM
 from leaderboard import selectors as leaderboard_selectors
@@ -34,6 +36,11 @@ api = NinjaAPI(
     description=__doc__ or "",
     urls_namespace="api-1",
 )
+
+
+def redoc(request: HttpRequest) -> HttpResponse:
+    """The same schema in ReDoc (django-ninja takes one docs page per API; this is the second)."""
+    return Redoc().render_page(request, api)
 
 
 class Error(Schema):
@@ -222,9 +229,11 @@ class VoteFilters(Schema):
     limit: int | None = Field(None, ge=1, le=MAX_PAGE, description=f"Votes per page (default and most: {MAX_PAGE}).")
 
 
+# Integer status keys, as ninja's own: a "200" string would be written beside its 200, a duplicate
+# key that Swagger UI and ReDoc refuse to parse.
 STREAM_DOC = {
     "responses": {
-        "200": {
+        200: {
             "description": "One record per vote (clean_battle fields plus this arena's): JSON Lines or CSV. "
             "The header X-Next-Cursor, when present, is the cursor of the next page.",
             "content": {
@@ -446,7 +455,7 @@ def dumps(request: HttpRequest) -> Any:
     "/dumps/{day}/{name}",
     response={200: None, 404: Error, **ERRORS},
     tags=["dumps"],
-    openapi_extra={"responses": {"200": {"description": "The file.", "content": {"application/octet-stream": {}}}}},
+    openapi_extra={"responses": {200: {"description": "The file.", "content": {"application/octet-stream": {}}}}},
 )
 def dump_file(request: HttpRequest, day: str, name: str) -> Any:
     require_key(request)

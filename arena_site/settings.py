@@ -64,6 +64,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    # As an app, django-ninja renders its API docs with the Swagger UI and ReDoc it ships as
+    # static files; otherwise it loads them from a CDN, and the docs are blank offline.
+    "ninja",
     "inference",
     "votes",
     "leaderboard",

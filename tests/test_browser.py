@@ -23,7 +23,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.utils import timezone
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 from arena_site.stack import Stack, database_url
 from inference.models import LLM
@@ -35,7 +35,6 @@ from votes.services import NOT_PICKED_UP
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-CHROMIUM = os.environ.get("ARENA_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(os.environ.get("ARENA_TEST_ARTIFACTS", settings.BASE_DIR / "var" / "test-artifacts")) / "browser"
 PHONE = {"width": 390, "height": 844}
 QUEUE_PREFIX = f"browser-{uuid.uuid4().hex[:8]}"
@@ -75,19 +74,6 @@ def live_url(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: py
 @pytest.fixture
 def models(db: None) -> list[LLM]:
     return create_models()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium); scripts/test does.")
-    # Playwright's sync API keeps an event loop in this thread, which Django takes for async
-    # code; the tests' own queries are plain synchronous ones.
-    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
-        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "1")
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield launched
-        launched.close()
 
 
 @pytest.fixture
