@@ -149,17 +149,31 @@ def test_a_voter_plays_a_whole_battle(live_url: str, models: list[LLM], page: Pa
     wait_finished(page, "b", 1)
     assert page.url.startswith(live_url + "/battle/")
     public_id = page.url.rstrip("/").rsplit("/", 1)[1]
+    # 🥦 answers a mistake: a first reply does not offer it.
+    expect(reply(page, "a").locator('button[data-rating="fixed"]')).to_be_hidden()
 
+    # A correction sent with Enter before the first vote is refused, with the reason, and stays
+    # in the box; the error clears once the voter does something the server accepts.
+    page.fill("#prompt", "It is at 6PM, not 5PM.")
+    page.keyboard.press("Enter")
+    expect(page.locator("#status")).to_contain_text("before going on")
+    expect(page.locator("#status")).to_have_class(re.compile("error"))
+    expect(page.locator("#prompt")).to_have_value("It is at 6PM, not 5PM.")
     reply(page, "a").get_by_title("Rate this reply: correct").click()
+    expect(page.locator("#status")).not_to_have_class(re.compile("error"))
+    expect(page.locator("#status")).to_have_text("")
     reply(page, "b").get_by_title("Rate this reply: a mistake").click()
     expect(reply(page, "b").locator("button.chosen")).to_have_text("🍄")
     page.get_by_role("button", name="A is better").click()
     expect(page.locator("#vote-stage")).to_contain_text("Correct a side")
+    expect(page.locator("#your-votes")).to_have_text("Your votes — first try: A is better.")
 
-    # A correction to side B only: A stays paused with its single turn.
+    # The refused correction, still in the box, goes to side B only: A stays paused with its
+    # single turn, and the box empties once the server took it.
     text_a = reply(page, "a").locator(".text").text_content()
-    page.fill("#prompt", "It is at 6PM, not 5PM.")
+    expect(page.locator("#prompt")).to_have_value("It is at 6PM, not 5PM.")
     page.get_by_role("button", name="Only to B").click()
+    expect(page.locator("#prompt")).to_have_value("")
     wait_finished(page, "b", 2)
     expect(page.locator("#log-a .msg.user")).to_have_count(1)
     expect(page.locator("#log-b .msg.user")).to_have_count(2)
@@ -171,6 +185,12 @@ def test_a_voter_plays_a_whole_battle(live_url: str, models: list[LLM], page: Pa
     page.get_by_role("button", name="B is better").click()
     expect(page.locator("#vote-stage")).to_contain_text("End the battle")
     page.get_by_role("button", name="End battle and reveal").click()
+    votes_cast = "Your votes — first try: A is better; after the fix: B is better."
+    expect(page.locator("#your-votes")).to_have_text(votes_cast)
+    # After the reveal the ratings stay as a record, and no control is offered.
+    expect(reply(page, "b", 0).locator('button[data-rating="mistake"]')).to_be_disabled()
+    for rating in ("correct", "fixed", "garbage"):
+        expect(reply(page, "b", 0).locator(f'button[data-rating="{rating}"]')).to_be_hidden()
     names = {m.name for m in models}
     for side in "ab":
         heading = page.locator(f'.pane[data-side="{side}"] h2')

@@ -11,6 +11,8 @@
     ["garbage", "🔥", "garbage"],
   ];
   const FINISHED = ["done", "stopped", "failed"];
+  const WRONG = ["mistake", "garbage"];
+  const CHOICES = { a: "A is better", b: "B is better", tie: "Tie", both_bad: "Both are bad" };
   // A reply quiet for this long is checked against the database (its worker may be gone).
   const QUIET_RESYNC_MS = 10000;
 
@@ -25,6 +27,7 @@
   const statusLine = document.getElementById("status");
   const voteButtons = Array.from(document.querySelectorAll("#votes button[data-choice]"));
   const voteStage = document.getElementById("vote-stage");
+  const yourVotes = document.getElementById("your-votes");
   const endButton = document.getElementById("end");
   const startPanel = document.getElementById("start");
   const taskList = document.getElementById("task-list");
@@ -45,10 +48,17 @@
   let task = null;
   let scriptedSent = { a: 0, b: 0 };
   let lastFrameAt = Date.now();
+  // A prompt sent and not yet accepted stays in the box: the server may refuse it.
+  let sentPrompt = null;
 
   function setStatus(text, isError) {
     statusLine.textContent = text;
     statusLine.classList.toggle("error", Boolean(isError));
+  }
+
+  // An error stops applying once the server accepts the voter's next action.
+  function clearError() {
+    if (statusLine.classList.contains("error")) { setStatus(""); }
   }
 
   function socketUrl() {
@@ -96,6 +106,7 @@
     const entry = {
       element: view.element, textNode: view.textNode, seq: reply.seq || 0, status: reply.status,
       rating: reply.rating || null, turn: turn, side: side, ratingBar: null, stats: null, retry: null,
+      verdict: reply.check ? reply.check.verdict : null,
     };
     replies[turn + ":" + side] = entry;
     lastTurnOf[side] = Math.max(lastTurnOf[side], turn);
@@ -129,7 +140,8 @@
     }
     entry.element.appendChild(stats);
     entry.stats = stats;
-    if (frame.status === "failed") { addRetryButton(entry); } else { addRatingBar(entry); }
+    // A reply stopped before its first word has nothing to rate.
+    if (frame.status === "failed") { addRetryButton(entry); } else if (frame.text.trim()) { addRatingBar(entry); }
   }
 
   function addRetryButton(entry) {
@@ -165,10 +177,27 @@
     showRating(entry);
   }
 
+  // Whether the side's reply before this one was wrong (rated or checked so): only then can
+  // this one be 🥦, as the server rules.
+  function answersACorrection(entry) {
+    let previous = null;
+    Object.keys(replies).forEach(function (key) {
+      const other = replies[key];
+      if (other.side === entry.side && other.turn < entry.turn && (!previous || other.turn > previous.turn)) {
+        previous = other;
+      }
+    });
+    return Boolean(previous) && (WRONG.indexOf(previous.rating) >= 0 || WRONG.indexOf(previous.verdict) >= 0);
+  }
+
   function showRating(entry) {
     if (!entry.ratingBar) { return; }
+    const fixable = answersACorrection(entry);
     Array.from(entry.ratingBar.children).forEach(function (button) {
-      button.classList.toggle("chosen", button.dataset.rating === entry.rating);
+      const chosen = button.dataset.rating === entry.rating;
+      button.classList.toggle("chosen", chosen);
+      // After the reveal only the rating given stays, as a record; 🥦 only answers a mistake.
+      button.hidden = ended ? !chosen : (button.dataset.rating === "fixed" && !fixable && !chosen);
       button.disabled = ended;
     });
   }
@@ -205,6 +234,12 @@
         ? "And after the fix?"
         : "Correct a side that got it wrong (send to it only), then vote again — or end the battle.";
     }
+    const cast = [];
+    if (votes.first_try) { cast.push("first try: " + CHOICES[votes.first_try]); }
+    if (votes.after_fix) { cast.push("after the fix: " + CHOICES[votes.after_fix]); }
+    yourVotes.hidden = cast.length === 0;
+    yourVotes.textContent = "Your votes — " + cast.join("; ") + ".";
+    Object.keys(replies).forEach(function (key) { showRating(replies[key]); });
     endButton.disabled = ended || waiting || !firstVoted;
     const mayPrompt = !ended && !waiting && (!started || firstVoted);
     sendButton.disabled = !mayPrompt;
@@ -328,6 +363,9 @@
         history.replaceState(null, "", "/battle/" + battleId + "/");
         break;
       case "prompt":
+        if (sentPrompt !== null && input.value.trim() === sentPrompt) { input.value = ""; }
+        sentPrompt = null;
+        clearError();
         latestTurn = frame.turn;
         frame.sides.forEach(function (side) {
           addMessage(side, "user", frame.text);
@@ -353,6 +391,7 @@
       case "restart":  // A worker was lost: the reply is generated again from the start.
       case "regenerating": {
         const entry = replies[frame.turn + ":" + frame.side];
+        if (frame.type === "regenerating") { clearError(); }
         if (entry) {
           entry.textNode.textContent = "";
           entry.seq = 0;
@@ -366,10 +405,12 @@
       }
       case "rated": {
         const entry = replies[frame.turn + ":" + frame.side];
-        if (entry) { entry.rating = frame.rating; showRating(entry); }
+        if (entry) { entry.rating = frame.rating; }
+        clearError();
         break;
       }
       case "voted":
+        clearError();
         votes[frame.stage] = frame.choice;
         if (frame.stage === "first_try") { votes.first_try_turn = frame.after_turn; }
         break;
@@ -377,6 +418,7 @@
         renderState(frame);
         break;
       case "error":
+        sentPrompt = null;  // Refused: the text stays in the box to be sent again.
         setStatus(frame.message, true);
         break;
     }
@@ -388,7 +430,7 @@
     if (!text) { setStatus("Type a prompt first.", true); return; }
     const frame = { type: "prompt", text: text };
     if (side) { frame.side = side; }
-    if (send(frame)) { input.value = ""; setStatus(""); }
+    if (send(frame)) { sentPrompt = text; }
   }
 
   form.addEventListener("submit", function (event) { event.preventDefault(); submitPrompt(null); });
