@@ -162,8 +162,13 @@ def test_a_voter_plays_a_whole_battle(live_url: str, models: list[LLM], page: Pa
     reply(page, "a").get_by_title("Rate this reply: correct").click()
     expect(page.locator("#status")).not_to_have_class(re.compile("error"))
     expect(page.locator("#status")).to_have_text("")
-    reply(page, "b").get_by_title("Rate this reply: a mistake").click()
+    reply(page, "b").get_by_role("button", name="Mistake").click()
     expect(reply(page, "b").locator("button.chosen")).to_have_text("🍄")
+    # Rating buttons have text names, say which is chosen, and are targets of at least 24 px.
+    expect(reply(page, "b").get_by_role("button", name="Mistake")).to_have_attribute("aria-pressed", "true")
+    expect(reply(page, "b").get_by_role("button", name="Correct")).to_have_attribute("aria-pressed", "false")
+    box = reply(page, "b").get_by_role("button", name="Garbage").bounding_box()
+    assert box is not None and box["width"] >= 24 and box["height"] >= 24
     page.get_by_role("button", name="A is better").click()
     expect(page.locator("#vote-stage")).to_contain_text("Correct a side")
     expect(page.locator("#your-votes")).to_have_text("Your votes — first try: A is better.")
@@ -191,6 +196,8 @@ def test_a_voter_plays_a_whole_battle(live_url: str, models: list[LLM], page: Pa
     expect(reply(page, "b", 0).locator('button[data-rating="mistake"]')).to_be_disabled()
     for rating in ("correct", "fixed", "garbage"):
         expect(reply(page, "b", 0).locator(f'button[data-rating="{rating}"]')).to_be_hidden()
+    for control in ("#prompt", "#send", "#end", "#votes button[data-choice]", ".regenerate"):
+        expect(page.locator(control).first).to_be_hidden()
     names = {m.name for m in models}
     for side in "ab":
         heading = page.locator(f'.pane[data-side="{side}"] h2')

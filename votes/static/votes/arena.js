@@ -4,11 +4,12 @@
   "use strict";
 
   const SIDES = ["a", "b"];
+  // [value, symbol, tooltip's wording, name screen readers hear]
   const RATINGS = [
-    ["correct", "✓", "correct"],
-    ["mistake", "🍄", "a mistake"],
-    ["fixed", "🥦", "fixed after a correction"],
-    ["garbage", "🔥", "garbage"],
+    ["correct", "✓", "correct", "Correct"],
+    ["mistake", "🍄", "a mistake", "Mistake"],
+    ["fixed", "🥦", "fixed after a correction", "Fixed"],
+    ["garbage", "🔥", "garbage", "Garbage"],
   ];
   const FINISHED = ["done", "stopped", "failed"];
   const WRONG = ["mistake", "garbage"];
@@ -165,6 +166,8 @@
       button.type = "button";
       button.textContent = rating[1];
       button.title = "Rate this reply: " + rating[2];
+      button.setAttribute("aria-label", rating[3]);
+      button.setAttribute("aria-pressed", "false");
       button.dataset.rating = rating[0];
       button.addEventListener("click", function () {
         const next = entry.rating === rating[0] ? null : rating[0];
@@ -196,6 +199,7 @@
     Array.from(entry.ratingBar.children).forEach(function (button) {
       const chosen = button.dataset.rating === entry.rating;
       button.classList.toggle("chosen", chosen);
+      button.setAttribute("aria-pressed", String(chosen));
       // After the reveal only the rating given stays, as a record; 🥦 only answers a mistake.
       button.hidden = ended ? !chosen : (button.dataset.rating === "fixed" && !fixable && !chosen);
       button.disabled = ended;
@@ -222,7 +226,10 @@
     const waiting = busy();
     const firstVoted = Boolean(votes.first_try);
     const voteOpen = started && !waiting && !ended && (!firstVoted || canVoteAfterFix());
-    voteButtons.forEach(function (button) { button.disabled = !voteOpen; });
+    // After the reveal nothing can act any more: the controls go, the record stays.
+    voteButtons.forEach(function (button) { button.disabled = !voteOpen; button.hidden = ended; });
+    endButton.hidden = ended;
+    form.hidden = ended;
     if (ended) {
       voteStage.textContent = "Battle ended.";
     } else if (!firstVoted) {
@@ -253,6 +260,7 @@
       document.querySelector('.stop-side[data-side="' + side + '"]').hidden = !last || isFinished(last);
       const regenerate = document.querySelector('.regenerate[data-side="' + side + '"]');
       regenerate.disabled = ended || !last || !isFinished(last) || waiting;
+      regenerate.hidden = ended;
       if (last && last.retry) { last.retry.hidden = regenerate.disabled; }
     });
     startPanel.hidden = Boolean(battleId) || started;
