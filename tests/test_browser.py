@@ -164,6 +164,10 @@ def test_a_voter_plays_a_whole_battle(live_url: str, models: list[LLM], page: Pa
     expect(page.locator("#status")).to_have_text("")
     reply(page, "b").get_by_role("button", name="Mistake").click()
     expect(reply(page, "b").locator("button.chosen")).to_have_text("🍄")
+    # Rating B's reply a mistake aims the input at B: it says so, and A says it waits.
+    expect(page.locator("#target")).to_have_text("To B only — A waits")
+    expect(page.locator("#send")).to_have_text("Send to B only")
+    expect(page.locator('.paused-note[data-side="a"]')).to_have_text("Waiting: your next message goes to B only.")
     # Rating buttons have text names, say which is chosen, and are targets of at least 24 px.
     expect(reply(page, "b").get_by_role("button", name="Mistake")).to_have_attribute("aria-pressed", "true")
     expect(reply(page, "b").get_by_role("button", name="Correct")).to_have_attribute("aria-pressed", "false")
@@ -177,12 +181,13 @@ def test_a_voter_plays_a_whole_battle(live_url: str, models: list[LLM], page: Pa
     # single turn, and the box empties once the server took it.
     text_a = reply(page, "a").locator(".text").text_content()
     expect(page.locator("#prompt")).to_have_value("It is at 6PM, not 5PM.")
-    page.get_by_role("button", name="Only to B").click()
+    page.get_by_role("button", name="Send to B only").click()
     expect(page.locator("#prompt")).to_have_value("")
     wait_finished(page, "b", 2)
     expect(page.locator("#log-a .msg.user")).to_have_count(1)
     expect(page.locator("#log-b .msg.user")).to_have_count(2)
     assert reply(page, "a").locator(".text").text_content() == text_a
+    expect(page.locator('.paused-note[data-side="a"]')).to_contain_text("went to B only")
     reply(page, "b").get_by_title("Rate this reply: fixed after a correction").click()
     expect(reply(page, "b").locator("button.chosen")).to_have_text("🥦")
     shot(page, "03-corrected")
@@ -298,16 +303,17 @@ def test_controls_are_reachable_and_usable_by_keyboard(live_url: str, models: li
     assert Vote.objects.get().choice == "tie"
     assert Message.objects.filter(rating="mistake").count() == 1
 
-    # Now a correction can be sent to one side, from the keyboard too.
+    # The reply rated a mistake aimed the input at its side: Enter sends the correction there.
+    expect(page.locator("#target")).to_have_text("To A only — B waits")
     reached = focus_order(page)
-    for control in ["Send to both", "Only to A", "Only to B", "End battle and reveal"]:
+    for control in ["Send to A only", "Send to both instead", "Only to A", "Only to B", "End battle and reveal"]:
         assert control in reached, f"{control!r} is not reachable with Tab: {reached}"
     page.focus("#prompt")
     page.keyboard.type("It is at 6PM, not 5PM.")
-    tab_to(page, "Only to A")
     page.keyboard.press("Enter")
     wait_finished(page, "a", 2)
     expect(page.locator("#log-b .msg.user")).to_have_count(1)
+    expect(page.locator('.paused-note[data-side="b"]')).to_contain_text("went to A only")
     shot(page, "05-keyboard")
 
 

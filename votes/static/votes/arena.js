@@ -23,6 +23,9 @@
   const sendButton = document.getElementById("send");
   const sendOneButtons = Array.from(document.querySelectorAll(".send-one"));
   const stopButton = document.getElementById("stop");
+  const targetLine = document.getElementById("target");
+  const toBothButton = document.getElementById("to-both");
+  const tellButtons = Array.from(document.querySelectorAll(".tell-side"));
   const stopSideButtons = Array.from(document.querySelectorAll(".stop-side"));
   const regenerateButtons = Array.from(document.querySelectorAll(".regenerate"));
   const statusLine = document.getElementById("status");
@@ -51,6 +54,8 @@
   let lastFrameAt = Date.now();
   // A prompt sent and not yet accepted stays in the box: the server may refuse it.
   let sentPrompt = null;
+  // Where Enter sends the next message: null for both sides, or the side being corrected.
+  let target = null;
 
   function setStatus(text, isError) {
     statusLine.textContent = text;
@@ -172,6 +177,8 @@
       button.addEventListener("click", function () {
         const next = entry.rating === rating[0] ? null : rating[0];
         send({ type: "rate", side: entry.side, turn: entry.turn, rating: next });
+        // A wrong latest reply: the next message is most likely its correction.
+        if (WRONG.indexOf(next) >= 0 && entry.turn === lastTurnOf[entry.side]) { aimAt(entry.side); }
       });
       bar.appendChild(button);
     });
@@ -212,6 +219,16 @@
     note.textContent = "Automatic check: " + check.verdict + (check.reason ? " — " + check.reason : "");
     entry.element.appendChild(note);
   }
+
+  function aimAt(side) {
+    target = side;
+    refreshControls();
+    input.focus();
+  }
+
+  function sideName(side) { return side.toUpperCase(); }
+
+  function otherSide(side) { return side === "a" ? "b" : "a"; }
 
   function busy() {
     return Object.keys(replies).some(function (key) { return !isFinished(replies[key]); });
@@ -263,9 +280,38 @@
       regenerate.hidden = ended;
       if (last && last.retry) { last.retry.hidden = regenerate.disabled; }
     });
+    showTarget(started);
     startPanel.hidden = Boolean(battleId) || started;
     taskPanel.hidden = !task;
     refreshSuggestions(mayPrompt);
+  }
+
+  // The input always says where the next message goes; a side left out says it waits, and why.
+  function showTarget(started) {
+    if (!started) { target = null; }  // The first prompt goes to both sides.
+    const to = target ? sideName(target) : "";
+    targetLine.textContent = target ? "To " + to + " only — " + sideName(otherSide(target)) + " waits" : "To both sides";
+    targetLine.hidden = ended;
+    sendButton.textContent = target ? "Send to " + to + " only" : "Send to both";
+    toBothButton.hidden = ended || !target;
+    toBothButton.disabled = sendButton.disabled;
+    input.placeholder = target ? "Tell " + to + " what's wrong…" : "Type a prompt…";
+    SIDES.forEach(function (side) {
+      const note = document.querySelector('.paused-note[data-side="' + side + '"]');
+      const waits = !ended && target === otherSide(side);
+      let text = "";
+      if (!ended && started && lastTurnOf[side] < latestTurn) {
+        text = "Paused: the last message went to " + sideName(otherSide(side)) + " only" +
+          (waits ? ", and so will the next." : ".");
+      } else if (waits) {
+        text = "Waiting: your next message goes to " + sideName(target) + " only.";
+      }
+      note.textContent = text;
+      note.hidden = !text;
+      const last = replies[lastTurnOf[side] + ":" + side];
+      const tell = document.querySelector('.tell-side[data-side="' + side + '"]');
+      tell.hidden = ended || !last || !isFinished(last) || target === side;
+    });
   }
 
   function refreshSuggestions(mayPrompt) {
@@ -441,7 +487,11 @@
     if (send(frame)) { sentPrompt = text; }
   }
 
-  form.addEventListener("submit", function (event) { event.preventDefault(); submitPrompt(null); });
+  form.addEventListener("submit", function (event) { event.preventDefault(); submitPrompt(target); });
+  toBothButton.addEventListener("click", function () { target = null; refreshControls(); input.focus(); });
+  tellButtons.forEach(function (button) {
+    button.addEventListener("click", function () { aimAt(button.dataset.side); });
+  });
   sendOneButtons.forEach(function (button) {
     button.addEventListener("click", function () { submitPrompt(button.dataset.side); });
   });
