@@ -38,5 +38,8 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
         "excluded_total": sum(snapshot.excluded.values()),
         "base_models": selectors.base_model_names(),
         "provisional_below": settings.LEADERBOARD_PROVISIONAL_VOTES,
+        # When a vote shows: the refresh rule of leaderboard.services.refresh_if_due.
+        "refresh_minutes": round(settings.LEADERBOARD_REFRESH_SECONDS / 60),
+        "refresh_votes": settings.LEADERBOARD_REFRESH_VOTES,
     }
     return render(request, "leaderboard/index.html", context)

@@ -64,6 +64,7 @@ def test_docs_render_the_schema_offline(live_server: object, browser: Browser, p
         page.goto(f"{live_server}{path}")
         expect(page.locator(rendered).first).to_be_visible(timeout=30_000)
         assert page.locator(rendered).count() >= 5
+        page.wait_for_load_state("networkidle")  # what loads late (images) has been asked for
         assert refused == [] and errors == []
     finally:
         context.close()

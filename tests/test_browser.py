@@ -343,9 +343,20 @@ def test_the_arena_works_at_phone_width(live_url: str, models: list[LLM], browse
         page.get_by_role("button", name="Both are bad").tap()
         expect(page.locator("#vote-stage")).to_contain_text("Correct a side")
         shot(page, "06-phone")
+        # An ended battle with a vote, so that the board has rows: on a phone each row shows its
+        # rank, model and rating, and the other columns one tap away.
+        strong, weak = models
+        ended = Battle.objects.create(model_a=strong, model_b=weak, voter_key="phone", state=Battle.State.ENDED)
+        Vote.objects.create(battle=ended, choice="a", stage=Vote.Stage.FIRST_TRY)
         page.goto(live_url + "/leaderboard/")
         expect(page.get_by_role("heading", name="Leaderboard")).to_be_visible()
         assert page.evaluate("() => document.documentElement.scrollWidth") <= PHONE["width"]
+        expect(page.get_by_role("columnheader", name="Rating", exact=True)).to_be_visible()
+        expect(page.get_by_role("columnheader", name="95% interval")).to_be_hidden()
+        first_row = page.locator("table.leaderboard tbody tr").first
+        expect(first_row.get_by_text("Votes")).to_be_hidden()
+        first_row.get_by_text("More").tap()
+        expect(first_row.get_by_text("Votes")).to_be_visible()
         shot(page, "07-phone-leaderboard")
     finally:
         context.close()

@@ -271,6 +271,20 @@ def test_the_page_says_what_the_numbers_mean(client, models, settings) -> None:
     assert f"fewer than {settings.LEADERBOARD_PROVISIONAL_VOTES} votes is <strong>provisional</strong>" in after
 
 
+def test_the_page_says_when_votes_appear_and_that_elo_is_secondary(client, models, settings) -> None:
+    settings.LEADERBOARD_REFRESH_SECONDS = 300
+    settings.LEADERBOARD_REFRESH_VOTES = 50
+    strong, weak, _idle = models
+    make_battle(strong, weak, "a")
+    html = client.get("/leaderboard/").content.decode()
+    assert "A vote counts once its battle has ended" in html
+    assert "every 5 minutes, or\nas soon as 50 new votes" in html
+    assert '<th class="more secondary">Online Elo (secondary)</th>' in html
+    assert "Go by the <strong>rating</strong>" in html
+    # Phones: each row also carries its other columns, one tap away.
+    assert html.count('<details class="row-more">') == 2
+
+
 def test_the_refresh_raises_work_mem_for_its_own_transaction(models, settings) -> None:
     from django.db import connection
 
