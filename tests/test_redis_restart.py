@@ -135,7 +135,9 @@ async def test_redis_restart_during_a_battle(demo_llms, settings, tmp_path: Path
         await sync_to_async(redis_server.restart)()
 
         await page.until(lambda: page.finished(0, "ab"))
-        assert page.reconnects >= 1, "the socket should have been lost with Redis"
+        # The socket is lost with Redis (daphne closes it): the page reconnects, though the state
+        # it asked for meanwhile may already have shown the replies finished.
+        await page.until(lambda: page.reconnects >= 1, limit_s=30)
         battle = await database_sync_to_async(Battle.objects.get)(public_id=page.battle)
         saved = await database_sync_to_async(
             lambda: {m.side: m for m in Message.objects.filter(battle=battle, role="assistant", turn=0)}
