@@ -74,6 +74,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Outside WhiteNoise, so that the static files it serves are compressed too.
+    "arena_site.compression.TextGZipMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -134,6 +136,12 @@ STATIC_ROOT = Path(os.environ.get("STATIC_ROOT", VAR_DIR / "static"))
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 # Serve straight from the apps' static folders when collectstatic has not been run (embedded).
 WHITENOISE_USE_FINDERS = True
+# collectstatic (production) also writes a gzip-compressed copy of each file, which WhiteNoise
+# then serves as they are; no manifest, so pages work whether or not it was run.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 
 # --- Channels and Celery -------------------------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "")
@@ -231,6 +239,13 @@ ARENA_GENERATION_TIMEOUT_SECONDS = float(os.environ.get("ARENA_GENERATION_TIMEOU
 ARENA_REPLY_HEARTBEAT_SECONDS = float(os.environ.get("ARENA_REPLY_HEARTBEAT_SECONDS", "5"))
 ARENA_REPLY_STALL_SECONDS = float(os.environ.get("ARENA_REPLY_STALL_SECONDS", "30"))
 ARENA_REPLY_QUEUE_SECONDS = float(os.environ.get("ARENA_REPLY_QUEUE_SECONDS", "300"))
+# A reply keeps streaming while any page of its battle is open; once every page has been gone for
+# ARENA_LEAVE_GRACE_SECONDS (a reload, a flaky network and a closed tab are told apart by it),
+# its worker stops it. Open pages say so every third of that.
+ARENA_LEAVE_GRACE_SECONDS = float(os.environ.get("ARENA_LEAVE_GRACE_SECONDS", "60"))
+# A battle whose voter has voted and done nothing for this long ends by itself, so its votes
+# count (the leaderboard's refresh check ends them; the names show when the voter comes back).
+ARENA_BATTLE_IDLE_SECONDS = float(os.environ.get("ARENA_BATTLE_IDLE_SECONDS", "900"))
 # The load test turns this on for its workers: frames they publish carry "sent_at" (Unix time),
 # so that the voters can time the web tier. Off in production.
 ARENA_TRACE_FRAMES = env_bool("ARENA_TRACE_FRAMES", False)

@@ -275,11 +275,15 @@ def _fix_rate(rate: ratings.FixRate) -> dict[str, float | int | None]:
 
 def refresh_if_due() -> LeaderboardRefresh | None:
     """Refresh when the latest refresh is older than LEADERBOARD_REFRESH_SECONDS or
-    LEADERBOARD_REFRESH_VOTES votes have arrived since (beat calls this every minute)."""
+    LEADERBOARD_REFRESH_VOTES votes have arrived since (beat calls this every minute).
+
+    First the battles left idle after a vote are ended (votes.services.end_idle_battles): their
+    votes count as new here, though cast before the latest refresh."""
+    idle = votes_services.end_idle_battles()
     latest = selectors.latest_refresh()
     if latest is not None:
         age = (timezone.now() - latest.created).total_seconds()
-        new_votes = selectors.new_votes_since(latest)
+        new_votes = selectors.new_votes_since(latest) + idle.votes
         if new_votes == 0 or (
             age < settings.LEADERBOARD_REFRESH_SECONDS and new_votes < settings.LEADERBOARD_REFRESH_VOTES
         ):

@@ -2,7 +2,7 @@ from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from leaderboard import charts, selectors, services
+from leaderboard import charts, selectors, services, wording
 
 
 def leaderboard(request: HttpRequest) -> HttpResponse:
@@ -41,5 +41,11 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
         # When a vote shows: the refresh rule of leaderboard.services.refresh_if_due.
         "refresh_minutes": round(settings.LEADERBOARD_REFRESH_SECONDS / 60),
         "refresh_votes": settings.LEADERBOARD_REFRESH_VOTES,
+        "idle_minutes": round(settings.ARENA_BATTLE_IDLE_SECONDS / 60),
+        "headline": wording.headline(
+            snapshot.style_rows if styled else snapshot.rows,
+            measure="fix-ability" if snapshot.method == "fix-ability" else "rating",
+            evidence="fix episodes" if snapshot.method == "fix-ability" else "votes",
+        ),
     }
     return render(request, "leaderboard/index.html", context)

@@ -86,6 +86,16 @@ def demo_llms(db: None, run_id: str) -> list[LLM]:
     ]
 
 
+@pytest.fixture
+def long_replies(settings: Any, demo_llms: list[LLM]) -> list[LLM]:
+    """Replies long enough (random-weight models rarely stop early) to be stopped mid-stream."""
+    settings.ARENA_MAX_NEW_TOKENS = 400
+    for llm in demo_llms:
+        llm.max_new_tokens = 400
+        llm.save()
+    return demo_llms
+
+
 @pytest.fixture(scope="session")
 def celery_worker(run_id: str, django_db_blocker: Any) -> Iterator[Any]:
     """A real Celery worker (not eager mode) on the Redis broker, consuming this run's queues.

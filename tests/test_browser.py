@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import redis
+from axe_playwright_python.sync_playwright import Axe
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -29,9 +30,9 @@ from arena_site.stack import Stack, database_url
 from inference.models import LLM
 from tests.conftest import BATTLE_PRESETS, battle_llm_fields
 from votes.loadtest import run_voters
-from votes.models import Battle, Message, Task, Vote
+from votes.models import Battle, EvaluationReply, EvaluationRun, Message, Task, Vote
 from votes.selectors import battle_group
-from votes.services import NOT_PICKED_UP
+from votes.services import NOT_PICKED_UP, voter_key_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -179,14 +180,14 @@ def test_a_voter_plays_a_whole_battle(live_url: str, models: list[LLM], page: Pa
 
     # The refused correction, still in the box, goes to side B only: A stays paused with its
     # single turn, and the box empties once the server took it.
-    text_a = reply(page, "a").locator(".text").text_content()
+    text_a = reply(page, "a").locator(".text").get_attribute("data-source")
     expect(page.locator("#prompt")).to_have_value("It is at 6PM, not 5PM.")
     page.get_by_role("button", name="Send to B only").click()
     expect(page.locator("#prompt")).to_have_value("")
     wait_finished(page, "b", 2)
     expect(page.locator("#log-a .msg.user")).to_have_count(1)
     expect(page.locator("#log-b .msg.user")).to_have_count(2)
-    assert reply(page, "a").locator(".text").text_content() == text_a
+    assert reply(page, "a").locator(".text").get_attribute("data-source") == text_a
     expect(page.locator('.paused-note[data-side="a"]')).to_contain_text("went to B only")
     reply(page, "b").get_by_title("Rate this reply: fixed after a correction").click()
     expect(reply(page, "b").locator("button.chosen")).to_have_text("🥦")
@@ -254,7 +255,7 @@ def test_a_reply_no_server_takes_fails_clearly_and_can_be_retried(live_url: str,
     retried = Message.objects.get(battle=battle, side=lost, role="assistant")
     assert retried.status == Message.Status.DONE and retried.content
     assert retried.regenerations == 1
-    assert reply(page, lost).locator(".text").text_content() == retried.content
+    assert reply(page, lost).locator(".text").get_attribute("data-source") == retried.content
     shot(page, "11-reply-retried")
 
 
@@ -294,14 +295,16 @@ def test_controls_are_reachable_and_usable_by_keyboard(live_url: str, models: li
         assert control in reached, f"{control!r} is not reachable with Tab: {reached}"
 
     # Rating and voting with the keyboard alone: Tab to the control, press Enter or Space.
+    page.focus(".brand")  # from the top of the page: A's pane comes before B's
     tab_to(page, "Rate this reply: a mistake")
     page.keyboard.press("Space")
     expect(page.locator("button.chosen")).to_have_count(1)
     tab_to(page, "Tie")
     page.keyboard.press("Enter")
     expect(page.locator("#vote-stage")).to_contain_text("Correct a side")
-    assert Vote.objects.get().choice == "tie"
-    assert Message.objects.filter(rating="mistake").count() == 1
+    public_id = battle_id(page)
+    assert Vote.objects.get(battle__public_id=public_id).choice == "tie"
+    assert Message.objects.filter(battle__public_id=public_id, rating="mistake").count() == 1
 
     # The reply rated a mistake aimed the input at its side: Enter sends the correction there.
     expect(page.locator("#target")).to_have_text("To A only — B waits")
@@ -390,3 +393,222 @@ def test_an_admin_edits_a_task(live_url: str, models: list[LLM], page: Page) -> 
     task = Task.objects.get(slug="book-a-room")
     assert task.system_prompt == "You book meeting rooms."
     assert list(task.turns.values_list("position", "prompt")) == [(0, "Book room 4 at noon.")]
+
+
+def battle_id(page: Page) -> str:
+    expect(page).to_have_url(re.compile(r"/battle/[\w-]+/$"))
+    return page.url.rstrip("/").rsplit("/", 1)[1]
+
+
+def start_streaming(page: Page, live_url: str) -> str:
+    """Send the first prompt and wait until both panes show text of unfinished replies."""
+    page.goto(live_url + "/")
+    expect(page.locator("#send")).to_be_enabled()
+    page.evaluate(WATCH_STREAMING)
+    page.fill("#prompt", "Add a meeting with Fred on Nov 11 at 5PM")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => window.streamed.a && window.streamed.b", timeout=120_000)
+    return battle_id(page)
+
+
+def test_closing_one_tab_never_stops_what_another_shows(live_url: str, models: list[LLM], page: Page) -> None:
+    public_id = start_streaming(page, live_url)
+    expect(reply(page, "a")).to_have_class(re.compile("is-streaming"))
+    expect(reply(page, "a").locator(".reply-status")).to_have_text("Writing…")
+    other = page.context.new_page()  # the same voter, a second tab of the same battle
+    other.goto(f"{live_url}/battle/{public_id}/")
+    expect(other.locator("#log-a .msg.assistant")).to_have_count(1)
+    page.close()  # mid-stream
+
+    wait_finished(other, "a", 1)
+    wait_finished(other, "b", 1)
+    saved = {m.side: m for m in Message.objects.filter(battle__public_id=public_id, role="assistant")}
+    assert {m.status for m in saved.values()} == {Message.Status.DONE}
+    for side in "ab":
+        assert reply(other, side).locator(".text").get_attribute("data-source") == saved[side].content
+        expect(reply(other, side)).to_have_class(re.compile("is-done"))
+    shot(other, "12-other-tab-finished")
+
+
+def test_a_reload_mid_stream_resumes_the_reply(live_url: str, models: list[LLM], page: Page) -> None:
+    public_id = start_streaming(page, live_url)
+    page.reload()
+    expect(page.locator("#log-a .msg.assistant")).to_have_count(1)
+    wait_finished(page, "a", 1)
+    wait_finished(page, "b", 1)
+    saved = {m.side: m for m in Message.objects.filter(battle__public_id=public_id, role="assistant")}
+    assert {m.status for m in saved.values()} == {Message.Status.DONE}
+    for side in "ab":
+        assert reply(page, side).locator(".text").get_attribute("data-source") == saved[side].content
+
+
+def test_a_battle_left_after_its_vote_ends_and_its_vote_counts(live_url: str, models: list[LLM], page: Page) -> None:
+    page.goto(live_url + "/")
+    page.fill("#prompt", "Add a meeting with Fred on Nov 11 at 5PM")
+    page.keyboard.press("Enter")
+    public_id = battle_id(page)
+    wait_finished(page, "a", 1)
+    wait_finished(page, "b", 1)
+    page.get_by_role("button", name="B is better").click()
+    expect(page.locator("#your-votes")).to_have_text("Your votes — first try: B is better.")
+    page.goto(live_url + "/evaluations/")  # the voter goes elsewhere without ending the battle
+    # As if ARENA_BATTLE_IDLE_SECONDS had passed since the vote.
+    Battle.objects.filter(public_id=public_id).update(last_action=timezone.now() - timedelta(hours=1))
+
+    # The leaderboard's refresh check (here the page's first refresh; beat's in production)
+    # ends idle battles first, then counts their votes.
+    page.goto(live_url + "/leaderboard/")
+    battle = Battle.objects.get(public_id=public_id)
+    assert battle.is_ended and battle.ended_by == Battle.EndedBy.IDLE
+    expect(page.locator("table.leaderboard tbody tr")).to_have_count(2)
+    expect(page.locator("table.leaderboard tbody")).to_contain_text(battle.model_b.name)
+
+    page.goto(f"{live_url}/battle/{public_id}/")  # back: the names, and the vote, are shown
+    expect(page.locator("#ended-note")).to_contain_text("ended by itself")
+    expect(page.locator("#your-votes")).to_have_text("Your votes — first try: B is better.")
+    expect(page.locator('.pane[data-side="b"] h2')).to_have_text(f"Model B: {battle.model_b.name}")
+    shot(page, "13-idle-battle-revealed")
+
+
+def evaluation_run(models: list[LLM], *, reply: str, rating: str) -> EvaluationRun:
+    """A finished evaluation run with one reliability reply of the first model."""
+    run = EvaluationRun.objects.create(task=Task.objects.create(slug="run", title="Run"), status="done")
+    run.llms.set(models)
+    EvaluationReply.objects.create(
+        run=run, model=models[0], part="reliability", prompt="Add", reply=reply, verdict=rating, rating=rating
+    )
+    return run
+
+
+MARKDOWN_AND_PAYLOADS = (
+    "**Booked.** Here is the call:\n\n"
+    '```python\nadd_calendar_entry("Meeting with Fred", "2024-11-11T17:00")\n```\n\n'
+    "- first\n- second\n\n"
+    '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>\n\n'
+    '[click](javascript:window.pwned=3) ![pic](http://127.0.0.1:9/x.png) <a href="javascript:window.pwned=4">a</a>'
+    '<svg onload="window.pwned=5"></svg><iframe src="javascript:window.pwned=6"></iframe>'
+)
+
+
+def test_model_output_renders_as_markdown_and_never_as_html(live_url: str, models: list[LLM], page: Page) -> None:
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    page.goto(live_url + "/")
+    session_key = next(c["value"] for c in page.context.cookies() if c["name"] == settings.SESSION_COOKIE_NAME)
+    strong, weak = models
+    battle = Battle.objects.create(model_a=strong, model_b=weak, voter_key=voter_key_for(session_key))
+    for side in "ab":
+        Message.objects.create(battle=battle, side=side, turn=0, role="user", content="Add a meeting with Fred")
+        Message.objects.create(
+            battle=battle, side=side, turn=0, role="assistant", status="done", content=MARKDOWN_AND_PAYLOADS
+        )
+    page.goto(f"{live_url}/battle/{battle.public_id}/")
+    text = reply(page, "a").locator(".text")
+    expect(text.locator("strong")).to_have_text("Booked.")
+    expect(text.locator("li")).to_have_count(2)
+    expect(text.locator(".code-block pre")).to_contain_text('add_calendar_entry("Meeting with Fred"')
+    # Raw HTML shows as text; nothing a reply carries runs, loads or links to script.
+    expect(text).to_contain_text("<script>window.pwned=2</script>")
+    for tag in ("img", "script", "svg", "iframe", 'a[href^="javascript"]', "[onerror]", "[onload]"):
+        expect(page.locator(f".log {tag}")).to_have_count(0)
+    assert page.evaluate("() => window.pwned") is None
+    text.get_by_role("button", name="Copy this code").click()
+    expect(text.get_by_role("button", name="Copy this code")).to_have_text("Copied")
+    assert page.evaluate("() => navigator.clipboard.readText()") == (
+        'add_calendar_entry("Meeting with Fred", "2024-11-11T17:00")\n'
+    )
+    shot(page, "14-markdown")
+
+    # The evaluation page renders model text the same way.
+    run = evaluation_run(models, reply=MARKDOWN_AND_PAYLOADS, rating="garbage")
+    page.goto(f"{live_url}/evaluations/{run.pk}/")
+    page.locator("#reliability summary").first.click()
+    cell = page.locator("#reliability [data-markdown]").first
+    expect(cell.locator("strong")).to_have_text("Booked.")
+    expect(cell).to_contain_text("<script>window.pwned=2</script>")
+    for tag in ("img", "script", "svg", "iframe", 'a[href^="javascript"]'):
+        expect(page.locator(f"#reliability {tag}")).to_have_count(0)
+    assert page.evaluate("() => window.pwned") is None
+
+
+def test_dark_mode_follows_the_system_and_the_toggle(live_url: str, models: list[LLM], browser: Browser) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme="dark")
+    page = context.new_page()
+    background = "() => getComputedStyle(document.body).backgroundColor"
+    try:
+        page.goto(live_url + "/")
+        dark = page.evaluate(background)
+        toggle = page.get_by_role("button", name="Dark mode")
+        expect(toggle).to_have_attribute("aria-pressed", "true")
+        shot(page, "15-dark")
+        toggle.click()
+        expect(toggle).to_have_attribute("aria-pressed", "false")
+        light = page.evaluate(background)
+        assert dark != light
+        page.goto(live_url + "/leaderboard/")  # the choice is kept
+        assert page.evaluate(background) == light
+        expect(page.get_by_role("button", name="Dark mode")).to_have_attribute("aria-pressed", "false")
+        shot(page, "16-light-chosen")
+    finally:
+        context.close()
+        wait_for_disconnects()
+
+
+def test_the_arena_page_weighs_at_most_60_kb_compressed(live_url: str, models: list[LLM], page: Page) -> None:
+    responses = []
+    page.on("response", lambda response: responses.append(response))
+    page.goto(live_url + "/", wait_until="networkidle")
+    loaded = [r for r in responses if r.url.startswith(live_url)]
+    assert {r.status for r in loaded} == {200}
+    sizes = {r.url: r.request.sizes() for r in loaded}
+    total = sum(size["responseBodySize"] + size["responseHeadersSize"] for size in sizes.values())
+    assert total <= 60 * 1024, sizes
+    compressed = [r.url for r in loaded if r.header_value("content-encoding") == "gzip"]
+    assert len(compressed) == len(loaded), f"sent uncompressed: {set(sizes) - set(compressed)}"
+
+
+def serious_violations(page: Page) -> list[str]:
+    """axe-core's serious and critical findings on the page as it is now."""
+    found = Axe().run(page).response["violations"]
+    return [
+        f"{v['id']} ({v['impact']}): {v['help']}: {[node['target'] for node in v['nodes']][:4]}"
+        for v in found
+        if v["impact"] in ("serious", "critical")
+    ]
+
+
+def test_every_page_passes_the_accessibility_scan(live_url: str, models: list[LLM], browser: Browser) -> None:
+    strong, weak = models
+    ended = Battle.objects.create(model_a=strong, model_b=weak, voter_key="axe", state=Battle.State.ENDED)
+    Vote.objects.create(battle=ended, choice="a", stage=Vote.Stage.FIRST_TRY)
+    run = evaluation_run(models, reply="Done.", rating="correct")
+    findings: dict[str, list[str]] = {}
+    for scheme in ("light", "dark"):
+        context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=scheme)
+        page = context.new_page()
+        try:
+            page.goto(live_url + "/")
+            expect(page.locator("#send")).to_be_enabled()
+            findings[f"arena ({scheme})"] = serious_violations(page)
+            page.fill("#prompt", "Add a meeting with Fred on Nov 11 at 5PM")
+            page.keyboard.press("Enter")
+            wait_finished(page, "a", 1)
+            wait_finished(page, "b", 1)
+            reply(page, "a").get_by_role("button", name="Mistake").click()
+            expect(page.locator("#target")).to_have_text("To A only — B waits")
+            findings[f"battle ({scheme})"] = serious_violations(page)
+            page.get_by_role("button", name="Tie").click()
+            page.get_by_role("button", name="End battle and reveal").click()
+            expect(page.locator("#ended-note")).to_be_visible()
+            findings[f"revealed battle ({scheme})"] = serious_violations(page)
+            for name, path in [
+                ("leaderboard", "/leaderboard/"),
+                ("evaluations", "/evaluations/"),
+                ("evaluation", f"/evaluations/{run.pk}/"),
+                ("not found", "/battle/someone-elses/"),
+            ]:
+                page.goto(live_url + path)
+                findings[f"{name} ({scheme})"] = serious_violations(page)
+        finally:
+            context.close()
+            wait_for_disconnects()
+    assert {page: found for page, found in findings.items() if found} == {}

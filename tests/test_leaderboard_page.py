@@ -6,7 +6,7 @@ import pytest
 from django.conf import settings
 
 from inference.models import LLM
-from leaderboard import selectors, services
+from leaderboard import selectors, services, wording
 from leaderboard.models import LeaderboardRefresh
 from votes import services as voter_services
 from votes.models import Battle, FlaggedVoter, Message, Task, Vote
@@ -283,6 +283,32 @@ def test_the_page_says_when_votes_appear_and_that_elo_is_secondary(client, model
     assert "Go by the <strong>rating</strong>" in html
     # Phones: each row also carries its other columns, one tap away.
     assert html.count('<details class="row-more">') == 2
+    assert "it ends by itself 15 minutes after the voter's last action" in html
+    # The board's one primary figure, its leader's rating with its interval, in words.
+    assert '<p class="headline"><strong>In plain words:</strong> ' in html
+
+
+def row(model: str, rank: int, rating: float, lower: float, upper: float, provisional: bool = False) -> dict:
+    return {"model": model, "rank": rank, "rating": rating, "lower": lower, "upper": upper, "provisional": provisional}
+
+
+def test_the_headline_says_who_leads_and_how_sure_that_is() -> None:
+    clear = [row("gemma", 1, 1100.4, 1060, 1140), row("llama", 2, 950, 910, 990)]
+    assert wording.headline(clear, measure="rating", evidence="votes") == (
+        "gemma leads with a rating of 1100 (95% interval 1060 to 1140): the votes so far put it clearly above "
+        "every other model."
+    )
+    shared = [row("gemma", 1, 1010, 950, 1070), row("llama", 1, 990, 930, 1050, True), row("x", 3, 800, 760, 840)]
+    assert wording.headline(shared, measure="fix-ability", evidence="fix episodes") == (
+        "gemma and llama share first place: their intervals overlap, so the fix episodes so far cannot tell them "
+        "apart. The highest fix-ability is gemma's, 1010 (95% interval 950 to 1070)."
+    )
+    alone = [row("gemma", 1, 1000, 1000, 1000, True)]
+    assert wording.headline(alone, measure="rating", evidence="votes") == (
+        "Only gemma is rated so far: its rating is 1000 (too few votes for an interval yet). gemma is still "
+        "provisional: too few votes for its rank to be settled."
+    )
+    assert wording.headline([], measure="rating", evidence="votes") == ""
 
 
 def test_the_refresh_raises_work_mem_for_its_own_transaction(models, settings) -> None:

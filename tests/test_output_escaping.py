@@ -1,7 +1,9 @@
-"""Model output is shown as text, never as markup: a reply that contains a script stays inert.
+"""Model output is never interpreted as markup: a reply that contains a script stays inert.
 
-The arena page builds every reply in the browser with ``textContent``; the pages rendered on the
-server (evaluations, admin) go through Django's autoescaping.
+The arena page renders every reply in the browser as Markdown through marked, then DOMPurify
+(votes/static/votes/markdown.js), and inserts the sanitized nodes, never an HTML string; the
+pages rendered on the server (evaluations, admin) go through Django's autoescaping first. The
+payloads in a real browser: tests/test_browser.py.
 """
 
 import json
@@ -15,17 +17,17 @@ from votes import services
 from votes.models import Battle, EvaluationReply, EvaluationRun, Message, Task
 
 REPO = Path(__file__).resolve().parents[1]
-ARENA_JS = REPO / "votes" / "static" / "votes" / "arena.js"
+PAGE_SCRIPTS = [REPO / "votes" / "static" / "votes" / name for name in ("arena.js", "markdown.js", "theme.js")]
 BUNDLED_TASKS = REPO / "votes" / "fixtures" / "tasks.json"
 SCRIPT = '<script>alert("pwned")</script><img src=x onerror=alert(1)>'
 pytestmark = pytest.mark.django_db
 
 
-def test_the_arena_page_script_never_inserts_markup() -> None:
-    source = ARENA_JS.read_text()
+@pytest.mark.parametrize("script", PAGE_SCRIPTS, ids=lambda path: path.name)
+def test_the_pages_scripts_never_insert_markup(script: Path) -> None:
+    source = script.read_text()
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
         assert sink not in source, sink
-    assert "textContent" in source
 
 
 def test_a_script_reply_is_escaped_on_the_evaluation_page(client, demo_llms) -> None:

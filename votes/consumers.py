@@ -4,6 +4,8 @@ Thin on purpose: frames are parsed by votes.protocol, every write goes through v
 and generation is handed to inference.dispatch. docs/protocol.md describes the frames.
 """
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -62,10 +64,12 @@ class BattleConsumer(AsyncWebsocketConsumer):
     voter_key: str
     address: str | None
     group: str | None
+    watching: asyncio.Task[None] | None
 
     async def connect(self) -> None:
         self.battle = None
         self.group = None
+        self.watching = None
         # The peer's address (daphne --proxy-headers puts the client's there behind a proxy).
         client = self.scope.get("client")
         self.address = str(client[0]) if client else None
@@ -94,14 +98,35 @@ class BattleConsumer(AsyncWebsocketConsumer):
             await self.close(code=TRY_AGAIN_LATER)
 
     async def disconnect(self, code: int) -> None:
+        if self.watching is not None:
+            self.watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.watching
         if self.battle is not None and self.group:
-            # A voter who leaves stops the replies still being generated for them.
+            # Leaving stops nothing: the replies go on while another page (or this one, reloaded)
+            # watches, and stop only once every page has been gone for the grace period
+            # (services.touch_reply). The grace period counts from now.
             try:
-                await self.stop_replies(side=None)
+                await in_thread(services.keep_watching)(battle=self.battle)
             except unavailable.OUTAGES:
-                # Their workers finish them instead; nothing is lost.
-                logger.warning("Replies of battle %s not stopped: the database is unavailable", self.battle.public_id)
+                logger.warning("Battle %s: the page's leaving not recorded, the database is unavailable", self.battle)
             await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def watch(self) -> None:
+        """While this page is open: tell the workers so (a third of the grace period at a time),
+        and show the reveal if the battle was ended elsewhere (another page, or as idle)."""
+        assert self.battle is not None
+        interval = settings.ARENA_LEAVE_GRACE_SECONDS / 3
+        while True:
+            try:
+                ended = await in_thread(services.keep_watching)(battle=self.battle)
+            except unavailable.OUTAGES:
+                logger.warning("Battle %s: the page's presence not recorded, the database is unavailable", self.battle)
+                ended = False
+            if ended:
+                await self.send_state()
+                return
+            await asyncio.sleep(interval)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         try:
@@ -224,6 +249,8 @@ class BattleConsumer(AsyncWebsocketConsumer):
         self.battle = battle
         self.group = selectors.battle_group(battle.public_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
+        if not battle.is_ended:
+            self.watching = asyncio.create_task(self.watch())
 
     async def send_state(self) -> None:
         if self.battle is None:

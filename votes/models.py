@@ -10,6 +10,8 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
+from django.utils import timezone
 
 from inference.models import LLM
 from leaderboard import style
@@ -153,6 +155,10 @@ class Battle(models.Model):
         ACTIVE = "active", "Active"
         ENDED = "ended", "Ended, models revealed"
 
+    class EndedBy(models.TextChoices):
+        VOTER = "voter", "Its voter"
+        IDLE = "idle", "The idle timeout"
+
     public_id = models.CharField(max_length=32, unique=True, default=new_public_id, editable=False)
     model_a = models.ForeignKey(LLM, on_delete=models.PROTECT, related_name="battles_as_a")
     model_b = models.ForeignKey(LLM, on_delete=models.PROTECT, related_name="battles_as_b")
@@ -169,6 +175,25 @@ class Battle(models.Model):
     excluded_reason = models.CharField(max_length=300, blank=True)
     created = models.DateTimeField(auto_now_add=True)
     ended = models.DateTimeField(null=True, blank=True)
+    ended_by = models.CharField(
+        max_length=10,
+        choices=EndedBy.choices,
+        blank=True,
+        help_text="Who ended the battle: its voter, or the idle timeout (ARENA_BATTLE_IDLE_SECONDS) once they "
+        "had voted and gone quiet, so that their votes count.",
+    )
+    # The database's default too: battles written by COPY (the leaderboard benchmark) get it.
+    last_action = models.DateTimeField(
+        default=timezone.now,
+        db_default=Now(),
+        help_text="The voter's latest prompt, rating, vote, regeneration or stop: the idle clock.",
+    )
+    seen_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When a page of the battle was last open (refreshed while one is). Its replies stop once every "
+        "page has been gone for ARENA_LEAVE_GRACE_SECONDS. Empty: no page ever watched it.",
+    )
     pace_chars_per_s = models.FloatField(
         null=True,
         blank=True,

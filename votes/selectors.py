@@ -84,6 +84,7 @@ def battle_state(battle: Battle) -> dict[str, Any]:
         "votes": {vote.stage: vote.choice for vote in votes},
         "first_try_turn": next((vote.after_turn for vote in votes if vote.stage == "first_try"), None),
         "ended": ended,
+        "ended_by": battle.ended_by or None if ended else None,
         "models": battle.reveal(),
         "excluded": battle.excluded_reason if ended and battle.excluded else None,
     }
@@ -100,6 +101,7 @@ def empty_state() -> dict[str, Any]:
         "votes": {},
         "first_try_turn": None,
         "ended": False,
+        "ended_by": None,
         "models": None,
         "excluded": None,
     }

@@ -13,7 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.db.models import Max, Q, QuerySet
+from django.db.models import Exists, Max, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -149,6 +149,12 @@ def _refuse_if_ended(battle: Battle) -> None:
         raise ArenaError("battle_closed", "This battle has ended; start a new battle to go on.")
 
 
+def _acted(battle: Battle) -> None:
+    """The voter did something from a page of the battle: its idle clock starts again."""
+    now = timezone.now()
+    Battle.objects.filter(pk=battle.pk).update(last_action=now, seen_at=now)
+
+
 def _script_turns(battle: Battle, side: str, text: str) -> tuple[int | None, int | None]:
     """For a prompt on one side of a task battle: the scripted turn it is (the side's next one,
     sent as written) and the one its reply is checked against (that one, or, for a correction,
@@ -191,6 +197,7 @@ def submit_prompt(*, battle: Battle, text: str, side: str | None = None) -> Subm
     """
     battle = _locked(battle)
     _refuse_if_ended(battle)
+    _acted(battle)
     if _has_unfinished_replies(battle):
         raise ArenaError("busy", "Wait until the replies are finished before sending the next prompt.")
     turn = Message.objects.filter(battle=battle, role=Message.Role.USER).values("turn").distinct().count()
@@ -215,6 +222,7 @@ def regenerate_reply(*, battle: Battle, side: str) -> RegeneratedReply:
     """Generate one side's latest reply again, from the same conversation, with a new seed."""
     battle = _locked(battle)
     _refuse_if_ended(battle)
+    _acted(battle)
     reply = (
         Message.objects.select_for_update()
         .filter(battle=battle, side=side, role=Message.Role.ASSISTANT)
@@ -264,6 +272,7 @@ def rate_reply(*, battle: Battle, side: str, turn: int, rating: str | None) -> M
     """The voter's ✓ 🍄 🥦 🔥 on one reply (None clears it). 🥦 only answers a correction."""
     battle = _locked(battle)
     _refuse_if_ended(battle)
+    _acted(battle)
     reply = Message.objects.filter(battle=battle, side=side, turn=turn, role=Message.Role.ASSISTANT).first()
     if reply is None:
         raise ArenaError("not_found", f"There is no reply on side {side.upper()} at turn {turn + 1}.")
@@ -284,6 +293,7 @@ def cast_vote(*, battle: Battle, choice: str, stage: str | None = None) -> Vote:
     corrections). The models stay anonymous until the voter ends the battle."""
     battle = _locked(battle)
     _refuse_if_ended(battle)
+    _acted(battle)
     if choice not in Vote.Choice.values:
         raise ArenaError("bad_frame", f"Unknown vote choice {choice!r}.")
     if not Message.objects.filter(battle=battle, role=Message.Role.ASSISTANT).exists():
@@ -328,8 +338,48 @@ def end_battle(*, battle: Battle) -> Battle:
         raise ArenaError("vote_first", "Say which side did better before the models are revealed.")
     battle.state = Battle.State.ENDED
     battle.ended = timezone.now()
-    battle.save(update_fields=["state", "ended"])
+    battle.ended_by = Battle.EndedBy.VOTER
+    battle.save(update_fields=["state", "ended", "ended_by"])
     return battle
+
+
+def keep_watching(*, battle: Battle) -> bool:
+    """A page of the battle is open (or has just closed): its replies go on for at least
+    ARENA_LEAVE_GRACE_SECONDS more. Returns whether the battle has ended meanwhile (the voter
+    ended it on another page, or it was ended as idle), so that the page can show the reveal."""
+    Battle.objects.filter(pk=battle.pk).update(seen_at=timezone.now())
+    return Battle.objects.filter(pk=battle.pk, state=Battle.State.ENDED).exists()
+
+
+@dataclass(frozen=True)
+class IdleBattles:
+    battles: int
+    votes: int
+
+
+def end_idle_battles() -> IdleBattles:
+    """End the battles whose voter has voted and done nothing for ARENA_BATTLE_IDLE_SECONDS, so
+    that their votes count. Battles with a reply still unfinished wait for it (a stalled one is
+    failed by fail_stalled_replies). The names are shown when the voter comes back."""
+    now = timezone.now()
+    first_try = Vote.objects.filter(battle=OuterRef("pk"), stage=Vote.Stage.FIRST_TRY)
+    unfinished = Message.objects.filter(battle=OuterRef("pk"), role=Message.Role.ASSISTANT).exclude(
+        status__in=Message.FINISHED_STATUSES
+    )
+    with transaction.atomic():
+        idle = list(
+            Battle.objects.select_for_update(skip_locked=True)
+            .filter(
+                state=Battle.State.ACTIVE,
+                last_action__lt=now - timedelta(seconds=settings.ARENA_BATTLE_IDLE_SECONDS),
+            )
+            .filter(Exists(first_try), ~Exists(unfinished))
+            .values_list("pk", flat=True)
+        )
+        if not idle:
+            return IdleBattles(battles=0, votes=0)
+        Battle.objects.filter(pk__in=idle).update(state=Battle.State.ENDED, ended=now, ended_by=Battle.EndedBy.IDLE)
+        return IdleBattles(battles=len(idle), votes=Vote.objects.filter(battle__in=idle).count())
 
 
 @dataclass(frozen=True)
@@ -347,6 +397,7 @@ def request_stop(*, battle: Battle, side: str | None = None) -> list[StoppedRepl
     Replies being generated are flagged; their worker stops at its next flush. Replies still
     waiting for a worker are stopped here and returned, so the caller can announce their end.
     """
+    _acted(battle)
     unfinished = Message.objects.select_for_update().filter(
         battle=battle, role=Message.Role.ASSISTANT, status__in=[Message.Status.PENDING, Message.Status.STREAMING]
     )
@@ -405,13 +456,16 @@ def save_partial_reply(message_id: int, *, content: str, delta_count: int) -> bo
 
 def touch_reply(message_id: int) -> bool:
     """A generating worker's heartbeat (it also covers model loading and waiting for a slot).
-    False once the reply is no longer being generated: it was stopped or failed as stalled."""
-    return (
-        Message.objects.filter(pk=message_id, status=Message.Status.STREAMING, stop_requested=False).update(
-            heartbeat=timezone.now()
-        )
-        == 1
-    )
+    False once the reply is no longer being generated: it was stopped or failed as stalled.
+
+    Here the reply is also stopped once every page of its battle has been gone for
+    ARENA_LEAVE_GRACE_SECONDS (``Battle.seen_at``; a battle no page ever watched is left alone):
+    the worker stops at its next flush, as for the voter's Stop."""
+    now = timezone.now()
+    generating = Message.objects.filter(pk=message_id, status=Message.Status.STREAMING, stop_requested=False)
+    left_before = now - timedelta(seconds=settings.ARENA_LEAVE_GRACE_SECONDS)
+    generating.filter(battle__seen_at__lt=left_before).update(stop_requested=True)
+    return generating.update(heartbeat=now) == 1
 
 
 def fail_unqueued_replies(message_ids: list[int]) -> list[FailedReply]:

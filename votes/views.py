@@ -23,7 +23,12 @@ def arena(request: HttpRequest) -> HttpResponse:
 def battle(request: HttpRequest, public_id: str) -> HttpResponse:
     voter_key = _voter_key(request)
     if selectors.battle_for_voter(public_id=public_id, voter_key=voter_key) is None:
-        raise Http404("No such battle.")
+        # Battles are private to the browser that played them: another voter's link, or one
+        # opened in another browser, lands here, told why.
+        raise Http404(
+            "This battle is not yours to open: a battle shows only in the browser that played it. "
+            "Start a battle of your own."
+        )
     return render(request, "votes/arena.html", {"battle_id": public_id})
 
 

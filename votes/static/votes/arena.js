@@ -1,5 +1,6 @@
 // The arena's websocket client. Plain JavaScript, no build step. Frames: docs/protocol.md.
-// Model output is always inserted with textContent, never as HTML.
+// Model output goes through ArenaMarkdown (markdown.js: rendered, then sanitized), the voter's
+// own text through textContent: nothing is ever inserted as HTML as written.
 (function () {
   "use strict";
 
@@ -12,6 +13,14 @@
     ["garbage", "🔥", "garbage", "Garbage"],
   ];
   const FINISHED = ["done", "stopped", "failed"];
+  // What each state of a reply says, besides its look: a badge screen readers read too.
+  const STATUS_TEXT = {
+    pending: "Waiting for the model…",
+    streaming: "Writing…",
+    stopped: "Stopped",
+    failed: "Failed",
+    done: "",
+  };
   const WRONG = ["mistake", "garbage"];
   const CHOICES = { a: "A is better", b: "B is better", tie: "Tie", both_bad: "Both are bad" };
   // A reply quiet for this long is checked against the database (its worker may be gone).
@@ -38,6 +47,7 @@
   const taskPanel = document.getElementById("task");
   const suggestions = document.getElementById("suggestions");
   const excludedLine = document.getElementById("excluded");
+  const endedNote = document.getElementById("ended-note");
   const logs = { a: document.getElementById("log-a"), b: document.getElementById("log-b") };
 
   let battleId = root.dataset.battle || "";
@@ -99,26 +109,52 @@
   function addMessage(side, role, text) {
     const element = document.createElement("div");
     element.className = "msg " + role;
-    const textNode = document.createElement("span");
+    const who = document.createElement("span");
+    who.className = "who";
+    who.textContent = role === "user" ? "You" : "Model " + sideName(side);
+    const textNode = document.createElement("div");
     textNode.className = "text";
     textNode.textContent = text;
-    element.appendChild(textNode);
+    element.append(who, textNode);
     logs[side].appendChild(element);
-    return { element: element, textNode: textNode };
+    return { element: element, textNode: textNode, who: who };
   }
 
   function addReply(turn, side, reply) {
-    const view = addMessage(side, "assistant", reply.text || "");
+    const view = addMessage(side, "assistant", "");
+    const badge = document.createElement("span");
+    badge.className = "reply-status";
+    badge.setAttribute("role", "status");
+    view.who.after(badge);
     const entry = {
-      element: view.element, textNode: view.textNode, seq: reply.seq || 0, status: reply.status,
-      rating: reply.rating || null, turn: turn, side: side, ratingBar: null, stats: null, retry: null,
-      verdict: reply.check ? reply.check.verdict : null,
+      element: view.element, textNode: view.textNode, badge: badge, text: reply.text || "",
+      seq: reply.seq || 0, status: reply.status, rating: reply.rating || null, turn: turn, side: side,
+      ratingBar: null, stats: null, retry: null, verdict: reply.check ? reply.check.verdict : null,
     };
     replies[turn + ":" + side] = entry;
     lastTurnOf[side] = Math.max(lastTurnOf[side], turn);
+    paint(entry);
+    showStatus(entry);
     if (isFinished(reply)) { finishReply(entry, reply); }
     if (reply.check) { showCheck(entry, reply.check); }
     return entry;
+  }
+
+  function paint(entry) {
+    window.ArenaMarkdown.renderInto(entry.textNode, entry.text);
+  }
+
+  // Pending, streaming, stopped, failed and done replies each look different and say so.
+  function showStatus(entry) {
+    const status = entry.status || "pending";
+    FINISHED.concat(["pending", "streaming"]).forEach(function (name) {
+      entry.element.classList.toggle("is-" + name, name === status);
+    });
+    let text = STATUS_TEXT[status] || "";
+    if (status === "stopped" && !entry.text.trim()) { text = "Stopped before it wrote anything"; }
+    entry.badge.textContent = text;
+    entry.badge.hidden = !text;
+    entry.element.setAttribute("aria-busy", String(status === "pending" || status === "streaming"));
   }
 
   function isFinished(entry) {
@@ -127,8 +163,9 @@
 
   function finishReply(entry, frame) {
     entry.status = frame.status;
-    entry.textNode.textContent = frame.text;
-    entry.element.classList.toggle("failed", frame.status === "failed");
+    entry.text = frame.text;
+    paint(entry);
+    showStatus(entry);
     if (entry.stats) { entry.stats.remove(); }
     const stats = document.createElement("small");
     stats.className = "stats";
@@ -138,7 +175,6 @@
       stats.setAttribute("role", "alert");
     } else {
       stats.textContent = [
-        frame.status === "stopped" ? "stopped" : "",
         s.tokens != null ? s.tokens + " tokens" : "",
         s.tokens_per_s ? s.tokens_per_s + " tok/s" : "",
         s.ttft_ms != null ? "first token " + s.ttft_ms + " ms" : "",
@@ -308,6 +344,7 @@
       }
       note.textContent = text;
       note.hidden = !text;
+      note.closest(".pane").classList.toggle("paused", Boolean(text));
       const last = replies[lastTurnOf[side] + ":" + side];
       const tell = document.querySelector('.tell-side[data-side="' + side + '"]');
       tell.hidden = ended || !last || !isFinished(last) || target === side;
@@ -400,6 +437,10 @@
       document.querySelector('.pane[data-side="' + side + '"] h2').textContent =
         "Model " + side.toUpperCase() + ": " + state.models[side];
     });
+    endedNote.hidden = false;
+    endedNote.textContent = state.ended_by === "idle"
+      ? "This battle ended by itself after you voted and went quiet, so your votes count. Here is who was who."
+      : "Battle ended: your votes count. Here is who was who.";
     if (state.excluded) {
       excludedLine.hidden = false;
       excludedLine.textContent = "This battle does not count on the leaderboard: " + state.excluded + ".";
@@ -431,10 +472,11 @@
         const entry = replies[frame.turn + ":" + frame.side];
         if (!entry || frame.seq < entry.seq) { break; }  // already part of the state we have
         if (frame.seq > entry.seq) { send({ type: "sync" }); break; }  // a gap: resync
-        entry.textNode.textContent += frame.text;
+        entry.text += frame.text;
         entry.seq += 1;
+        paint(entry);
         logs[frame.side].scrollTop = logs[frame.side].scrollHeight;
-        entry.status = "streaming";
+        if (entry.status !== "streaming") { entry.status = "streaming"; showStatus(entry); }
         break;
       }
       case "end": {
@@ -447,9 +489,11 @@
         const entry = replies[frame.turn + ":" + frame.side];
         if (frame.type === "regenerating") { clearError(); }
         if (entry) {
-          entry.textNode.textContent = "";
+          entry.text = "";
+          paint(entry);
           entry.seq = 0;
           entry.status = "pending";
+          showStatus(entry);
           entry.rating = null;
           ["ratingBar", "stats", "retry"].forEach(function (name) {
             if (entry[name]) { entry[name].remove(); entry[name] = null; }
