@@ -126,13 +126,13 @@ def _copy_battles(votes: int, over: timedelta, seed: int) -> dict[str, int]:
             task_id = task_ids[task[i]]
             yield (
                 f"{battle_ids[i]}\tb{battle_ids[i]:011d}\t{model_ids[a[i]]}\t{model_ids[b[i]]}\t"
-                f"{null if task_id is None else task_id}\tv{voter[i]:05d}\tended\tf\t\t{ended[i]}\t"
+                f"{null if task_id is None else task_id}\tv{voter[i]:05d}\tended\tvoter\tf\t\t{ended[i]}\t"
                 f"{ended[i]}\t{pair_probability}\n"
             )
 
     columns = (
-        "id, public_id, model_a_id, model_b_id, task_id, voter_key, state, excluded, excluded_reason, created, "
-        "ended, pair_probability"
+        "id, public_id, model_a_id, model_b_id, task_id, voter_key, state, ended_by, excluded, excluded_reason, "
+        "created, ended, pair_probability"
     )
     _copy("votes_battle", tuple(columns.split(", ")), battles())
     texts = [text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t") for text in REPLIES]

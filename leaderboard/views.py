@@ -4,6 +4,10 @@ from django.shortcuts import render
 
 from leaderboard import charts, selectors, services, wording
 
+# A battle is kept out when its voter knew the names: a reply named its model (an identity leak)
+# or the voter picked the models (named mode, direct chat). Both are stored as excluded battles.
+LEFT_OUT_LABELS = {"identity leak": "names known: a reply named its model, or the voter picked the models"}
+
 
 def leaderboard(request: HttpRequest) -> HttpResponse:
     """The latest refresh (or ``?refresh=<id>``: the leaderboard as of then), one category at a
@@ -36,6 +40,9 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
         "win_map": charts.heatmap(snapshot.model_names, snapshot.win_fractions, kind="fraction"),
         "count_map": charts.heatmap(snapshot.model_names, snapshot.battle_counts, kind="count"),
         "excluded_total": sum(snapshot.excluded.values()),
+        "left_out": [
+            (LEFT_OUT_LABELS.get(reason, reason), count) for reason, count in snapshot.excluded.items() if count
+        ],
         "base_models": selectors.base_model_names(),
         "provisional_below": settings.LEADERBOARD_PROVISIONAL_VOTES,
         # When a vote shows: the refresh rule of leaderboard.services.refresh_if_due.

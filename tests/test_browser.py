@@ -37,6 +37,7 @@ from votes.services import NOT_PICKED_UP, voter_key_for
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ARTIFACTS = Path(os.environ.get("ARENA_TEST_ARTIFACTS", settings.BASE_DIR / "var" / "test-artifacts")) / "browser"
+DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
 QUEUE_PREFIX = f"browser-{uuid.uuid4().hex[:8]}"
 
@@ -77,9 +78,10 @@ def models(db: None) -> list[LLM]:
     return create_models()
 
 
-@pytest.fixture
-def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+def open_page(browser: Browser, viewport: dict[str, int]) -> Iterator[Page]:
+    """A page in a context of its own (a voter), failing the test on any JavaScript error."""
+    phone = viewport == PHONE
+    context = browser.new_context(viewport=viewport, is_mobile=phone, has_touch=phone)
     opened = context.new_page()
     errors: list[str] = []
     opened.on("pageerror", lambda error: errors.append(str(error)))
@@ -87,6 +89,17 @@ def page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
     context.close()
     wait_for_disconnects()
     assert errors == [], f"JavaScript errors: {errors}"
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    yield from open_page(browser, DESKTOP)
+
+
+@pytest.fixture(params=["desktop", "phone"])
+def sized_page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Page]:
+    """The same test at desktop and at phone width."""
+    yield from open_page(browser, PHONE if request.param == "phone" else DESKTOP)
 
 
 def wait_for_disconnects(timeout_s: float = 30.0) -> None:
@@ -411,7 +424,8 @@ def start_streaming(page: Page, live_url: str) -> str:
     return battle_id(page)
 
 
-def test_closing_one_tab_never_stops_what_another_shows(live_url: str, models: list[LLM], page: Page) -> None:
+def test_closing_one_tab_never_stops_what_another_shows(live_url: str, models: list[LLM], sized_page: Page) -> None:
+    page = sized_page
     public_id = start_streaming(page, live_url)
     expect(reply(page, "a")).to_have_class(re.compile("is-streaming"))
     expect(reply(page, "a").locator(".reply-status")).to_have_text("Writing…")
@@ -430,7 +444,8 @@ def test_closing_one_tab_never_stops_what_another_shows(live_url: str, models: l
     shot(other, "12-other-tab-finished")
 
 
-def test_a_reload_mid_stream_resumes_the_reply(live_url: str, models: list[LLM], page: Page) -> None:
+def test_a_reload_mid_stream_resumes_the_reply(live_url: str, models: list[LLM], sized_page: Page) -> None:
+    page = sized_page
     public_id = start_streaming(page, live_url)
     page.reload()
     expect(page.locator("#log-a .msg.assistant")).to_have_count(1)
@@ -442,7 +457,10 @@ def test_a_reload_mid_stream_resumes_the_reply(live_url: str, models: list[LLM],
         assert reply(page, side).locator(".text").get_attribute("data-source") == saved[side].content
 
 
-def test_a_battle_left_after_its_vote_ends_and_its_vote_counts(live_url: str, models: list[LLM], page: Page) -> None:
+def test_a_battle_left_after_its_vote_ends_and_its_vote_counts(
+    live_url: str, models: list[LLM], sized_page: Page
+) -> None:
+    page = sized_page
     page.goto(live_url + "/")
     page.fill("#prompt", "Add a meeting with Fred on Nov 11 at 5PM")
     page.keyboard.press("Enter")
@@ -531,7 +549,7 @@ def test_model_output_renders_as_markdown_and_never_as_html(live_url: str, model
 
 
 def test_dark_mode_follows_the_system_and_the_toggle(live_url: str, models: list[LLM], browser: Browser) -> None:
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme="dark")
+    context = browser.new_context(viewport=DESKTOP, color_scheme="dark")
     page = context.new_page()
     background = "() => getComputedStyle(document.body).backgroundColor"
     try:
@@ -583,7 +601,7 @@ def test_every_page_passes_the_accessibility_scan(live_url: str, models: list[LL
     run = evaluation_run(models, reply="Done.", rating="correct")
     findings: dict[str, list[str]] = {}
     for scheme in ("light", "dark"):
-        context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=scheme)
+        context = browser.new_context(viewport=DESKTOP, color_scheme=scheme)
         page = context.new_page()
         try:
             page.goto(live_url + "/")
@@ -600,11 +618,15 @@ def test_every_page_passes_the_accessibility_scan(live_url: str, models: list[LL
             page.get_by_role("button", name="End battle and reveal").click()
             expect(page.locator("#ended-note")).to_be_visible()
             findings[f"revealed battle ({scheme})"] = serious_violations(page)
+            shared = page.locator("#share-link").get_attribute("href")
             for name, path in [
                 ("leaderboard", "/leaderboard/"),
                 ("evaluations", "/evaluations/"),
                 ("evaluation", f"/evaluations/{run.pk}/"),
                 ("not found", "/battle/someone-elses/"),
+                ("named", "/named/"),
+                ("direct", "/direct/"),
+                ("share", shared),
             ]:
                 page.goto(live_url + path)
                 findings[f"{name} ({scheme})"] = serious_violations(page)
@@ -612,3 +634,65 @@ def test_every_page_passes_the_accessibility_scan(live_url: str, models: list[LL
             context.close()
             wait_for_disconnects()
     assert {page: found for page, found in findings.items() if found} == {}
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_a_named_battle_then_its_share_page(
+    live_url: str, models: list[LLM], browser: Browser, viewport: dict[str, int]
+) -> None:
+    context = browser.new_context(viewport=viewport)
+    page = context.new_page()
+    first, second = (llm.name for llm in models)
+    try:
+        page.goto(live_url + "/named/")
+        expect(page).to_have_title("Side by side · Fix Arena")
+        page.get_by_label("Model A").select_option(second)
+        page.get_by_label("Model B").select_option(first)
+        page.fill("#prompt", "Add a meeting with Fred on Nov 11 at 5PM")
+        page.keyboard.press("Enter")
+        public_id = battle_id(page)
+        # The names show from the start: the voter picked them.
+        expect(page.locator('.pane[data-side="a"] h2')).to_have_text(f"Model A: {second}")
+        expect(page.locator('.pane[data-side="b"] h2')).to_have_text(f"Model B: {first}")
+        wait_finished(page, "a", 1)
+        wait_finished(page, "b", 1)
+        page.get_by_role("button", name="B is better").click()
+        page.get_by_role("button", name="End battle and reveal").click()
+        expect(page.locator("#ended-note")).to_contain_text("stay off the leaderboard")
+        share = page.locator("#share-link")
+        expect(share).to_be_visible()
+        battle = Battle.objects.get(public_id=public_id)
+        assert battle.mode == Battle.Mode.NAMED and battle.excluded
+        assert Vote.objects.get(battle=battle).choice == "b"
+        shot(page, f"17-named-{'phone' if viewport == PHONE else 'desktop'}")
+
+        # Anyone with the link (another browser, no session) reads it, and cannot act on it.
+        stranger = browser.new_context(viewport=viewport).new_page()
+        stranger.goto(live_url + share.get_attribute("href"))
+        expect(stranger.get_by_role("heading", level=1)).to_have_text(f"{second} vs {first}")
+        expect(stranger.locator(".your-votes")).to_contain_text("first try: B is better")
+        expect(stranger.locator(".msg.assistant")).to_have_count(2)
+        expect(stranger.locator("button, textarea")).to_have_count(1)  # the theme toggle alone
+        assert stranger.evaluate("() => document.documentElement.scrollWidth") <= viewport["width"]
+        shot(stranger, f"18-share-{'phone' if viewport == PHONE else 'desktop'}")
+        stranger.context.close()
+    finally:
+        context.close()
+        wait_for_disconnects()
+
+
+def test_a_direct_chat_with_one_model(live_url: str, models: list[LLM], page: Page) -> None:
+    chosen = models[1].name
+    page.goto(live_url + "/direct/")
+    page.get_by_label("Model", exact=True).select_option(chosen)
+    for count, text in enumerate(["Hello.", "Tell me more."], start=1):
+        page.fill("#prompt", text)
+        page.keyboard.press("Enter")
+        wait_finished(page, "a", count)
+    expect(page.locator('.pane[data-side="b"]')).to_be_hidden()
+    expect(page.locator("#votes")).to_be_hidden()
+    expect(page.locator("#target")).to_have_text(f"To {chosen}")
+    battle = Battle.objects.get(public_id=battle_id(page))
+    assert battle.mode == Battle.Mode.DIRECT and battle.model_a.name == chosen
+    assert list(Message.objects.filter(battle=battle, role="assistant").values_list("side", flat=True)) == ["a", "a"]
+    shot(page, "19-direct-chat")

@@ -187,7 +187,9 @@ class BattleConsumer(AsyncWebsocketConsumer):
             if task is None:
                 raise ArenaError("no_task", "There is no such task; pick one from the list.")
         await self.count("battle")
-        battle = await in_thread(services.start_battle)(voter_key=self.voter_key, task=task)
+        battle = await in_thread(services.start_battle)(
+            voter_key=self.voter_key, task=task, mode=frame.mode, models=frame.models
+        )
         await self.join(battle)
         await self.send_json({"type": "battle", "battle": battle.public_id})
         await self.send_state()

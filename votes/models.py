@@ -159,6 +159,11 @@ class Battle(models.Model):
         VOTER = "voter", "Its voter"
         IDLE = "idle", "The idle timeout"
 
+    class Mode(models.TextChoices):
+        ANONYMOUS = "anonymous", "Anonymous battle (the leaderboard's)"
+        NAMED = "named", "Named side by side (the voter picks both models)"
+        DIRECT = "direct", "Direct chat with one model"
+
     public_id = models.CharField(max_length=32, unique=True, default=new_public_id, editable=False)
     model_a = models.ForeignKey(LLM, on_delete=models.PROTECT, related_name="battles_as_a")
     model_b = models.ForeignKey(LLM, on_delete=models.PROTECT, related_name="battles_as_b")
@@ -169,6 +174,23 @@ class Battle(models.Model):
         max_length=64, db_index=True, help_text="Keyed hash of the voter's session, never the session."
     )
     state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
+    mode = models.CharField(
+        max_length=10,
+        choices=Mode.choices,
+        default=Mode.ANONYMOUS,
+        db_default=Mode.ANONYMOUS,
+        help_text="Only anonymous battles count on the leaderboard: in the others the voter knows the names "
+        "(they are stored excluded, with the mode as the reason). A direct chat has one model, on side A "
+        "(model_b is the same model, unused).",
+    )
+    share_id = models.CharField(
+        max_length=32,
+        unique=True,
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="The read-only share page's id (/share/<id>/), set when the battle ends.",
+    )
     excluded = models.BooleanField(
         default=False, help_text="Its votes are kept but stay out of the leaderboard (see excluded_reason)."
     )
@@ -217,7 +239,11 @@ class Battle(models.Model):
 
     class Meta:
         ordering = ["-created"]
-        constraints = [models.CheckConstraint(condition=~Q(model_a=models.F("model_b")), name="battle_distinct_models")]
+        constraints = [
+            models.CheckConstraint(
+                condition=~Q(model_a=models.F("model_b")) | Q(mode="direct"), name="battle_distinct_models"
+            )
+        ]
         # A refresh looks for the ended battles not counted yet, and for the unfinished ones.
         indexes = [models.Index(fields=["state"], condition=Q(tallied=False), name="battle_not_tallied")]
 
@@ -241,10 +267,17 @@ class Battle(models.Model):
     def model_on(self, side: str) -> LLM:
         return self.model_a if side == Side.A else self.model_b
 
+    @property
+    def is_anonymous(self) -> bool:
+        return self.mode == self.Mode.ANONYMOUS
+
     def reveal(self) -> dict[str, str] | None:
-        """The model names by side, or None until the voter has ended the battle (anonymity)."""
-        if not self.is_ended:
+        """The model names by side: in an anonymous battle None until it has ended (anonymity);
+        the voter chose them in the other modes. A direct chat has side A only."""
+        if self.is_anonymous and not self.is_ended:
             return None
+        if self.mode == self.Mode.DIRECT:
+            return {Side.A: self.model_a.name}
         return {Side.A: self.model_a.name, Side.B: self.model_b.name}
 
     def exclude(self, reason: str) -> None:

@@ -12,6 +12,7 @@ VOTE_CHOICES = ("a", "b", "tie", "both_bad")
 VOTE_STAGES = ("first_try", "after_fix")
 RATINGS = ("correct", "mistake", "fixed", "garbage")
 SIDES = ("a", "b")
+MODES = ("anonymous", "named", "direct")
 MAX_TURN_INDEX = 10_000
 
 
@@ -29,9 +30,12 @@ class ArenaError(Exception):
 
 @dataclass(frozen=True)
 class StartFrame:
-    """Start a battle: on a task (its slug) or, when task is None, as free chat."""
+    """Start a battle: on a task (its slug) or, when task is None, as free chat; anonymous (the
+    models drawn), named (the voter picks two) or a direct chat (one)."""
 
     task: str | None
+    mode: str = "anonymous"
+    models: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,17 @@ def parse_client_frame(raw: str | None, *, max_bytes: int, max_prompt_chars: int
         task = data.get("task")
         if task is not None and (not isinstance(task, str) or not 0 < len(task) <= 60):
             raise ArenaError("bad_frame", "A start frame's \"task\" is a task's short name, or absent for free chat.")
-        return StartFrame(task=task)
+        mode = data.get("mode", "anonymous")
+        if mode not in MODES:
+            raise ArenaError("bad_frame", f'A start frame\'s "mode" is one of {", ".join(MODES)}, or absent.')
+        models = data.get("models", [])
+        if (
+            not isinstance(models, list)
+            or len(models) > 2
+            or not all(isinstance(name, str) and 0 < len(name) <= 100 for name in models)
+        ):
+            raise ArenaError("bad_frame", 'A start frame\'s "models" is a list of at most two model names.')
+        return StartFrame(task=task, mode=mode, models=tuple(models))
     if frame_type == "prompt":
         text = data.get("text")
         if not isinstance(text, str):

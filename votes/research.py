@@ -97,6 +97,8 @@ def all_votes() -> QuerySet[Vote]:
 
 def exclusion_reason(vote: Vote) -> str | None:
     battle = vote.battle
+    if not battle.is_anonymous:
+        return battle.excluded_reason or f"{battle.mode} mode"
     if battle.excluded:
         return f"identity leak: {battle.excluded_reason}"
     reason = getattr(vote, "voter_flag_reason", None)
@@ -171,13 +173,14 @@ def vote_record(vote: Vote, *, with_exclusion: bool = False) -> dict[str, Any]:
                 for side in "ab"
             )
         ),
-        "anony": True,
+        "anony": battle.is_anonymous,
         "language": "unknown",
         "tstamp": moment.timestamp(),
         # This arena's own fields.
         "vote_id": vote.pk,
         "battle_id": battle.public_id,
         "stage": vote.stage,
+        "mode": battle.mode,
         "after_turn": vote.after_turn,
         "corrections": seen["corrections"],
         "ratings_a": seen["ratings"]["a"],
@@ -216,6 +219,7 @@ CSV_FIELDS = (
     "vote_id",
     "battle_id",
     "stage",
+    "mode",
     "after_turn",
     "task",
     "task_category",

@@ -24,7 +24,7 @@ def pairing_candidates(*, with_ratings: bool = False) -> list[Candidate]:
     models = list(LLM.objects.enabled())
     battles: Counter[int] = Counter()
     for side in ("model_a", "model_b"):
-        for row in Battle.objects.values(side).annotate(n=Count("id")):
+        for row in Battle.objects.filter(mode=Battle.Mode.ANONYMOUS).values(side).annotate(n=Count("id")):
             battles[row[side]] += row["n"]
     ratings: dict[str, float] = {}
     if with_ratings:
@@ -41,7 +41,8 @@ def pairing_candidates(*, with_ratings: bool = False) -> list[Candidate]:
 def pair_vote_counts() -> dict[frozenset[int], int]:
     """Votes cast so far per unordered pair of models."""
     counts: Counter[frozenset[int]] = Counter()
-    for row in Vote.objects.values("battle__model_a", "battle__model_b").annotate(n=Count("id")):
+    anonymous = Vote.objects.filter(battle__mode=Battle.Mode.ANONYMOUS)
+    for row in anonymous.values("battle__model_a", "battle__model_b").annotate(n=Count("id")):
         counts[frozenset((row["battle__model_a"], row["battle__model_b"]))] += row["n"]
     return dict(counts)
 
@@ -49,6 +50,48 @@ def pair_vote_counts() -> dict[frozenset[int], int]:
 def battle_group(public_id: str) -> str:
     """The channel-layer group that carries one battle's frames."""
     return f"battle.{public_id}"
+
+
+def shared_battle(share_id: str) -> Battle | None:
+    """An ended battle by its share id: its share page is public, read-only."""
+    return (
+        Battle.objects.select_related("model_a", "model_b", "task")
+        .filter(share_id=share_id, state=Battle.State.ENDED)
+        .first()
+    )
+
+
+RATING_WORDS = {"correct": "✓ correct", "mistake": "🍄 mistake", "fixed": "🥦 fixed", "garbage": "🔥 garbage"}
+
+
+def shared_battle_page(battle: Battle) -> dict[str, Any]:
+    """What a battle's share page shows: per side, its model and its exchanges (prompt, reply,
+    the voter's rating in words, the automatic check), and the votes in words."""
+    state = battle_state(battle)
+    sides = [
+        {
+            "side": side,
+            "model": name,
+            "exchanges": [
+                {
+                    "prompt": turn["prompt"],
+                    "reply": turn["replies"][side],
+                    "rating": RATING_WORDS.get(turn["replies"][side]["rating"] or ""),
+                }
+                for turn in state["turns"]
+                if side in turn["replies"]
+            ],
+        }
+        for side, name in (state["models"] or {}).items()
+    ]
+    choices = dict(Vote.Choice.choices)
+    votes = {stage: choices[choice] for stage, choice in state["votes"].items()}
+    return {"mode": battle.mode, "sides": sides, "votes": votes, "models": state["models"] or {}}
+
+
+def chat_models() -> list[str]:
+    """The enabled models' names, for the voter to pick from in named mode and direct chat."""
+    return list(LLM.objects.enabled().order_by("name").values_list("name", flat=True))
 
 
 def battle_for_voter(*, public_id: str, voter_key: str) -> Battle | None:
@@ -83,8 +126,10 @@ def battle_state(battle: Battle) -> dict[str, Any]:
         "turns": [turns[index] for index in sorted(turns)],
         "votes": {vote.stage: vote.choice for vote in votes},
         "first_try_turn": next((vote.after_turn for vote in votes if vote.stage == "first_try"), None),
+        "mode": battle.mode,
         "ended": ended,
         "ended_by": battle.ended_by or None if ended else None,
+        "share": f"/share/{battle.share_id}/" if ended and battle.share_id else None,
         "models": battle.reveal(),
         "excluded": battle.excluded_reason if ended and battle.excluded else None,
     }
@@ -100,8 +145,10 @@ def empty_state() -> dict[str, Any]:
         "turns": [],
         "votes": {},
         "first_try_turn": None,
+        "mode": None,
         "ended": False,
         "ended_by": None,
+        "share": None,
         "models": None,
         "excluded": None,
     }
@@ -374,6 +421,7 @@ def research_battle(battle: Battle) -> dict[str, Any]:
         "system_prompt": battle.task.system_prompt if battle.task else None,
         "created": battle.created.isoformat(),
         "ended": battle.ended.isoformat() if battle.ended else None,
+        "mode": battle.mode,
         "excluded": battle.excluded,
         "excluded_reason": battle.excluded_reason or None,
         "votes": [

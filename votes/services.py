@@ -23,7 +23,18 @@ from leaderboard import style
 from votes import pairing, selectors
 from votes.checkers import CheckerConfigError
 from votes.leaks import find_identity_leak
-from votes.models import Battle, FixEpisode, Message, Rating, ResearcherKey, Side, Task, TaskTurn, Vote
+from votes.models import (
+    Battle,
+    FixEpisode,
+    Message,
+    Rating,
+    ResearcherKey,
+    Side,
+    Task,
+    TaskTurn,
+    Vote,
+    new_public_id,
+)
 from votes.protocol import ArenaError, end_frame
 
 SIDES = (Side.A, Side.B)
@@ -87,11 +98,57 @@ def voter_key_for(session_key: str) -> str:
     return hmac.new(settings.SECRET_KEY.encode(), f"voter:{session_key}".encode(), hashlib.sha256).hexdigest()
 
 
-def start_battle(*, voter_key: str, task: Task | None = None, rng: random.Random | None = None) -> Battle:
-    """Draw two different enabled models (votes.pairing, ``ARENA_PAIR_SAMPLING``) on random sides."""
-    rng = rng or random.SystemRandom()
+# Why a battle in which the voter knew the names stays off the leaderboard (Battle.exclude).
+NAMED_MODE_REASON = "named mode: the voter picked the models and saw their names"
+DIRECT_MODE_REASON = "direct chat with one model: nothing to compare"
+
+
+def _chosen_models(names: Sequence[str], mode: str) -> list[LLM]:
+    """The enabled models the voter picked by name: two different ones side by side, one to chat."""
+    wanted = 2 if mode == Battle.Mode.NAMED else 1
+    if len(names) != wanted or len(set(names)) != wanted:
+        raise ArenaError(
+            "bad_models",
+            "Pick two different models to compare." if wanted == 2 else "Pick the one model to chat with.",
+        )
+    found = {llm.name: llm for llm in LLM.objects.enabled().filter(name__in=names)}
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise ArenaError("no_model", f"There is no enabled model named {missing[0][:60]!r}; pick one from the list.")
+    return [found[name] for name in names]
+
+
+def start_battle(
+    *,
+    voter_key: str,
+    task: Task | None = None,
+    rng: random.Random | None = None,
+    mode: str = Battle.Mode.ANONYMOUS,
+    models: Sequence[str] = (),
+) -> Battle:
+    """An anonymous battle draws two different enabled models (votes.pairing,
+    ``ARENA_PAIR_SAMPLING``) on random sides. A named one puts the two models the voter picked on
+    sides A and B, a direct chat the one model on side A: both are kept off the leaderboard."""
     if task is not None and not task.active:
         raise ArenaError("no_task", "This task is not offered any more; pick another one.")
+    if mode != Battle.Mode.ANONYMOUS:
+        if mode not in Battle.Mode.values:
+            raise ArenaError("bad_frame", f"Unknown battle mode {mode[:40]!r}.")
+        chosen = _chosen_models(models, mode)
+        model_a, model_b = chosen if mode == Battle.Mode.NAMED else (chosen[0], chosen[0])
+        return Battle.objects.create(
+            model_a=model_a,
+            model_b=model_b,
+            task=task,
+            voter_key=voter_key,
+            mode=mode,
+            excluded=True,
+            excluded_reason=NAMED_MODE_REASON if mode == Battle.Mode.NAMED else DIRECT_MODE_REASON,
+            pace_chars_per_s=battle_pace(model_a.pk, model_b.pk),
+        )
+    if models:
+        raise ArenaError("bad_models", "An anonymous battle's models are drawn, not picked.")
+    rng = rng or random.SystemRandom()
     active = settings.ARENA_PAIR_SAMPLING == "active"
     candidates = selectors.pairing_candidates(with_ratings=active)
     weights = pairing.pair_weights(
@@ -198,14 +255,19 @@ def submit_prompt(*, battle: Battle, text: str, side: str | None = None) -> Subm
     battle = _locked(battle)
     _refuse_if_ended(battle)
     _acted(battle)
+    direct = battle.mode == Battle.Mode.DIRECT
+    if direct and side == Side.B:
+        raise ArenaError("one_side", "A direct chat has one model, on side A.")
     if _has_unfinished_replies(battle):
         raise ArenaError("busy", "Wait until the replies are finished before sending the next prompt.")
     turn = Message.objects.filter(battle=battle, role=Message.Role.USER).values("turn").distinct().count()
     if turn >= settings.ARENA_MAX_TURNS:
         raise ArenaError("too_many_turns", f"A battle has at most {settings.ARENA_MAX_TURNS} turns; please vote.")
-    if turn == 0 and side is not None:
+    if direct:
+        side = Side.A  # Every message of a direct chat goes to its one model.
+    elif turn == 0 and side is not None:
         raise ArenaError("both_sides_first", "The first prompt goes to both sides.")
-    if turn > 0 and not battle.votes.filter(stage=Vote.Stage.FIRST_TRY).exists():
+    elif turn > 0 and not battle.votes.filter(stage=Vote.Stage.FIRST_TRY).exists():
         raise ArenaError("vote_first", "Say which side did better on the first try before going on.")
     jobs = []
     for target in SIDES if side is None else (side,):
@@ -294,6 +356,8 @@ def cast_vote(*, battle: Battle, choice: str, stage: str | None = None) -> Vote:
     battle = _locked(battle)
     _refuse_if_ended(battle)
     _acted(battle)
+    if battle.mode == Battle.Mode.DIRECT:
+        raise ArenaError("no_votes", "A direct chat has one model: there is nothing to vote on.")
     if choice not in Vote.Choice.values:
         raise ArenaError("bad_frame", f"Unknown vote choice {choice!r}.")
     if not Message.objects.filter(battle=battle, role=Message.Role.ASSISTANT).exists():
@@ -334,12 +398,13 @@ def end_battle(*, battle: Battle) -> Battle:
     _refuse_if_ended(battle)
     if _has_unfinished_replies(battle):
         raise ArenaError("not_ready", "Wait until the replies are finished (or stop them) before ending.")
-    if not battle.votes.filter(stage=Vote.Stage.FIRST_TRY).exists():
+    if battle.mode != Battle.Mode.DIRECT and not battle.votes.filter(stage=Vote.Stage.FIRST_TRY).exists():
         raise ArenaError("vote_first", "Say which side did better before the models are revealed.")
     battle.state = Battle.State.ENDED
     battle.ended = timezone.now()
     battle.ended_by = Battle.EndedBy.VOTER
-    battle.save(update_fields=["state", "ended", "ended_by"])
+    battle.share_id = new_public_id()
+    battle.save(update_fields=["state", "ended", "ended_by", "share_id"])
     return battle
 
 
@@ -378,7 +443,10 @@ def end_idle_battles() -> IdleBattles:
         )
         if not idle:
             return IdleBattles(battles=0, votes=0)
-        Battle.objects.filter(pk__in=idle).update(state=Battle.State.ENDED, ended=now, ended_by=Battle.EndedBy.IDLE)
+        for pk in idle:
+            Battle.objects.filter(pk=pk).update(
+                state=Battle.State.ENDED, ended=now, ended_by=Battle.EndedBy.IDLE, share_id=new_public_id()
+            )
         return IdleBattles(battles=len(idle), votes=Vote.objects.filter(battle__in=idle).count())
 
 

@@ -5,7 +5,10 @@ from votes import views
 app_name = "votes"
 urlpatterns = [
     path("", views.arena, name="arena"),
+    path("named/", views.named, name="named"),
+    path("direct/", views.direct, name="direct"),
     path("battle/<str:public_id>/", views.battle, name="battle"),
+    path("share/<str:share_id>/", views.share, name="share"),
     path("evaluations/", views.evaluations, name="evaluations"),
     path("evaluations/<int:run_id>/", views.evaluation, name="evaluation"),
 ]

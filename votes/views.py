@@ -17,7 +17,30 @@ def _voter_key(request: HttpRequest) -> str:
 def arena(request: HttpRequest) -> HttpResponse:
     """A fresh battle: the models are drawn when the first prompt arrives."""
     _voter_key(request)
-    return render(request, "votes/arena.html", {"battle_id": "", "tasks": selectors.active_tasks()})
+    return render(request, "votes/arena.html", {"battle_id": "", "tasks": selectors.active_tasks(), "mode": ""})
+
+
+def named(request: HttpRequest) -> HttpResponse:
+    """A fresh side-by-side battle between two models the voter picks (off the leaderboard). The
+    anonymous arena's pages never list the models: this one does, by design."""
+    _voter_key(request)
+    context = {"battle_id": "", "tasks": selectors.active_tasks(), "mode": "named", "models": selectors.chat_models()}
+    return render(request, "votes/arena.html", context)
+
+
+def direct(request: HttpRequest) -> HttpResponse:
+    """A fresh chat with one model the voter picks."""
+    _voter_key(request)
+    context = {"battle_id": "", "tasks": selectors.active_tasks(), "mode": "direct", "models": selectors.chat_models()}
+    return render(request, "votes/arena.html", context)
+
+
+def share(request: HttpRequest, share_id: str) -> HttpResponse:
+    """A revealed battle, read-only, for anyone with the link: conversation, ratings, votes, names."""
+    battle = selectors.shared_battle(share_id)
+    if battle is None:
+        raise Http404("No battle is shared at this address: a battle can be shared once it has ended.")
+    return render(request, "votes/share.html", {"battle": battle, "page": selectors.shared_battle_page(battle)})
 
 
 def battle(request: HttpRequest, public_id: str) -> HttpResponse:

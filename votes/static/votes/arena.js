@@ -48,9 +48,18 @@
   const suggestions = document.getElementById("suggestions");
   const excludedLine = document.getElementById("excluded");
   const endedNote = document.getElementById("ended-note");
+  const shareLine = document.getElementById("share");
+  const shareLink = document.getElementById("share-link");
+  const votesBox = document.getElementById("votes");
+  const pickA = document.getElementById("pick-a");
+  const pickB = document.getElementById("pick-b");
   const logs = { a: document.getElementById("log-a"), b: document.getElementById("log-b") };
 
   let battleId = root.dataset.battle || "";
+  // anonymous (the models drawn, named at the reveal), named (picked by the voter) or direct (one).
+  const pageMode = root.dataset.mode || "";
+  let mode = pageMode || "anonymous";
+  let names = null;
   let socket = null;
   let retryDelay = 500;
   // replies["<turn>:<side>"] = {element, textNode, ratingBar, seq (next expected delta), status, rating}
@@ -278,7 +287,12 @@
     const started = latestTurn >= 0;
     const waiting = busy();
     const firstVoted = Boolean(votes.first_try);
+    const direct = mode === "direct";
     const voteOpen = started && !waiting && !ended && (!firstVoted || canVoteAfterFix());
+    showNames();
+    votesBox.hidden = direct || ended;
+    document.querySelector('.pane[data-side="b"]').hidden = direct;
+    document.querySelector(".panes").classList.toggle("single", direct);
     // After the reveal nothing can act any more: the controls go, the record stays.
     voteButtons.forEach(function (button) { button.disabled = !voteOpen; button.hidden = ended; });
     endButton.hidden = ended;
@@ -301,9 +315,9 @@
     yourVotes.textContent = "Your votes — " + cast.join("; ") + ".";
     Object.keys(replies).forEach(function (key) { showRating(replies[key]); });
     endButton.disabled = ended || waiting || !firstVoted;
-    const mayPrompt = !ended && !waiting && (!started || firstVoted);
+    const mayPrompt = !ended && !waiting && (!started || firstVoted || direct);
     sendButton.disabled = !mayPrompt;
-    sendOneButtons.forEach(function (button) { button.disabled = !mayPrompt || !started; });
+    sendOneButtons.forEach(function (button) { button.disabled = !mayPrompt || !started; button.hidden = direct; });
     input.disabled = ended;
     stopButton.hidden = ended || !waiting;
     // Only a side's latest reply can be retried.
@@ -324,11 +338,15 @@
 
   // The input always says where the next message goes; a side left out says it waits, and why.
   function showTarget(started) {
-    if (!started) { target = null; }  // The first prompt goes to both sides.
+    if (!started || mode === "direct") { target = null; }  // The first prompt goes to both sides.
     const to = target ? sideName(target) : "";
     targetLine.textContent = target ? "To " + to + " only — " + sideName(otherSide(target)) + " waits" : "To both sides";
     targetLine.hidden = ended;
     sendButton.textContent = target ? "Send to " + to + " only" : "Send to both";
+    if (mode === "direct") {
+      targetLine.textContent = "To " + (names && names.a ? names.a : "the model you picked");
+      sendButton.textContent = "Send";
+    }
     toBothButton.hidden = ended || !target;
     toBothButton.disabled = sendButton.disabled;
     input.placeholder = target ? "Tell " + to + " what's wrong…" : "Type a prompt…";
@@ -347,7 +365,7 @@
       note.closest(".pane").classList.toggle("paused", Boolean(text));
       const last = replies[lastTurnOf[side] + ":" + side];
       const tell = document.querySelector('.tell-side[data-side="' + side + '"]');
-      tell.hidden = ended || !last || !isFinished(last) || target === side;
+      tell.hidden = ended || mode === "direct" || !last || !isFinished(last) || target === side;
     });
   }
 
@@ -428,20 +446,38 @@
     votes = Object.assign({}, state.votes || {});
     if (votes.first_try) { votes.first_try_turn = state.first_try_turn; }
     ended = Boolean(state.ended);
-    if (state.models) { reveal(state); }
+    mode = state.mode || mode;
+    names = state.models || null;
+    if (ended) { reveal(state); }
+  }
+
+  // The names: at the reveal in an anonymous battle, from the start in the modes where the voter
+  // picked the models.
+  function showNames() {
+    SIDES.forEach(function (side) {
+      const heading = document.querySelector('.pane[data-side="' + side + '"] h2');
+      heading.textContent = "Model " + sideName(side) + (names && names[side] ? ": " + names[side] : "");
+    });
   }
 
   function reveal(state) {
     ended = true;
-    SIDES.forEach(function (side) {
-      document.querySelector('.pane[data-side="' + side + '"] h2').textContent =
-        "Model " + side.toUpperCase() + ": " + state.models[side];
-    });
     endedNote.hidden = false;
-    endedNote.textContent = state.ended_by === "idle"
-      ? "This battle ended by itself after you voted and went quiet, so your votes count. Here is who was who."
-      : "Battle ended: your votes count. Here is who was who.";
-    if (state.excluded) {
+    if (mode === "direct") {
+      endedNote.textContent = "Chat ended.";
+    } else if (mode === "named") {
+      endedNote.textContent = "Battle ended. Named battles stay off the leaderboard; your votes are kept with their mode.";
+    } else {
+      endedNote.textContent = state.ended_by === "idle"
+        ? "This battle ended by itself after you voted and went quiet, so your votes count. Here is who was who."
+        : "Battle ended: your votes count. Here is who was who.";
+    }
+    shareLine.hidden = !state.share;
+    if (state.share) {
+      shareLink.href = state.share;
+      shareLink.textContent = location.origin + state.share;
+    }
+    if (state.excluded && mode === "anonymous") {
       excludedLine.hidden = false;
       excludedLine.textContent = "This battle does not count on the leaderboard: " + state.excluded + ".";
     }
@@ -523,9 +559,28 @@
     refreshControls();
   }
 
+  // A named battle or direct chat starts with the models picked on the page.
+  function startFrame(taskSlug) {
+    const frame = { type: "start" };
+    if (taskSlug) { frame.task = taskSlug; }
+    if (pageMode) {
+      frame.mode = pageMode;
+      frame.models = pageMode === "named" ? [pickA.value, pickB.value] : [pickA.value];
+    }
+    return frame;
+  }
+
   function submitPrompt(side) {
     const text = input.value.trim();
     if (!text) { setStatus("Type a prompt first.", true); return; }
+    // The anonymous arena starts with the first prompt; the other modes with the models picked.
+    if (!battleId && latestTurn < 0 && pageMode) {
+      if (pageMode === "named" && pickA.value === pickB.value) {
+        setStatus("Pick two different models to compare.", true);
+        return;
+      }
+      if (!send(startFrame(null))) { return; }
+    }
     const frame = { type: "prompt", text: text };
     if (side) { frame.side = side; }
     if (send(frame)) { sentPrompt = text; }
@@ -553,10 +608,17 @@
     button.addEventListener("click", function () { send({ type: "vote", choice: button.dataset.choice }); });
   });
   endButton.addEventListener("click", function () { send({ type: "end" }); });
-  document.getElementById("free-chat").addEventListener("click", function () { send({ type: "start" }); });
+  document.getElementById("free-chat").addEventListener("click", function () { send(startFrame(null)); });
   taskList.addEventListener("click", function (event) {
     const button = event.target.closest("button[data-task]");
-    if (button) { send({ type: "start", task: button.dataset.task }); }
+    if (button) { send(startFrame(button.dataset.task)); }
+  });
+  document.getElementById("copy-share").addEventListener("click", function () {
+    const button = this;
+    navigator.clipboard.writeText(shareLink.href).then(
+      function () { button.textContent = "Copied"; },
+      function () { button.textContent = "Select the link to copy it"; },
+    );
   });
 
   // A worker lost mid-reply, or frames lost while Redis restarted: a busy page that hears
