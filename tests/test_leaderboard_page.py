@@ -8,6 +8,7 @@ from django.conf import settings
 from inference.models import LLM
 from leaderboard import selectors, services, wording
 from leaderboard.models import LeaderboardRefresh
+from leaderboard.templatetags import board
 from votes import services as voter_services
 from votes.models import Battle, FlaggedVoter, Message, Task, Vote
 
@@ -323,3 +324,9 @@ def test_the_refresh_raises_work_mem_for_its_own_transaction(models, settings) -
         services.refresh_leaderboard(rounds=20)
         cursor.execute("SHOW work_mem")  # Still inside the test's transaction: SET LOCAL holds.
         assert cursor.fetchone()[0] == "48MB" != before
+
+
+def test_an_interval_without_width_says_there_is_too_little_to_tell() -> None:
+    assert board.interval(row("gemma", 1, 1000, 990.04, 1010.26)) == "990.0 – 1010.3"
+    # One vote between two models: every bootstrap round agrees; that is no evidence of precision.
+    assert board.interval(row("gemma", 1, 1000, 1000, 1000)) == "too few to tell"
