@@ -540,6 +540,16 @@ def test_model_output_renders_as_markdown_and_never_as_html(live_url: str, model
     )
     shot(page, "14-markdown")
 
+    # So does the battle's share page, once it has ended.
+    Battle.objects.filter(pk=battle.pk).update(state=Battle.State.ENDED, share_id="markdown-and-payloads")
+    page.goto(f"{live_url}/share/markdown-and-payloads/")
+    shared = page.locator(".msg.assistant .text").first
+    expect(shared.locator("strong")).to_have_text("Booked.")
+    expect(shared).to_contain_text("<script>window.pwned=2</script>")
+    for tag in ("img", "script", "svg", "iframe", 'a[href^="javascript"]', "[onerror]", "[onload]"):
+        expect(page.locator(f".log {tag}")).to_have_count(0)
+    assert page.evaluate("() => window.pwned") is None
+
     # The evaluation page renders model text the same way.
     run = evaluation_run(models, reply=MARKDOWN_AND_PAYLOADS, rating="garbage")
     page.goto(f"{live_url}/evaluations/{run.pk}/")
