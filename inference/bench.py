@@ -209,19 +209,33 @@ def _serial_generate(lm: Any, max_length: int) -> Callable[[str], None]:
 
 
 def machine_rates(seconds: float = 1.0) -> dict[str, float]:
-    """This machine's memory read bandwidth (bytes/s: numpy summing a 512 MB float32 array,
-    larger than any cache) and float32 matmul rate (FLOP/s: JAX, 1024 x 1024, the engine's
-    backend and threads), each the best of repeated runs for about ``seconds``."""
+    """This machine's memory read bandwidth (bytes/s) and float32 matmul rate (FLOP/s), each the
+    best of repeated runs for about ``seconds``.
+
+    Memory: summing a 512 MB float32 array (larger than any cache), both ways, and the faster
+    counts: JAX's reduction, on the engine's backend and threads (every core), and NumPy's, on
+    one thread (``memory_bytes_per_s_one_thread``, the only figure before 2026-12-04: on a
+    2-core machine it read about a quarter less than both cores do, which made the bound look
+    closer than it is). Matmul: JAX, 1024 x 1024, the engine's backend and threads.
+    """
     import jax
     import jax.numpy as jnp
 
     array = np.ones(128 * 1024 * 1024, dtype=np.float32)
-    bandwidth = array.nbytes / best_seconds(lambda: array.sum(), seconds)
+    one_thread = array.nbytes / best_seconds(lambda: array.sum(), seconds)
+    on_device = jnp.asarray(array)
+    total = jax.jit(jnp.sum)
+    all_cores = array.nbytes / best_seconds(lambda: total(on_device).block_until_ready(), seconds)
     size = 1024
     a = jnp.ones((size, size), jnp.float32)
     matmul = jax.jit(lambda x: x @ x)
     flops = 2 * size**3 / best_seconds(lambda: matmul(a).block_until_ready(), seconds)
-    return {"memory_bytes_per_s": bandwidth, "flops_per_s": flops}
+    return {
+        "memory_bytes_per_s": max(one_thread, all_cores),
+        "memory_bytes_per_s_one_thread": one_thread,
+        "memory_bytes_per_s_all_cores": all_cores,
+        "flops_per_s": flops,
+    }
 
 
 def matmul_floor(lm: Any, batch: int, seconds: float = 1.0) -> float:
@@ -413,6 +427,14 @@ def run_bench(
                 consistent = consistent and outputs == reference
         recompiles = engine.compilations - after_warmup
         settled_steps = engine.steps_per_dispatch
+        # The engine's ceiling on this workload: a decode step of every slot, no prefill, no
+        # idle slot, at each window the prompts' positions pass through.
+        used = [w for w in engine.windows if w >= min(lengths)]
+        used = used[: next(i for i, w in enumerate(used) if w >= max_length) + 1]
+        busy_steps = []
+        for window in used:
+            step_s = engine.decode_step_seconds(window)
+            busy_steps.append({"window": window, "step_s": step_s, "tokens_per_s": slots / step_s})
         prefix_stats = {
             "rows": engine.prefix_cache.entries,
             "hits": engine.prefix_cache.hits,
@@ -438,6 +460,10 @@ def run_bench(
             bound["engine_share_of_bound"] = bound["engine_tokens_per_s"] / bound["bound_tokens_per_s"]
             bound["matmul_floor_tokens_per_s"] = matmul_floor(lm, bound["batch"])
             bound["engine_share_of_matmul_floor"] = bound["engine_tokens_per_s"] / bound["matmul_floor_tokens_per_s"]
+            if level >= slots:  # Every slot busy: the steps timed above.
+                bound["busy_step_share_of_bound"] = {
+                    str(step["window"]): step["tokens_per_s"] / bound["bound_tokens_per_s"] for step in busy_steps
+                }
             bounds.append(bound)
     serial_rate = serial_summary["aggregate_tokens_per_s"]
     speedup_8 = by_level[8]["aggregate_tokens_per_s"] / serial_rate if 8 in by_level and serial_rate else None
@@ -472,6 +498,7 @@ def run_bench(
         "speedup_8": speedup_8,
         "ttft_ratio_8": ttft_ratio_8,
         "recompiles_after_warmup": recompiles,
+        "busy_decode_steps": busy_steps,
         "outputs_consistent": consistent,
         "machine": rates,
         "roofline": bounds,
@@ -537,9 +564,11 @@ def format_table(result: dict[str, Any]) -> str:
     ]
     machine = result.get("machine")
     if machine:
+        one_thread = machine.get("memory_bytes_per_s_one_thread")
         lines.append(
-            f"this machine: memory read {machine['memory_bytes_per_s'] / 1e9:.1f} GB/s, "
-            f"float32 matmul {machine['flops_per_s'] / 1e9:.1f} GFLOP/s"
+            f"this machine: memory read {machine['memory_bytes_per_s'] / 1e9:.1f} GB/s"
+            + (f" (one thread: {one_thread / 1e9:.1f})" if one_thread else "")
+            + f", float32 matmul {machine['flops_per_s'] / 1e9:.1f} GFLOP/s"
         )
     for bound in result.get("roofline", []):
         lines.append(
@@ -553,4 +582,10 @@ def format_table(result: dict[str, Any]) -> str:
             f"{bound['matmul_floor_tokens_per_s']:.0f} tokens/s; engine = "
             f"{bound['engine_share_of_matmul_floor']:.0%} of that"
         )
+        for window, share in bound.get("busy_step_share_of_bound", {}).items():
+            step = next(s for s in result["busy_decode_steps"] if str(s["window"]) == window)
+            lines.append(
+                f"  a decode step of every slot over {window} positions (no prefill, no idle slot): "
+                f"{step['step_s'] * 1e3:.1f} ms, {step['tokens_per_s']:.0f} tokens/s = {share:.0%} of the bound"
+            )
     return "\n".join(lines)

@@ -350,6 +350,18 @@ class _WarmUp:
     error: BaseException | None = None
 
 
+@dataclass
+class _StepTiming:
+    """A job for the decode thread: time decode steps of every slot at ``window`` for about
+    ``seconds``; ``step_s`` is the best step's duration. The caller waits on ``done``."""
+
+    window: int
+    seconds: float
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+    step_s: float | None = None
+
+
 # --- Compilation counting ---------------------------------------------------------------------
 
 _compile_owner = threading.local()  # .engine: the Engine whose code runs on this thread.
@@ -905,7 +917,7 @@ class Engine:
 
         self._cond = threading.Condition()
         self._pending: collections.deque[Request] = collections.deque()
-        self._jobs: collections.deque[_WarmUp] = collections.deque()
+        self._jobs: collections.deque[_WarmUp | _StepTiming] = collections.deque()
         self._slots: list[Request | None] = [None] * slots
         self._thread: threading.Thread | None = None
         self._closing = False
@@ -961,16 +973,33 @@ class Engine:
         Blocks until done. It runs on an idle engine: requests submitted meanwhile wait, and
         running ones finish first. Call it once at start, before traffic.
         """
-        job = _WarmUp(self.buckets, self.windows)
+        self._run_job(_WarmUp(self.buckets, self.windows), "Warm-up", timeout)
+
+    def decode_step_seconds(self, window: int, seconds: float = 3.0, timeout: float | None = None) -> float:
+        """The best duration of one decode step with every slot busy, attending over the
+        smallest compiled window that holds ``window`` positions: what a token of each slot
+        costs when no prefill runs and no slot idles (benchmarks report it beside the real
+        throughput). Runs like ``warm_up()``, on an idle engine, with dummy slots, for about
+        ``seconds``; call it after ``warm_up()`` (else it compiles the step it times).
+        """
+        if window < 1 or seconds <= 0:
+            raise ValueError("window and seconds must be positive.")
+        job = _StepTiming(next((w for w in self.windows if w >= window), self.context_length), seconds)
+        self._run_job(job, "Step timing", timeout)
+        assert job.step_s is not None
+        return job.step_s
+
+    def _run_job(self, job: _WarmUp | _StepTiming, name: str, timeout: float | None) -> None:
+        """Queue ``job`` for the decode thread (it runs on an idle engine) and wait for it."""
         with self._cond:
             self._check_open()
             self._jobs.append(job)
             self._cond.notify_all()
         self.start()
         if not job.done.wait(timeout):
-            raise TimeoutError(f"Warm-up did not finish within {timeout} s.")
+            raise TimeoutError(f"{name} did not finish within {timeout} s.")
         if job.error is not None:
-            raise EngineError(f"Warm-up failed: {job.error!r}") from job.error
+            raise EngineError(f"{name} failed: {job.error!r}") from job.error
 
     def submit(
         self,
@@ -1099,7 +1128,7 @@ class Engine:
                         self._pending.remove(request)
                     free = [i for i, r in enumerate(self._slots) if r is None]
                     idle = in_flight is None and len(free) == self.slots
-                    jobs: list[_WarmUp] = []
+                    jobs: list[_WarmUp | _StepTiming] = []
                     admitted: list[Request] = []
                     if self._jobs and idle:
                         jobs = list(self._jobs)
@@ -1144,12 +1173,15 @@ class Engine:
         self,
         admitted: list[Request],
         free: list[int],
-        jobs: list[_WarmUp],
+        jobs: list[_WarmUp | _StepTiming],
         in_flight: _Dispatch | None,
     ) -> _Dispatch | None:
         """One loop iteration; returns the dispatch whose tokens are not processed yet."""
-        for job in jobs:  # On an idle engine: compile every shape, with dummy inputs.
-            self._warm_up(job)
+        for job in jobs:  # On an idle engine, with dummy inputs.
+            if isinstance(job, _WarmUp):
+                self._warm_up(job)
+            else:
+                self._time_steps(job)
 
         for request, slot in zip(admitted, free, strict=False):
             self._slots[slot] = request
@@ -1201,6 +1233,22 @@ class Engine:
             self._insert(0)
             np.asarray(self._generate(inactive, self.steps_per_dispatch))
         self._resize(job.windows[0])
+        job.done.set()
+
+    def _time_steps(self, job: _StepTiming) -> None:
+        """Dispatch one decode step of every slot at a time, each waited for, for about
+        ``job.seconds`` (at least three), at ``job.window``; keep the best step's duration."""
+        busy = self._input((True,) * self.slots, np.bool_)
+        self._resize(job.window)
+        np.asarray(self._generate(busy, 1))  # The first after a resize may pay for it.
+        durations: list[float] = []
+        began = time.perf_counter()
+        while len(durations) < 3 or time.perf_counter() - began < job.seconds:
+            started = time.perf_counter()
+            np.asarray(self._generate(busy, 1))
+            durations.append(time.perf_counter() - started)
+        self._resize(self.windows[0])
+        job.step_s = min(durations)
         job.done.set()
 
     def _resize(self, window: int) -> bool:

@@ -50,7 +50,21 @@ def check_result(result: dict[str, Any]) -> None:
     cache = result["prefix_cache"]
     assert cache["rows"] > 0 and cache["hits"] > 0
     assert 0 < cache["reused_tokens"] < cache["prompt_tokens"]
-    assert result["machine"]["memory_bytes_per_s"] > 0 and result["machine"]["flops_per_s"] > 0
+    machine = result["machine"]
+    assert machine["memory_bytes_per_s"] > 0 and machine["flops_per_s"] > 0
+    # The bound takes the faster of the two memory reads: all cores (JAX) and one thread (NumPy).
+    assert machine["memory_bytes_per_s"] == max(
+        machine["memory_bytes_per_s_all_cores"], machine["memory_bytes_per_s_one_thread"]
+    )
+    # Decode steps of every slot, timed at each window the workload's positions pass through:
+    # from the one holding the shortest prompt to the one holding the longest request's end.
+    steps = result["busy_decode_steps"]
+    windows = [step["window"] for step in steps]
+    assert windows == sorted(windows) and windows[-1] >= result["max_length"]
+    assert windows[0] >= result["prompt_tokens_min"]
+    for step in steps:
+        assert step["step_s"] > 0
+        assert step["tokens_per_s"] == pytest.approx(result["slots"] / step["step_s"])
     (bound,) = result["roofline"]  # Level 1 (no level 8 here).
     assert bound["batch"] == 1
     assert bound["bound_tokens_per_s"] == min(bound["memory_bound_tokens_per_s"], bound["compute_bound_tokens_per_s"])

@@ -548,6 +548,20 @@ def test_no_compilation_after_warm_up(engine: Engine, lm: keras_hub.models.Causa
     assert engine.compilations == compilations
 
 
+def test_timing_decode_steps_compiles_nothing_and_leaves_requests_alone(engine: Engine, prompts: list[str]) -> None:
+    """``decode_step_seconds`` (the benchmark's busy-step figure) runs dummy steps of every slot
+    on the idle engine at compiled windows only, and a request afterwards decodes as before."""
+    before = collect(engine.submit(prompts[0], max_new_tokens=24, ignore_stop_tokens=True))
+    compilations = engine.compilations
+    for window in (1, WINDOWS[0] + 1):  # The smallest window, then the context's.
+        assert engine.decode_step_seconds(window, seconds=0.05) > 0
+    assert engine.compilations == compilations
+    assert engine._window == WINDOWS[0]
+    assert collect(engine.submit(prompts[0], max_new_tokens=24, ignore_stop_tokens=True)) == before
+    with pytest.raises(ValueError, match="positive"):
+        engine.decode_step_seconds(0)
+
+
 # --- Failures ------------------------------------------------------------------------------
 
 
