@@ -370,6 +370,7 @@ def run_bench(
     buckets: Sequence[int] | None = None,
     windows: Sequence[int] | None = None,
     progress: Callable[[str], None] | None = None,
+    timing_seconds: float = 1.0,
 ) -> dict[str, Any]:
     """Run both paths on one preset and return the figures as a JSON-serialisable dict.
 
@@ -377,13 +378,17 @@ def run_bench(
     each concurrency level, ``repeats`` times in turn, and each path's figures pool its
     repeats: a passing slowdown of a shared machine then weighs on every path alike.
     ``buckets`` and ``windows`` go to the ``Engine`` (default: the engine's, as the arena
-    serves); fewer of them make a smoke run's warm-up shorter.
+    serves); fewer of them make a smoke run's warm-up shorter. ``timing_seconds``: how long each
+    timing of the machine (memory read, matmul rate, each matmul-floor orientation) runs, and a
+    third of how long each busy decode step is timed; a smoke run takes less.
     """
     from inference.engine import DEFAULT_PREFIX_CACHE_ROWS, Engine
     from inference.streaming import context_length, encode_prompt
 
     if prompts < 1 or max_new_tokens < 1 or repeats < 1:
         raise ValueError("prompts, max_new_tokens and repeats must be at least 1.")
+    if not timing_seconds > 0:
+        raise ValueError(f"timing_seconds must be positive, got {timing_seconds}.")
     if not concurrency or any(c < 1 for c in concurrency):
         raise ValueError(f"Concurrency levels must be positive, got {list(concurrency)}.")
     say = progress or (lambda message: None)
@@ -433,7 +438,7 @@ def run_bench(
         used = used[: next(i for i, w in enumerate(used) if w >= max_length) + 1]
         busy_steps = []
         for window in used:
-            step_s = engine.decode_step_seconds(window)
+            step_s = engine.decode_step_seconds(window, seconds=3 * timing_seconds)
             busy_steps.append({"window": window, "step_s": step_s, "tokens_per_s": slots / step_s})
         prefix_stats = {
             "rows": engine.prefix_cache.entries,
@@ -451,14 +456,14 @@ def run_bench(
     serial_summary["note"] = "generate() does not stream: TTFT is the whole latency"
 
     by_level = {level["concurrency"]: level for level in levels}
-    rates = machine_rates()
+    rates = machine_rates(timing_seconds)
     bounds = []
     for level in (1, 8):
         if level in by_level:
             bound = roofline(lm, rates, min(level, slots))
             bound["engine_tokens_per_s"] = by_level[level]["aggregate_tokens_per_s"]
             bound["engine_share_of_bound"] = bound["engine_tokens_per_s"] / bound["bound_tokens_per_s"]
-            bound["matmul_floor_tokens_per_s"] = matmul_floor(lm, bound["batch"])
+            bound["matmul_floor_tokens_per_s"] = matmul_floor(lm, bound["batch"], timing_seconds)
             bound["engine_share_of_matmul_floor"] = bound["engine_tokens_per_s"] / bound["matmul_floor_tokens_per_s"]
             if level >= slots:  # Every slot busy: the steps timed above.
                 bound["busy_step_share_of_bound"] = {

@@ -615,7 +615,7 @@
   });
   document.getElementById("copy-share").addEventListener("click", function () {
     const button = this;
-    navigator.clipboard.writeText(shareLink.href).then(
+    window.ArenaMarkdown.copyText(shareLink.href).then(
       function () { button.textContent = "Copied"; },
       function () { button.textContent = "Select the link to copy it"; },
     );

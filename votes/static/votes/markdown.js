@@ -90,6 +90,6 @@
     });
   }
 
-  window.ArenaMarkdown = { render: render, renderInto: renderInto, renderMarked: renderMarked };
+  window.ArenaMarkdown = { render: render, renderInto: renderInto, renderMarked: renderMarked, copyText: copyText };
   document.addEventListener("DOMContentLoaded", function () { renderMarked(); });
 })();
