@@ -9,18 +9,33 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "arena_site.settings")
 # Django must be set up before the consumers (and their models) are imported.
 django_asgi_app = get_asgi_application()
 
+from typing import Any  # noqa: E402
+
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from channels.sessions import SessionMiddlewareStack  # noqa: E402
+from django.conf import settings  # noqa: E402
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware  # noqa: E402
 
 from votes.routing import websocket_urlpatterns  # noqa: E402
 
-application = ProtocolTypeRouter(
-    {
-        "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(SessionMiddlewareStack(URLRouter(websocket_urlpatterns))),
-    }
-)
+
+def build_application(trusted_proxies: list[str]) -> Any:
+    """The site's ASGI application. The client address that HTTP views (REMOTE_ADDR) and the
+    battle socket (scope["client"]) see is the peer's, or, where the peer is one of
+    ``trusted_proxies``, the right-most hop of its X-Forwarded-For that is not (and the scheme
+    from its X-Forwarded-Proto): a client that connects directly cannot choose the address its
+    limits are counted under."""
+    router = ProtocolTypeRouter(
+        {
+            "http": django_asgi_app,
+            "websocket": AllowedHostsOriginValidator(SessionMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        }
+    )
+    return ProxyHeadersMiddleware(router, trusted_hosts=list(trusted_proxies))
+
+
+application = build_application(settings.TRUSTED_PROXIES)
 
 # What is loaded by now stays for the process's life. Frozen, the garbage collector's full
 # passes no longer scan it: such a pass holds the GIL, and every stream of this process with

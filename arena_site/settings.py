@@ -5,12 +5,14 @@ in-process generation worker. `DATABASE_URL` and `REDIS_URL` switch it to Postgr
 channel layer and Celery workers: the same code paths, only the backends change.
 """
 
+import ipaddress
 import os
 import secrets
 from pathlib import Path
 
 import dj_database_url
 from celery.schedules import crontab
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("ARENA_VAR_DIR", BASE_DIR / "var"))
@@ -41,6 +43,18 @@ SECRET_KEY = os.environ.get("SECRET_KEY") or _local_secret_key()
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
+# Addresses or networks (CIDR) of the reverse proxies in front of the site. Only a request whose
+# peer is one of them has its X-Forwarded-For read, and the client is its right-most hop that is
+# not a trusted proxy (arena_site/asgi.py); empty, the default: the peer is the client and the
+# header is ignored, so nobody can pick the address their limits are counted under.
+TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", "")
+for _proxy in TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_proxy)
+    except ValueError as _exc:
+        raise ImproperlyConfigured(
+            f"TRUSTED_PROXIES: {_proxy!r} is not an IP address or network (e.g. 10.0.0.5 or 172.16.0.0/12)."
+        ) from _exc
 
 # Behind TLS in production: HTTPS=1 turns on secure cookies, HSTS and the redirect.
 HTTPS = env_bool("HTTPS", False)

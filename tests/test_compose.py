@@ -29,3 +29,7 @@ def test_compose_services_and_health_checks() -> None:
     inference = " ".join(services["inference"]["command"])
     assert "run_inference_host" in inference and "model." in inference
     assert services["migrate"]["restart"] == "no"
+    # daphne's --proxy-headers believes any peer's X-Forwarded-For; the site reads it only from
+    # TRUSTED_PROXIES (tests/test_trusted_proxies.py).
+    assert "--proxy-headers" not in services["web"]["command"]
+    assert "TRUSTED_PROXIES" in compose["x-arena"]["environment"]

@@ -70,7 +70,8 @@ class BattleConsumer(AsyncWebsocketConsumer):
         self.battle = None
         self.group = None
         self.watching = None
-        # The peer's address (daphne --proxy-headers puts the client's there behind a proxy).
+        # The client's address: the peer's, or behind a trusted proxy the one it forwards
+        # (arena_site.asgi.build_application).
         client = self.scope.get("client")
         self.address = str(client[0]) if client else None
         await self.accept()
