@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -33,6 +35,8 @@ print(json.dumps({
     "broker": settings.CELERY_BROKER_URL,
     "debug": settings.DEBUG,
     "hosts": settings.ALLOWED_HOSTS,
+    "hsts_preload": settings.SECURE_HSTS_PRELOAD,
+    "hsts_seconds": settings.SECURE_HSTS_SECONDS,
 }))
 """
 
@@ -48,6 +52,8 @@ def test_embedded_defaults(tmp_path: Path) -> None:
         "broker": "memory://",
         "debug": False,
         "hosts": ["127.0.0.1", "localhost"],
+        "hsts_preload": False,
+        "hsts_seconds": 0,
     }
     assert (tmp_path / "secret_key").stat().st_mode & 0o077 == 0
 
@@ -66,6 +72,25 @@ def test_production_services_from_env() -> None:
     assert shown["backend"] == "celery"
     assert shown["broker"] == "redis://cache:6379/0"
     assert shown["hosts"] == ["arena.example.org"]
+
+
+def test_hsts_preload_is_opt_in(tmp_path: Path) -> None:
+    """HTTPS=1 sends HSTS for a year, but asks for the browsers' preload list only when told."""
+    shown = [
+        json.loads(run_python(SHOW_SETTINGS, ARENA_VAR_DIR=str(tmp_path), HTTPS="1", **extra).stdout)
+        for extra in ({}, {"SECURE_HSTS_PRELOAD": "1"})
+    ]
+    assert [(s["hsts_seconds"], s["hsts_preload"]) for s in shown] == [(31536000, False), (31536000, True)]
+
+
+def test_weak_admin_passwords_are_refused() -> None:
+    from django.contrib.auth.password_validation import validate_password
+    from django.core.exceptions import ValidationError
+
+    for weak in ("a", "password1234", "123456789012"):  # Too short, too common, all digits.
+        with pytest.raises(ValidationError):
+            validate_password(weak)
+    validate_password("calendar-tennis-Nov11-5pm")
 
 
 def test_deploy_checks_are_clean_with_production_variables() -> None:
