@@ -12,11 +12,11 @@ django_asgi_app = get_asgi_application()
 from typing import Any  # noqa: E402
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from channels.sessions import SessionMiddlewareStack  # noqa: E402
 from django.conf import settings  # noqa: E402
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware  # noqa: E402
 
+from arena_site.origins import SameOriginValidator  # noqa: E402
 from votes.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -25,11 +25,12 @@ def build_application(trusted_proxies: list[str]) -> Any:
     battle socket (scope["client"]) see is the peer's, or, where the peer is one of
     ``trusted_proxies``, the right-most hop of its X-Forwarded-For that is not (and the scheme
     from its X-Forwarded-Proto): a client that connects directly cannot choose the address its
-    limits are counted under."""
+    limits are counted under. The battle socket accepts only the site's own origin
+    (``arena_site.origins``)."""
     router = ProtocolTypeRouter(
         {
             "http": django_asgi_app,
-            "websocket": AllowedHostsOriginValidator(SessionMiddlewareStack(URLRouter(websocket_urlpatterns))),
+            "websocket": SameOriginValidator(SessionMiddlewareStack(URLRouter(websocket_urlpatterns))),
         }
     )
     return ProxyHeadersMiddleware(router, trusted_hosts=list(trusted_proxies))

@@ -150,7 +150,8 @@ async def test_unknown_battle_and_missing_session(connect_battle, demo_llms) -> 
 
     from arena_site.asgi import application
 
-    anonymous = WebsocketCommunicator(application, "/ws/battle/", headers=[(b"origin", b"http://127.0.0.1")])
+    page = [(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1")]
+    anonymous = WebsocketCommunicator(application, "/ws/battle/", headers=page)
     connected, _ = await anonymous.connect(timeout=10)
     assert connected
     assert json.loads(await anonymous.receive_from(timeout=10))["code"] == "no_session"
@@ -180,3 +181,37 @@ async def test_a_socket_from_another_origin_is_refused(voter_session) -> None:
     foreign = WebsocketCommunicator(application, "/ws/battle/", headers=headers)
     connected, _ = await foreign.connect(timeout=10)
     assert not connected
+    # The same host on another port (another origin, another server) is refused too.
+    headers[1:] = [(b"origin", b"http://127.0.0.1:8001"), (b"host", b"127.0.0.1:8000")]
+    other_port = WebsocketCommunicator(application, "/ws/battle/", headers=headers)
+    connected, _ = await other_port.connect(timeout=10)
+    assert not connected
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "scheme", "allowed"),
+    [
+        ("http://127.0.0.1:8000", "127.0.0.1:8000", "ws", True),
+        ("http://127.0.0.1", "127.0.0.1:80", "ws", True),  # The scheme's default port, written or not.
+        ("https://localhost", "localhost", "wss", True),
+        ("http://127.0.0.1:8001", "127.0.0.1:8000", "ws", False),  # Another port.
+        ("https://127.0.0.1:8000", "127.0.0.1:8000", "ws", False),  # Another scheme.
+        ("http://127.0.0.1", "127.0.0.1", "wss", False),
+        ("http://evil.example", "evil.example", "ws", False),  # Its own origin, but not an allowed host.
+        ("http://127.0.0.1:99999", "127.0.0.1:99999", "ws", False),  # Not a port.
+        ("null", "127.0.0.1", "ws", False),
+        (None, "127.0.0.1", "ws", False),
+        ("http://127.0.0.1", None, "ws", False),
+        ("https://arena.example.org", "web:8000", "ws", True),  # Listed in CSRF_TRUSTED_ORIGINS.
+        ("https://arena.example.org:8443", "web:8000", "ws", False),  # Listed without that port.
+        ("http://arena.example.org", "web:8000", "ws", False),  # Nor that scheme.
+    ],
+)
+def test_only_the_sites_own_origin_may_open_the_socket(
+    settings, origin: str | None, host: str | None, scheme: str, allowed: bool
+) -> None:
+    from arena_site.origins import same_origin_allowed
+
+    settings.ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
+    settings.CSRF_TRUSTED_ORIGINS = ["https://arena.example.org"]
+    assert same_origin_allowed(origin, host, scheme) is allowed
