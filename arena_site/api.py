@@ -87,6 +87,9 @@ def researcher(request: HttpRequest) -> ResearcherKey | None:
         _throttle(f"ip:{services.hash_token(_client_ip(request))}", settings.ARENA_API_ANON_PER_MINUTE)
         return None
     key = services.researcher_key_for(token)
+    if key is None or key.revoked:
+        # Guessing keys, or hammering with a revoked one, spends the address's anonymous budget.
+        _throttle(f"ip:{services.hash_token(_client_ip(request))}", settings.ARENA_API_ANON_PER_MINUTE)
     if key is None:
         raise HttpError(401, "Unknown API key.")
     if key.revoked:

@@ -13,4 +13,5 @@ urlpatterns = [
     path("", include("votes.urls")),
 ]
 
+handler404 = "arena_site.not_found.not_found"
 handler500 = "arena_site.unavailable.server_error"

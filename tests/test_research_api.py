@@ -210,7 +210,8 @@ def test_keys_revocation_and_throttling(client, arena, settings) -> None:
     assert client.get("/api/v1/models", REMOTE_ADDR="10.1.2.3").status_code == 200
     assert client.get("/api/v1/models", REMOTE_ADDR="10.1.2.3").status_code == 429
     ResearcherKey.objects.filter(pk=key.pk).update(revoked=True)
-    assert client.get("/api/v1/models", HTTP_X_API_KEY=token).status_code == 403
+    # From an address with budget left: a revoked key spends the address's anonymous budget too.
+    assert client.get("/api/v1/models", HTTP_X_API_KEY=token, REMOTE_ADDR="10.1.2.4").status_code == 403
 
 
 def test_battles_and_privacy(client, arena, key_header) -> None:
@@ -269,6 +270,49 @@ def test_export_dump_and_serving_it(client, arena, key_header, tmp_path: Path, s
     assert served.status_code == 200 and b"".join(served.streaming_content) == (folder / "votes.jsonl.gz").read_bytes()
     assert client.get(f"/api/v1/dumps/{folder.name}/votes.jsonl.gz").status_code == 401
     assert client.get("/api/v1/dumps/..%2F..%2Fetc/passwd", **key_header).status_code == 404
+
+
+def test_dump_names_that_are_not_dump_files_get_a_json_404_and_links_are_never_listed(
+    client, key_header, tmp_path: Path, settings
+) -> None:
+    settings.ARENA_DUMP_DIR = tmp_path / "dumps"
+    day = settings.ARENA_DUMP_DIR / "2026-12-04"
+    day.mkdir(parents=True)
+    (day / "votes.jsonl.gz").write_bytes(b"dump")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not a dump")
+    (day / "linked.txt").symlink_to(secret)  # A link to a file outside the dump folder,
+    (settings.ARENA_DUMP_DIR / "2026-12-05").symlink_to(tmp_path)  # and a linked day folder.
+    listed = {f["name"] for f in client.get("/api/v1/dumps", **key_header).json()}
+    assert listed == {"2026-12-04/votes.jsonl.gz"}
+    assert client.get("/api/v1/dumps/2026-12-04/votes.jsonl.gz", **key_header).status_code == 200
+    for path in ("2026-12-04/%00", "2026-12-04/a%00b", "%00/votes.jsonl.gz", "2026-12-04/linked.txt",
+                 "2026-12-05/secret.txt", "2026-12-04/..", "..%2F..%2Fetc/passwd", "2026-12-04/.hidden"):  # fmt: skip
+        response = client.get(f"/api/v1/dumps/{path}", **key_header)
+        # JSON either way: the route's "No such dump file." or, where a slash leaves no route, the API's
+        # "Not found.".
+        assert response.status_code == 404 and response.json()["detail"] in {"No such dump file.", "Not found."}, path
+
+
+def test_a_path_the_api_does_not_have_gets_json_and_pages_keep_their_404_page(client) -> None:
+    for path in ("/api/v1/nothing-here", "/api/v2/models", "/api/v1/dumps/a/b/c"):
+        response = client.get(path)
+        assert response.status_code == 404 and response["Content-Type"] == "application/json", path
+        assert response.json() == {"detail": "Not found."}
+    page = client.get("/no-such-page/")
+    assert page.status_code == 404 and page["Content-Type"].startswith("text/html")
+
+
+def test_unknown_and_revoked_keys_spend_the_address_budget(client, settings) -> None:
+    settings.ARENA_API_ANON_PER_MINUTE = 2
+    key, token = services.issue_researcher_key("lab")
+    ResearcherKey.objects.filter(pk=key.pk).update(revoked=True)
+    address = "198.19.7.7"
+    assert client.get("/api/v1/models", HTTP_X_API_KEY="guess-1", REMOTE_ADDR=address).status_code == 401
+    assert client.get("/api/v1/models", HTTP_X_API_KEY=token, REMOTE_ADDR=address).status_code == 403
+    for guess in (token, "guess-2", None):  # Then the address is over its budget, whatever it sends.
+        headers = {"HTTP_X_API_KEY": guess} if guess else {}
+        assert client.get("/api/v1/models", REMOTE_ADDR=address, **headers).status_code == 429
 
 
 def test_the_vote_dump_rated_by_rate_battles_is_the_sites_leaderboard(client, arena, key_header, tmp_path) -> None:

@@ -5,6 +5,7 @@ import gzip
 import hashlib
 import io
 import json
+import re
 from collections.abc import Callable
 from datetime import date
 from pathlib import Path
@@ -85,16 +86,35 @@ FIELD_DOCS = {
 }
 
 
+# What export_dump writes: a folder per day, plain file names. Anything else under the dump
+# folder (a NUL, a slash, dot-dot, a hidden file) is not a dump file and is never served.
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _is_dump_file(path: Path) -> bool:
+    """A regular file (not a link) in a day folder (not a link), both with safe names."""
+    return (
+        SAFE_NAME.fullmatch(path.name) is not None
+        and SAFE_NAME.fullmatch(path.parent.name) is not None
+        and not path.is_symlink()
+        and not path.parent.is_symlink()
+        and path.is_file()
+    )
+
+
 def dump_files(out: Path) -> list[Path]:
-    """The files of every dump under ``out`` (``<date>/<file>``), newest first."""
-    return sorted((p for p in out.glob("*/*") if p.is_file()), reverse=True) if out.is_dir() else []
+    """The files of every dump under ``out`` (``<date>/<file>``), newest first; links are
+    never followed nor listed (their names and sizes would tell of files elsewhere)."""
+    return sorted((p for p in out.glob("*/*") if _is_dump_file(p)), reverse=True) if out.is_dir() else []
 
 
 def dump_file(out: Path, day: str, name: str) -> Path | None:
-    """``out/<day>/<name>`` if it is a dump file; None for anything else (no path escapes)."""
-    folder = out.resolve()
-    path = (folder / day / name).resolve()
-    return path if folder in path.parents and path.is_file() else None
+    """``out/<day>/<name>`` if it is a dump file; None for anything else (no path escapes, no
+    links, no NUL or slash in either part)."""
+    if SAFE_NAME.fullmatch(day) is None or SAFE_NAME.fullmatch(name) is None:
+        return None
+    path = out / day / name
+    return path if out.is_dir() and _is_dump_file(path) else None
 
 
 def _counts(records: list[dict[str, Any]]) -> dict[str, Any]:
