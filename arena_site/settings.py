@@ -319,4 +319,9 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": crontab(hour=3, minute=0),
         "options": {"queue": "default"},
     },
+    "purge-expired-sessions": {
+        "task": "votes.purge_expired_sessions",
+        "schedule": crontab(hour=3, minute=30),
+        "options": {"queue": "default"},
+    },
 }

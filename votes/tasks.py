@@ -24,6 +24,16 @@ def export_dump() -> None:
     write_dump(Path(settings.ARENA_DUMP_DIR))
 
 
+@shared_task(name="votes.purge_expired_sessions", ignore_result=True)
+def purge_expired_sessions() -> None:
+    """Nightly (beat): delete expired sessions (Django's own clear_expired, as clearsessions)."""
+    from importlib import import_module
+
+    from django.conf import settings
+
+    import_module(settings.SESSION_ENGINE).SessionStore.clear_expired()
+
+
 @shared_task(name="votes.fail_stalled_replies", ignore_result=True)
 def fail_stalled_replies() -> None:
     """Every minute (beat): fail the replies whose worker is gone, and tell their voters."""

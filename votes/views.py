@@ -44,8 +44,10 @@ def share(request: HttpRequest, share_id: str) -> HttpResponse:
 
 
 def battle(request: HttpRequest, public_id: str) -> HttpResponse:
-    voter_key = _voter_key(request)
-    if selectors.battle_for_voter(public_id=public_id, voter_key=voter_key) is None:
+    # No session, no battle of this browser's: answered without creating a session for it.
+    session_key = request.session.session_key
+    voter_key = services.voter_key_for(session_key) if session_key else None
+    if voter_key is None or selectors.battle_for_voter(public_id=public_id, voter_key=voter_key) is None:
         # Battles are private to the browser that played them: another voter's link, or one
         # opened in another browser, lands here, told why.
         raise Http404(
