@@ -330,10 +330,15 @@ def test_admin_issues_a_key_shown_once_and_beat_dumps_nightly(client, settings) 
     from django.contrib.auth.models import User
 
     client.force_login(User.objects.create_superuser("admin", "a@example.org", "pw"))
-    response = client.post("/admin/votes/researcherkey/add/", {"name": "Lab X"}, follow=True)
-    (message,) = [str(m) for m in response.context["messages"] if "API key for" in str(m)]
-    token = message.split("API key for Lab X: ")[1].split(" ")[0]
+    response = client.post("/admin/votes/researcherkey/add/", {"name": "Lab X"})
+    # The token is on the response page itself, never stored in a cookie (messages) or cached.
+    assert response.status_code == 200 and "no-store" in response["Cache-Control"]
+    token = response.context["token"]
+    assert f'value="{token}"' in response.content.decode()
+    assert all(token not in morsel.value for morsel in response.cookies.values())
+    assert all(token not in morsel.value for morsel in client.cookies.values())
     key = ResearcherKey.objects.get(name="Lab X")
+    assert token not in client.get("/admin/votes/researcherkey/").content.decode()
     assert key.key_hash == hashlib.sha256(token.encode()).hexdigest() and token.startswith(key.prefix)
     assert token not in client.get(f"/admin/votes/researcherkey/{key.pk}/change/").content.decode()
     assert client.get("/api/v1/battles", HTTP_X_API_KEY=token).status_code == 200

@@ -7,6 +7,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from inference.models import LLM
@@ -231,7 +232,17 @@ class ResearcherKeyAdmin(admin.ModelAdmin):
             return
         key, token = services.issue_researcher_key(obj.name)
         obj.pk, obj.prefix, obj.key_hash = key.pk, key.prefix, key.key_hash
-        self.message_user(request, f"API key for {key.name}: {token} — copy it now, it is not shown again.")
+        request._issued_token = token  # type: ignore[attr-defined]  # For response_add, this request only.
+
+    def response_add(self, request: HttpRequest, obj: ResearcherKey, post_url_continue: str | None = None) -> Any:
+        """The token on the response page itself, once: not in a message, which the messages
+        framework would carry to the next page in a cookie (signed, not encrypted)."""
+        token = getattr(request, "_issued_token", None)
+        if token is None:
+            return super().response_add(request, obj, post_url_continue)
+        context = {**self.admin_site.each_context(request), "key": obj, "token": token, "title": "API key issued"}
+        # The admin's views are never cached (never_cache): the page is not kept either.
+        return TemplateResponse(request, "admin/votes/researcherkey/issued.html", context)
 
 
 @admin.register(FixEpisode)
