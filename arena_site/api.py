@@ -24,6 +24,7 @@ from ninja import Field, NinjaAPI, Query, Schema
 from ninja.errors import HttpError, ValidationError
 from ninja.openapi.docs import Redoc
 
+from arena_site.addresses import client_address
 from inference.models import LLM
 from leaderboard import selectors as leaderboard_selectors
 from votes import dumps as dump_store
@@ -62,11 +63,6 @@ def invalid_request(request: HttpRequest, exc: ValidationError) -> Any:
     return api.create_response(request, {"detail": messages or "Invalid request."}, status=422)
 
 
-def _client_ip(request: HttpRequest) -> str:
-    # Used only as a throttle bucket, never stored or returned.
-    return request.META.get("REMOTE_ADDR", "unknown")
-
-
 def _throttle(bucket: str, per_minute: int) -> None:
     window = int(timezone.now().timestamp() // 60)
     name = f"api-throttle:{bucket}:{window}"
@@ -84,12 +80,12 @@ def researcher(request: HttpRequest) -> ResearcherKey | None:
     """The request's researcher key (and its throttle), or None for an anonymous request."""
     token = request.headers.get("X-API-Key")
     if token is None:
-        _throttle(f"ip:{services.hash_token(_client_ip(request))}", settings.ARENA_API_ANON_PER_MINUTE)
+        _throttle(f"ip:{services.hash_token(client_address(request))}", settings.ARENA_API_ANON_PER_MINUTE)
         return None
     key = services.researcher_key_for(token)
     if key is None or key.revoked:
         # Guessing keys, or hammering with a revoked one, spends the address's anonymous budget.
-        _throttle(f"ip:{services.hash_token(_client_ip(request))}", settings.ARENA_API_ANON_PER_MINUTE)
+        _throttle(f"ip:{services.hash_token(client_address(request))}", settings.ARENA_API_ANON_PER_MINUTE)
     if key is None:
         raise HttpError(401, "Unknown API key.")
     if key.revoked:

@@ -8,6 +8,7 @@ channel layer and Celery workers: the same code paths, only the backends change.
 import ipaddress
 import os
 import secrets
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -94,6 +95,7 @@ INSTALLED_APPS = [
     # As an app, django-ninja renders its API docs with the Swagger UI and ReDoc it ships as
     # static files; otherwise it loads them from a CDN, and the docs are blank offline.
     "ninja",
+    "axes",
     "inference",
     "votes",
     "leaderboard",
@@ -112,7 +114,22 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Innermost, so it sees the views' exceptions first: a database outage becomes a clear 503.
     "arena_site.unavailable.DatabaseUnavailableMiddleware",
+    # Last, as django-axes asks: it answers a locked-out login.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Admin logins: django-axes counts failed attempts per client address (the one the limits use,
+# arena_site.addresses) and locks the address out of logging in for a while after too many.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = int(os.environ.get("ARENA_LOGIN_FAILURES", "5"))
+AXES_COOLOFF_TIME = timedelta(minutes=int(os.environ.get("ARENA_LOGIN_LOCKOUT_MINUTES", "15")))
+AXES_LOCKOUT_PARAMETERS = ["ip_address"]
+AXES_CLIENT_IP_CALLABLE = "arena_site.addresses.client_address"
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False  # No banner on every start.
 
 ROOT_URLCONF = "arena_site.urls"
 ASGI_APPLICATION = "arena_site.asgi.application"

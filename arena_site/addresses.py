@@ -1,0 +1,9 @@
+"""The client address a request's limits are counted under: REMOTE_ADDR, which the ASGI
+application has already set from a trusted proxy's X-Forwarded-For where there is one
+(``arena_site.asgi.build_application``). Nothing reads the forwarding headers again."""
+
+from django.http import HttpRequest
+
+
+def client_address(request: HttpRequest) -> str:
+    return request.META.get("REMOTE_ADDR") or "unknown"
