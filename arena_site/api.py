@@ -251,7 +251,8 @@ STREAM_DOC = {
 def votes(request: HttpRequest, filters: Query[VoteFilters]) -> Any:
     """Votes with their conversations, oldest first, by ``cursor`` (a vote id) pages of ``limit``.
 
-    Without a key: a sample of the newest ``ARENA_API_SAMPLE_SIZE`` counted votes (no cursor).
+    Without a key: of the newest ``ARENA_API_SAMPLE_SIZE`` counted votes (of any category), those
+    the filters select (no cursor): no filter reaches older votes.
     ``since``/``until`` bound the battle's end; ``category`` is overall (first-try votes),
     after_correction or task:<category>; ``include_excluded`` adds the votes the leaderboard leaves out, each with
     its reason.
@@ -268,7 +269,7 @@ def votes(request: HttpRequest, filters: Query[VoteFilters]) -> Any:
     next_cursor = None
     if key is None:
         sample = settings.ARENA_API_SAMPLE_SIZE
-        page = research.newest_sample(found, min(filters.limit or sample, sample))
+        page = research.anonymous_sample(found, sample, min(filters.limit or sample, sample))
     else:
         page, next_cursor = research.page_after(found, filters.cursor, filters.limit or MAX_PAGE)
     records = research.vote_records(page, with_exclusion=filters.include_excluded)

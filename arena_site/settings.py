@@ -127,7 +127,7 @@ AUTHENTICATION_BACKENDS = [
 AXES_FAILURE_LIMIT = int(os.environ.get("ARENA_LOGIN_FAILURES", "5"))
 AXES_COOLOFF_TIME = timedelta(minutes=int(os.environ.get("ARENA_LOGIN_LOCKOUT_MINUTES", "15")))
 AXES_LOCKOUT_PARAMETERS = ["ip_address"]
-AXES_CLIENT_IP_CALLABLE = "arena_site.addresses.client_address"
+AXES_CLIENT_IP_CALLABLE = "arena_site.addresses.login_address"
 AXES_RESET_ON_SUCCESS = True
 AXES_VERBOSE = False  # No banner on every start.
 

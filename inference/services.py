@@ -18,6 +18,7 @@ from inference.hosting import ModelSpec
 from inference.models import LLM, parse_mesh_shape
 from inference.pacing import Pace
 from inference.publisher import FramePublisher
+from inference.reply_edges import without_edge_whitespace
 from votes import selectors as votes_selectors
 from votes import services as votes_services
 from votes.models import Message
@@ -295,7 +296,7 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
         watchdog = threading.Timer(settings.ARENA_GENERATION_TIMEOUT_SECONDS, time_out)
         watchdog.daemon = True
         watchdog.start()
-        for delta in request.deltas(tick=batcher.interval):
+        for delta in without_edge_whitespace(request.deltas(tick=batcher.interval)):
             if delta:
                 batcher.add(delta)
             else:  # No text for an interval: show what the pace allows by now.

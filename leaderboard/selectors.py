@@ -128,6 +128,11 @@ def counted_votes(category: str = OVERALL) -> QuerySet[Vote]:
     return in_category(_counted(Vote.objects.all()), category)
 
 
+def every_counted_vote() -> QuerySet[Vote]:
+    """The votes some category counts, of every stage and category."""
+    return _counted(Vote.objects.all())
+
+
 EXCLUSION_REASONS = ("identity leak", "flagged voter", "unfinished battle")
 
 

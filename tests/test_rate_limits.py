@@ -1,4 +1,4 @@
-"""Rate limits on battles, messages and votes (votes/rate_limits.py), on the real cache (Redis)."""
+"""Rate limits on battles, messages, votes and every frame (votes/rate_limits.py), on the real cache (Redis)."""
 
 import uuid
 
@@ -52,9 +52,30 @@ def test_a_session_gets_its_budget_then_a_clear_refusal() -> None:
         rate_limits.hit("message", session=session, address=None, now=1_000_010.0)
     assert refused.value.code == "rate_limited"
     assert "Too many messages from this page; try again in" in str(refused.value)
-    # Another voter is not affected, and the next window starts afresh.
+    # Another voter is not affected, and a minute later the earlier messages have slid out.
     rate_limits.hit("message", session=fresh("session"), address=None, now=1_000_010.0)
-    rate_limits.hit("message", session=session, address=None, now=1_000_060.0)
+    rate_limits.hit("message", session=session, address=None, now=1_000_070.0)
+
+
+@override_settings(ARENA_RATE_LIMITS="message=5/100/60")
+def test_a_burst_across_a_window_boundary_does_not_pass_twice_the_budget() -> None:
+    """The probe sent 101 messages in about 70 s against 80 a minute: a full budget just before a
+    fixed window ended and another just after. The window slides: what was sent just before the
+    boundary still counts just after it."""
+    session = fresh("session")
+    boundary = 60 * 20_000.0
+    for _ in range(5):
+        rate_limits.hit("message", session=session, address=None, now=boundary - 1)
+    with pytest.raises(ArenaError) as refused:
+        rate_limits.hit("message", session=session, address=None, now=boundary + 1)
+    # Told when one more fits: once enough of the earlier burst has slid out of the last minute.
+    wait = int(str(refused.value).split("try again in ")[1].split(" s")[0])
+    assert 1 <= wait <= 60
+    # Hammering once a second gets nothing more through in the minute after the burst (refused
+    # attempts count too, as before).
+    for second in range(2, 59):
+        with pytest.raises(ArenaError):
+            rate_limits.hit("message", session=session, address=None, now=boundary + second)
 
 
 @override_settings(ARENA_RATE_LIMITS="vote=100/4/60")
@@ -100,3 +121,19 @@ async def test_the_battle_socket_refuses_over_budget(connect_battle, demo_llms) 
     await second.send({"type": "start"})
     refused = await second.receive()
     assert refused["type"] == "error" and refused["code"] == "rate_limited", refused
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(ARENA_RATE_LIMITS="frame=3/0/60")
+async def test_every_frame_type_counts_so_a_sync_flood_is_refused(connect_battle) -> None:
+    """A socket flooded with sync frames (15 bytes in, the whole state out) is refused once over
+    its budget; so is a malformed frame."""
+    client = await connect_battle()
+    for _ in range(3):
+        await client.send({"type": "sync"})
+        assert (await client.receive())["type"] == "state"
+    await client.send({"type": "sync"})
+    refused = await client.receive()
+    assert refused["type"] == "error" and refused["code"] == "rate_limited", refused
+    await client.send("not json")
+    assert (await client.receive())["code"] == "rate_limited"

@@ -140,6 +140,7 @@ class BattleConsumer(AsyncWebsocketConsumer):
             await self.send_error(DATABASE_UNAVAILABLE)
 
     async def handle_frame(self, text_data: str | None) -> None:
+        await self.count("frame")  # Before parsing: a malformed frame costs the sender too.
         frame = parse_client_frame(
             text_data,
             max_bytes=settings.ARENA_MAX_FRAME_BYTES,

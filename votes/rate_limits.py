@@ -1,12 +1,17 @@
 """Rate limits on battles, messages and votes, per voter session and per client address.
 
 Each action has a budget per session and a larger one per address (several voters can share an
-address) in a fixed window, counted in Django's cache: Redis in production, so every web
+address) over a sliding window, counted in Django's cache: Redis in production, so every web
 process shares the counts; the process's memory in embedded mode. Counters are keyed by keyed
 hashes (HMAC with ``SECRET_KEY``): neither a session id nor an address is ever stored.
 
+The window slides (the sliding-window counter): a count is kept per fixed window, and the
+previous window's count weighs as much as it still overlaps the last ``window_s`` seconds. With
+fixed windows a burst across a boundary passed twice the budget (101 messages in about 70 s
+against 80 a minute); here the previous window's messages still count just after it ends.
+
 ``ARENA_RATE_LIMITS`` configures them: ``action=per_session/per_address/window_seconds`` items
-separated by commas, e.g. ``battle=30/120/3600,message=20/80/60,vote=60/240/60``; an action left
+separated by commas, e.g. ``battle=30/120/3600,message=20/80/60,vote=60/240/60,frame=240/2400/60``; an action left
 out keeps its default, and 0 turns a budget off.
 """
 
@@ -35,8 +40,11 @@ DEFAULT_LIMITS: dict[str, Limit] = {
     "battle": Limit(per_session=30, per_address=120, window_s=3600),  # Battles started.
     "message": Limit(per_session=20, per_address=80, window_s=60),  # Prompts and regenerations.
     "vote": Limit(per_session=60, per_address=240, window_s=60),  # Votes and ratings.
+    # Every frame a page sends, of any type (sync and malformed ones included): a page sends a
+    # few a minute, a script that floods the socket is stopped.
+    "frame": Limit(per_session=240, per_address=2400, window_s=60),
 }
-_WHAT = {"battle": "new battles", "message": "messages", "vote": "votes and ratings"}
+_WHAT = {"battle": "new battles", "message": "messages", "vote": "votes and ratings", "frame": "requests"}
 
 
 def parse_limits(text: str) -> dict[str, Limit]:
@@ -87,7 +95,7 @@ def hit(action: str, *, session: str, address: str | None, now: float | None = N
     limit = limits()[action]
     now = time.time() if now is None else now
     window = int(now // limit.window_s)
-    retry_after = int((window + 1) * limit.window_s - now) + 1
+    into = now / limit.window_s - window  # How far into its window ``now`` is, 0..1.
     budgets = [("session", session, limit.per_session)]
     if address:
         budgets.append(("address", address, limit.per_address))
@@ -95,15 +103,28 @@ def hit(action: str, *, session: str, address: str | None, now: float | None = N
         if budget == 0:
             continue
         key = counter_key(action, kind, value, window)
-        cache.add(key, 0, timeout=limit.window_s + 1)
+        # Kept two windows: the next window reads it as its previous one.
+        cache.add(key, 0, timeout=2 * limit.window_s + 1)
         try:
             count = cache.incr(key)
         except ValueError:  # Expired between add and incr: start the window again.
-            cache.set(key, 1, timeout=limit.window_s + 1)
+            cache.set(key, 1, timeout=2 * limit.window_s + 1)
             count = 1
-        if count > budget:
+        previous = cache.get(counter_key(action, kind, value, window - 1)) or 0
+        if previous * (1 - into) + count > budget:
             who = "this page" if kind == "session" else "your network"
-            raise ArenaError(
-                "rate_limited",
-                f"Too many {_WHAT[action]} from {who}; try again in {retry_after} s.",
-            )
+            wait = _retry_after(limit, into, count, previous, budget)
+            raise ArenaError("rate_limited", f"Too many {_WHAT[action]} from {who}; try again in {wait} s.")
+
+
+def _retry_after(limit: Limit, into: float, count: int, previous: int, budget: int) -> int:
+    """Seconds until one more action fits: until enough of the previous window has slid out, or,
+    where this window alone holds the budget, until the next window's previous weighs little."""
+    if count <= budget and previous:
+        # previous * (1 - into') + count <= budget, at into' = 1 - (budget - count) / previous.
+        wait = (1 - (budget - count) / previous - into) * limit.window_s
+    else:
+        # This window alone is over: in the next, its count weighs count * (1 - into'') and
+        # fits once into'' = 1 - budget / count.
+        wait = (1 - into) * limit.window_s + (1 - budget / count) * limit.window_s
+    return max(1, int(wait) + 1)

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db.models import Q, QuerySet
 
 from leaderboard import style
-from leaderboard.selectors import counted_votes, in_category, voter_flag_reason
+from leaderboard.selectors import counted_votes, every_counted_vote, in_category, voter_flag_reason
 from votes.models import Battle, FixEpisode, Message, Vote
 
 WINNERS = {"a": "model_a", "b": "model_b", "tie": "tie", "both_bad": "tie (bothbad)"}
@@ -38,8 +38,10 @@ def research_votes(
     until: datetime | None = None,
 ) -> QuerySet[Vote]:
     """The votes of a category: those the leaderboard counts, or every one (then with the
-    reason each would be left out)."""
+    reason each would be left out), of ended battles only: a battle still in progress has its
+    names hidden from its voter, so its votes reach no one with them."""
     votes = in_category(Vote.objects.all(), category) if include_excluded else counted_votes(category)
+    votes = votes.filter(battle__state=Battle.State.ENDED)
     if since is not None:
         votes = votes.filter(battle__ended__gte=since)
     if until is not None:
@@ -60,6 +62,15 @@ def newest_sample(votes: QuerySet[Vote], size: int) -> QuerySet[Vote]:
     """The ``size`` newest of ``votes``, oldest first."""
     newest = list(votes.order_by("-pk").values_list("pk", flat=True)[:size])
     return votes.filter(pk__in=newest).order_by("pk")
+
+
+def anonymous_sample(votes: QuerySet[Vote], pool: int, size: int) -> QuerySet[Vote]:
+    """The anonymous API's sample: of ``votes``, those among the ``pool`` newest counted votes of
+    any stage and category, the ``size`` newest of them, oldest first. The pool comes first, so
+    it is a true cap: no time window or category, walked one after another, reaches older
+    votes."""
+    newest = list(every_counted_vote().order_by("-pk").values_list("pk", flat=True)[:pool])
+    return newest_sample(votes.filter(pk__in=newest), size)
 
 
 def page_after(votes: QuerySet[Vote], cursor: int | None, size: int) -> tuple[QuerySet[Vote], int | None]:
@@ -91,8 +102,9 @@ def ended_battle(public_id: str) -> Battle | None:
 
 
 def all_votes() -> QuerySet[Vote]:
-    """Every vote of every stage, oldest first, with what vote_record reads."""
-    return _for_records(Vote.objects.order_by("pk"))
+    """Every vote of every stage of the ended battles, oldest first, with what vote_record
+    reads (a battle still in progress is left out of research data, see research_votes)."""
+    return _for_records(Vote.objects.filter(battle__state=Battle.State.ENDED).order_by("pk"))
 
 
 def exclusion_reason(vote: Vote) -> str | None:
