@@ -76,16 +76,21 @@ def _throttle(bucket: str, per_minute: int) -> None:
         raise HttpError(429, f"Too many requests: at most {per_minute} a minute; retry in a minute.")
 
 
+def _throttle_address(request: HttpRequest) -> None:
+    """Spend one of the client address's anonymous requests (keyed by a hash of the address)."""
+    _throttle(f"ip:{services.hash_token(client_address(request))}", settings.ARENA_API_ANON_PER_MINUTE)
+
+
 def researcher(request: HttpRequest) -> ResearcherKey | None:
     """The request's researcher key (and its throttle), or None for an anonymous request."""
     token = request.headers.get("X-API-Key")
     if token is None:
-        _throttle(f"ip:{services.hash_token(client_address(request))}", settings.ARENA_API_ANON_PER_MINUTE)
+        _throttle_address(request)
         return None
     key = services.researcher_key_for(token)
     if key is None or key.revoked:
         # Guessing keys, or hammering with a revoked one, spends the address's anonymous budget.
-        _throttle(f"ip:{services.hash_token(client_address(request))}", settings.ARENA_API_ANON_PER_MINUTE)
+        _throttle_address(request)
     if key is None:
         raise HttpError(401, "Unknown API key.")
     if key.revoked:
