@@ -1,6 +1,6 @@
 """The research API (django-ninja) at /api/v1: leaderboard, models, tasks, votes, battles,
 evaluation runs and dumps. OpenAPI schema at /api/v1/openapi.json, docs at /api/v1/docs (Swagger
-UI) and /api/v1/redoc (ReDoc), both served from django-ninja's own static files.
+UI, served from django-ninja's own static files).
 
 Without a key: the leaderboard, models, tasks, evaluations and a throttled sample of the newest
 votes. With a researcher key (header ``X-API-Key``, issued in the admin): everything, paginated
@@ -17,12 +17,11 @@ from typing import Any, Literal
 
 from django.conf import settings
 from django.core.cache import cache
-from django.http import FileResponse, HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import FileResponse, HttpRequest, StreamingHttpResponse
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from ninja import Field, NinjaAPI, Query, Schema
 from ninja.errors import HttpError, ValidationError
-from ninja.openapi.docs import Redoc
 
 from arena_site.addresses import client_address
 from inference.models import LLM
@@ -37,14 +36,6 @@ api = NinjaAPI(
     description=__doc__ or "",
     urls_namespace="api-1",
 )
-
-
-def redoc(request: HttpRequest) -> HttpResponse:
-    """The same schema in ReDoc (django-ninja takes one docs page per API; this is the second).
-    Images from this site only: ReDoc's footer would fetch its logo from cdn.redoc.ly."""
-    response = Redoc().render_page(request, api)
-    response["Content-Security-Policy"] = "img-src 'self' data:"
-    return response
 
 
 class Error(Schema):

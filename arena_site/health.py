@@ -1,9 +1,35 @@
+"""Liveness for load balancers and compose: the process answers and reaches its database.
+
+``/healthz`` is answered by the outermost middleware, before Django validates the Host header
+and before the HTTPS redirect: a probe comes by address (``127.0.0.1:8000``), not by the site's
+name, so with a real ``ALLOWED_HOSTS`` (and ``HTTPS=1``) it would otherwise get a 400 (or a
+redirect) from a healthy server. It reveals nothing but "ok".
+"""
+
+from collections.abc import Callable
+
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
 
+from arena_site.unavailable import OUTAGES, database_unavailable
+
+PATH = "/healthz"
+
 
 def healthz(request: HttpRequest) -> HttpResponse:
-    """Liveness for load balancers and compose: the process answers and reaches its database."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT 1")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except OUTAGES:
+        return database_unavailable(request)
     return HttpResponse("ok", content_type="text/plain")
+
+
+class HealthCheckMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path_info == PATH and request.method in ("GET", "HEAD"):
+            return healthz(request)
+        return self.get_response(request)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import dj_database_url
 from celery.schedules import crontab
+from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -73,6 +74,24 @@ if env_bool("BEHIND_PROXY", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+# Content-Security-Policy on every response (django-csp): scripts, styles, images, fonts and
+# connections only from this origin, so an injected tag or a poisoned reply can neither run nor
+# load anything, nor send what it reads elsewhere. No inline script, handler or style attribute
+# is allowed; the pages have none (tests/test_content_security_policy.py loads each in chromium
+# and fails on any violation). 'self' covers the battle websocket of the same host and port.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 
 # Admin and researcher accounts: Django's own password rules (the admin's forms and
 # createsuperuser apply them).
@@ -96,13 +115,17 @@ INSTALLED_APPS = [
     # static files; otherwise it loads them from a CDN, and the docs are blank offline.
     "ninja",
     "axes",
+    "csp",
     "inference",
     "votes",
     "leaderboard",
 ]
 
 MIDDLEWARE = [
+    # Outermost: answers /healthz before the Host check and the HTTPS redirect (arena_site.health).
+    "arena_site.health.HealthCheckMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     # Outside WhiteNoise, so that the static files it serves are compressed too.
     "arena_site.compression.TextGZipMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",

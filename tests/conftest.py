@@ -17,7 +17,7 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.contrib.sessions.backends.db import SessionStore
 from django.db import connection, connections
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, sync_playwright
 
 from arena_site.asgi import application
 from arena_site.celery import app as celery_app
@@ -255,5 +255,34 @@ def browser() -> Iterator[Browser]:
     with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
         patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "1")
         launched = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        # Every page the tests open is watched for Content-Security-Policy violations (chromium
+        # reports each on the console); no_policy_violations fails the test that saw one.
+        open_context = launched.new_context
+
+        def watched_context(**options: Any) -> BrowserContext:
+            context = open_context(**options)
+            context.on("console", lambda message: POLICY_VIOLATIONS.extend(csp_violations([message.text])))
+            return context
+
+        patch.setattr(launched, "new_context", watched_context)
         yield launched
         launched.close()
+
+
+POLICY_VIOLATIONS: list[str] = []
+
+
+def csp_violations(console_texts: list[str]) -> list[str]:
+    """The Content-Security-Policy violations among console messages (chromium's wording)."""
+    return [text for text in console_texts if "Content Security Policy" in text]
+
+
+@pytest.fixture(autouse=True)
+def no_policy_violations(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that drives chromium fails on any Content-Security-Policy violation of its pages."""
+    if "browser" not in request.fixturenames:
+        yield
+        return
+    POLICY_VIOLATIONS.clear()
+    yield
+    assert POLICY_VIOLATIONS == [], f"Content-Security-Policy violations: {POLICY_VIOLATIONS}"

@@ -1,10 +1,18 @@
-"""compose.yaml is valid against the compose-spec schema and runs every service the design names."""
+"""compose.yaml is valid against the compose-spec schema, runs every service the design names, and
+its health checks pass on a real deployment's settings."""
 
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
+import pytest
 import yaml
+from django.conf import settings
+from django.db import connection
+
+from arena_site.stack import Stack, database_url
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,3 +41,27 @@ def test_compose_services_and_health_checks() -> None:
     # TRUSTED_PROXIES (tests/test_trusted_proxies.py).
     assert "--proxy-headers" not in services["web"]["command"]
     assert "TRUSTED_PROXIES" in compose["x-arena"]["environment"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_web_health_check_passes_with_a_real_allowed_hosts(tmp_path: Path) -> None:
+    """compose's own health-check command, run against daphne serving a real site name over
+    HTTPS: the probe comes by address, and is answered before the Host check and the redirect.
+    Any other page asked for by address is refused (400), as it should be."""
+    probe = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["web"]["healthcheck"]["test"]
+    assert probe[:3] == ["CMD", "python", "-c"] and "http://127.0.0.1:8000/healthz" in probe[3]
+    stack = Stack(
+        database_url=database_url(connection.settings_dict),
+        redis_url=settings.REDIS_URL,
+        log_dir=tmp_path,
+        env={"ALLOWED_HOSTS": "arena.example.org", "HTTPS": "1"},
+    )
+    try:
+        _, url = stack.start_web()
+        checked = subprocess.run([sys.executable, "-c", probe[3].replace("http://127.0.0.1:8000", url)], timeout=30)
+        assert checked.returncode == 0
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{url}/leaderboard/", timeout=10)
+        assert refused.value.code == 400
+    finally:
+        stack.stop()

@@ -15,6 +15,7 @@ from django.contrib.auth import get_user_model
 
 from votes import services
 from votes.models import Battle, EvaluationReply, EvaluationRun, Message, Task
+from votes.templatetags.inert import inert
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE_SCRIPTS = [REPO / "votes" / "static" / "votes" / name for name in ("arena.js", "markdown.js", "theme.js")]
@@ -58,3 +59,34 @@ def test_a_script_reply_is_escaped_in_the_admin(client, demo_llms) -> None:
     html = client.get(f"/admin/votes/battle/{Battle.objects.get().pk}/change/").content.decode()
     assert "&lt;script&gt;alert(&quot;pwned&quot;)&lt;/script&gt;" in html
     assert '<script>alert("pwned")' not in html
+
+
+ACTING = "".join(map(chr, [*range(0x00, 0xA0), 0x061C, 0x200D, 0x200E, 0x200F, *range(0x2028, 0x2070)]))
+
+
+def test_acting_characters_are_shown_inert_on_server_pages(client, demo_llms) -> None:
+    assert inert("Add \u202eFred\u202c\x07 \t\n ok") == "Add [U+202E]Fred[U+202C][U+0007] \t\n ok"
+    battle = services.start_battle(voter_key="voter")
+    battle.state, battle.share_id = Battle.State.ENDED, "inert"
+    battle.save()
+    for side in ("a", "b"):
+        Message.objects.create(battle=battle, side=side, turn=0, role=Message.Role.USER, content="Call \u202eFred")
+        Message.objects.create(battle=battle, side=side, turn=0, role=Message.Role.ASSISTANT, content="Done.")
+    html = client.get("/share/inert/").content.decode()
+    assert "Call [U+202E]Fred" in html and "\u202e" not in html
+
+
+def test_the_browser_shows_the_same_characters_inert(live_server, browser) -> None:
+    """markdown.js (prompts and replies in the arena, replies on every page) and the template
+    filter agree, character for character."""
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(f"{live_server}/direct/")
+        shown = page.evaluate("(text) => window.ArenaMarkdown.inert(text)", ACTING)
+        rendered = page.evaluate("(text) => window.ArenaMarkdown.render(text).textContent", "a\u202eb\x1b[31m")
+    finally:
+        context.close()
+    assert shown == inert(ACTING)
+    assert "[U+202E]" in shown and "[U+0000]" in shown and "\u200d" in shown  # a joiner joins emoji: kept
+    assert rendered.strip() == "a[U+202E]b[U+001B][31m"

@@ -80,11 +80,35 @@ async def expect_error(client, frame, code: str) -> dict:
         ({"type": "start", "task": 7}, "bad_frame"),
         ({"type": "start", "task": "no-such-task"}, "no_task"),
         ({"type": "prompt", "text": "hi", "side": "a"}, "both_sides_first"),
+        # Deep nesting within the size limit: the parser recurses per level.
+        ('{"type": "prompt", "text": "hi", "x": ' + "[" * 5000 + "]" * 5000 + "}", "bad_json"),
+        # No database can store these as text (PostgreSQL refuses NUL; a lone surrogate has no UTF-8).
+        ('{"type": "prompt", "text": "hi \\ud800 there"}', "not_text"),
+        ('{"type": "prompt", "text": "hi \\udfff"}', "not_text"),
+        ('{"type": "prompt", "text": "hi \\u0000 there"}', "not_text"),
+        ('{"type": "start", "task": "calendar\\u0000"}', "bad_frame"),
+        ('{"type": "start", "mode": "named", "models": ["a\\ud800", "b"]}', "bad_frame"),
     ],
 )
 async def test_bad_frames_on_a_new_battle(connect_battle, demo_llms, frame, code) -> None:
     client = await connect_battle()
     await expect_error(client, frame, code)
+
+
+async def test_a_prompt_after_malformed_ones_starts_the_battle(connect_battle, demo_llms) -> None:
+    """Malformed frames cost the socket nothing: no 1011, no empty battle row; the next good
+    prompt, with control and bidirectional-override characters that are text, is stored as sent."""
+    client = await connect_battle()
+    for raw in ('{"type": "prompt", "text": "\\ud83d"}', '{"type": "prompt", "text": ' + "[" * 3000 + "]" * 3000 + "}"):
+        await client.send(raw)
+        assert (await client.receive(timeout=10))["type"] == "error"
+    assert await database_sync_to_async(Battle.objects.count)() == 0
+    text = "Add \u202eFred\u202c on Nov 11 \x07\x1b[31m at 5PM \U0001f600"
+    await client.send({"type": "prompt", "text": text})
+    assert (await client.receive(timeout=10))["type"] == "battle"
+    assert (await client.receive(timeout=10)) == {"type": "prompt", "turn": 0, "text": text, "sides": ["a", "b"]}
+    prompts = Message.objects.filter(role=Message.Role.USER).values_list("content", flat=True)
+    assert await database_sync_to_async(list)(prompts) == [text, text]
 
 
 async def test_vote_before_both_replies_are_done(connect_battle, demo_llms, voter_session) -> None:

@@ -5,6 +5,7 @@ docs/protocol.md documents every frame; keep the two in step.
 """
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,9 @@ RATINGS = ("correct", "mistake", "fixed", "garbage")
 SIDES = ("a", "b")
 MODES = ("anonymous", "named", "direct")
 MAX_TURN_INDEX = 10_000
+# What no database column can hold as text: NUL (PostgreSQL refuses it) and a surrogate code
+# point on its own (JSON's "\ud800" escape; it has no UTF-8 form, so no database can store it).
+NOT_TEXT = re.compile("[\x00\ud800-\udfff]")
 
 
 class ArenaError(Exception):
@@ -100,12 +104,14 @@ def parse_client_frame(raw: str | None, *, max_bytes: int, max_prompt_chars: int
         data = json.loads(raw)
     except (json.JSONDecodeError, ValueError):
         raise ArenaError("bad_json", "The frame is not valid JSON.") from None
+    except RecursionError:  # The parser recurses per level: [[[[...]]]] within the size limit.
+        raise ArenaError("bad_json", "The frame is nested too deeply; frames are flat JSON objects.") from None
     if not isinstance(data, dict):
         raise ArenaError("bad_frame", 'A frame must be a JSON object with a "type" field.')
     frame_type = data.get("type")
     if frame_type == "start":
         task = data.get("task")
-        if task is not None and (not isinstance(task, str) or not 0 < len(task) <= 60):
+        if task is not None and (not isinstance(task, str) or not 0 < len(task) <= 60 or NOT_TEXT.search(task)):
             raise ArenaError("bad_frame", "A start frame's \"task\" is a task's short name, or absent for free chat.")
         mode = data.get("mode", "anonymous")
         if mode not in MODES:
@@ -114,7 +120,7 @@ def parse_client_frame(raw: str | None, *, max_bytes: int, max_prompt_chars: int
         if (
             not isinstance(models, list)
             or len(models) > 2
-            or not all(isinstance(name, str) and 0 < len(name) <= 100 for name in models)
+            or not all(isinstance(name, str) and 0 < len(name) <= 100 and not NOT_TEXT.search(name) for name in models)
         ):
             raise ArenaError("bad_frame", 'A start frame\'s "models" is a list of at most two model names.')
         return StartFrame(task=task, mode=mode, models=tuple(models))
@@ -122,6 +128,10 @@ def parse_client_frame(raw: str | None, *, max_bytes: int, max_prompt_chars: int
         text = data.get("text")
         if not isinstance(text, str):
             raise ArenaError("bad_frame", 'A prompt frame needs a "text" string.')
+        if NOT_TEXT.search(text):
+            raise ArenaError(
+                "not_text", "The prompt holds a NUL or a lone surrogate, which are not text: remove it and send again."
+            )
         text = text.strip()
         if not text:
             raise ArenaError("empty_prompt", "The prompt is empty.")

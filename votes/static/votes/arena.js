@@ -123,7 +123,7 @@
     who.textContent = role === "user" ? "You" : "Model " + sideName(side);
     const textNode = document.createElement("div");
     textNode.className = "text";
-    textNode.textContent = text;
+    textNode.textContent = window.ArenaMarkdown.inert(text);
     element.append(who, textNode);
     logs[side].appendChild(element);
     return { element: element, textNode: textNode, who: who };

@@ -64,9 +64,20 @@
     wrap.append(button, pre);
   }
 
+  // Characters that act instead of showing: C0 and C1 controls (tab and line breaks aside) and
+  // the bidirectional embeddings, overrides and isolates, with which a prompt or a reply can
+  // read in another order than it was written. Each is shown as its code point, and does nothing.
+  const ACTING = /[\u0000-\u0008\u000B\u000C\u000E-\u001F\u007F-\u009F\u202A-\u202E\u2066-\u2069]/g;
+
+  function inert(text) {
+    return String(text || "").replace(ACTING, function (character) {
+      return "[U+" + character.charCodeAt(0).toString(16).toUpperCase().padStart(4, "0") + "]";
+    });
+  }
+
   // A DocumentFragment of the rendered, sanitized reply.
   function render(text) {
-    const fragment = window.DOMPurify.sanitize(window.marked.parse(text || ""), SANITIZE);
+    const fragment = window.DOMPurify.sanitize(window.marked.parse(inert(text)), SANITIZE);
     fragment.querySelectorAll("a").forEach(function (link) {
       link.rel = "noopener noreferrer nofollow ugc";
       link.target = "_blank";
@@ -90,6 +101,6 @@
     });
   }
 
-  window.ArenaMarkdown = { render: render, renderInto: renderInto, renderMarked: renderMarked, copyText: copyText };
+  window.ArenaMarkdown = { inert: inert, render: render, renderInto: renderInto, renderMarked: renderMarked, copyText: copyText };
   document.addEventListener("DOMContentLoaded", function () { renderMarked(); });
 })();
