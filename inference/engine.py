@@ -1001,6 +1001,10 @@ class Engine:
         if job.error is not None:
             raise EngineError(f"{name} failed: {job.error!r}") from job.error
 
+    def prompt_tokens(self, prompt: str) -> int:
+        """How many tokens ``prompt`` takes in this model's context (as ``submit`` encodes it)."""
+        return len(encode_prompt(self.lm, prompt))
+
     def submit(
         self,
         prompt: str,

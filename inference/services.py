@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import DatabaseError, connections
 
 from inference.hosting import ModelSpec
@@ -26,7 +27,9 @@ from votes.protocol import delta_frame, end_frame
 
 logger = logging.getLogger(__name__)
 
-TOO_LONG = "The conversation is too long for this model; start a new battle."
+# One message whichever side the conversation outgrew: the voter must not learn which (see
+# _both_sides_fit).
+TOO_LONG = "The conversation is too long for these models; start a new battle."
 NOT_GENERATED = "This reply could not be generated."
 TIMED_OUT = "This reply took too long and was stopped."
 
@@ -239,6 +242,42 @@ def _fail_at_once(message_id: int, publisher: FramePublisher, attempt: int | Non
         logger.exception("Reply %s could not be failed; the stall check will", message_id)
 
 
+FIT_VERDICT_SECONDS = 3600
+
+
+def _fit_verdict_key(message_id: int) -> str:
+    return f"reply-fits:{message_id}"
+
+
+def _both_sides_fit(
+    context: votes_selectors.GenerationContext,
+    fits: bool,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Whether this reply's conversation fits its model's context and, on a turn sent to both
+    sides, the other side's fits its model's: the two models' templates and tokenizers differ,
+    so one prompt can outgrow one model only, and a refusal on that side alone would tell the
+    voter which model it is. Each side records its own verdict, then waits for the other's
+    (until the other side ends, the voter stops this reply, or ARENA_STREAM_HOLD_SECONDS pass),
+    before either model sees the prompt: both are refused, with the same message, at the same
+    moment (within one look-up interval), or neither is."""
+    cache.set(_fit_verdict_key(context.message_id), fits, timeout=FIT_VERDICT_SECONDS)
+    partner_id = context.partner_reply_id
+    if partner_id is None:
+        return fits
+    deadline = clock() + settings.ARENA_STREAM_HOLD_SECONDS
+    while True:
+        partner_fits = cache.get(_fit_verdict_key(partner_id))
+        if partner_fits is not None:
+            return fits and partner_fits
+        state = votes_selectors.hold_state(context.message_id, partner_id)
+        if state.stop_requested or state.partner_finished or clock() >= deadline:
+            return fits
+        sleep(settings.ARENA_DELTA_FLUSH_SECONDS)
+
+
 def _generate(context: votes_selectors.GenerationContext, previous_status: str, publisher: FramePublisher) -> None:
     from inference import chat_templates, hosting
     from inference.engine import SamplingParams
@@ -276,18 +315,19 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
         sampling = SamplingParams(
             temperature=model.temperature, top_k=model.top_k, top_p=model.top_p, seed=context.seed
         )
-        try:
-            request = engine.submit(
-                prompt,
-                max_new_tokens=min(model.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS),
-                stop_strings=chat_templates.stop_strings(model.family),
-                sampling=sampling,
-            )
-        except ValueError:
-            # The prompt is validated upstream and the sampling values by the roster's
-            # constraints: what is left is a conversation that does not fit the context.
+        max_new_tokens = min(model.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS)
+        # Room for a whole reply, not just its first token: a reply cut short by the context on
+        # one side only would tell the models apart as surely as a refusal.
+        fits = engine.prompt_tokens(prompt) + max_new_tokens <= engine.context_length
+        if not _both_sides_fit(context, fits):
             failure = TOO_LONG
-            raise
+            raise ValueError(f"reply {message_id}: the conversation does not fit both models' contexts")
+        request = engine.submit(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            stop_strings=chat_templates.stop_strings(model.family),
+            sampling=sampling,
+        )
 
         def time_out() -> None:
             timed_out.set()

@@ -48,7 +48,7 @@ async def test_conversation_longer_than_the_context_fails_clearly(connect_battle
     frames = await client.receive_both_ends()
     ends = [f for f in frames if f["type"] == "end"]
     assert [f["status"] for f in ends] == ["failed", "failed"]
-    assert all(f["error"] == "The conversation is too long for this model; start a new battle." for f in ends)
+    assert all(f["error"] == "The conversation is too long for these models; start a new battle." for f in ends)
     replies = await database_sync_to_async(saved_replies)()
     assert {m.status for m in replies.values()} == {Message.Status.FAILED}
     # Nothing is left stuck: the next prompt is accepted (not "busy") and answered, with the same
