@@ -1,19 +1,41 @@
 """Embedded mode: no broker, replies generated on threads of the web process, in-memory layer."""
 
 import asyncio
+import json
+import sqlite3
 import sys
 from pathlib import Path
 
 import pytest
+import websockets
 from channels.db import database_sync_to_async
 
 from arena_site.stack import Stack
-from votes.loadtest import run_voters
+from votes.loadtest import run_voters, session_cookie
 from votes.models import Message
 
 VOTERS = 4
+MALFORMED_PROMPTS = [
+    '{"type": "prompt", "text": ' + "[" * 4000 + "]" * 4000 + "}",
+    '{"type": "prompt", "text": "hi \\u0000"}',
+    '{"type": "prompt", "text": "hi \\ud800"}',
+    '{"type": "prompt", "text": "\\udc00 hi"}',
+]
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def send_malformed_prompts(url: str) -> list[str]:
+    """Each malformed prompt's answer (an error's code), then the next good prompt's, on one socket."""
+    cookie = await asyncio.to_thread(session_cookie, url)
+    headers = {"Cookie": cookie, "Origin": url}
+    answers = []
+    async with websockets.connect(url.replace("http", "ws", 1) + "/ws/battle/", additional_headers=headers) as socket:
+        for raw in [*MALFORMED_PROMPTS, json.dumps({"type": "prompt", "text": "Add \u202eFred"})]:
+            await socket.send(raw)
+            answer = json.loads(await asyncio.wait_for(socket.recv(), 30))
+            answers.append(answer.get("code", "prompt" if answer["type"] == "battle" else answer["type"]))
+    return answers
 
 
 async def test_in_process_worker_streams_both_sides(embedded_mode, connect_battle, demo_llms) -> None:
@@ -57,8 +79,17 @@ def test_battles_streaming_at_once_on_sqlite_never_lock_or_hang(smollm2_preset: 
     web, url = stack.start_web()
     try:
         results, _ = asyncio.run(run_voters(url, VOTERS))
+        refusals = asyncio.run(send_malformed_prompts(url))
     finally:
         stack.stop()
+    # On SQLite too, malformed prompts get an error frame, never a 1011 or an empty battle row.
+    assert refusals == ["bad_json", "not_text", "not_text", "not_text", "prompt"]
+    with sqlite3.connect(tmp_path / "var" / "arena.sqlite3") as database:
+        empty = (
+            "SELECT COUNT(*) FROM votes_battle b"
+            " WHERE NOT EXISTS (SELECT 1 FROM votes_message m WHERE m.battle_id = b.id)"
+        )
+        assert database.execute(empty).fetchone() == (0,)
     log = web.log.read_text(errors="replace")
     assert "database is locked" not in log
     assert [error for result in results for error in result.errors] == []
