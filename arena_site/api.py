@@ -327,7 +327,10 @@ class EpisodeOut(Schema):
     wrong_turn: int
     side: str
     attempt: int
-    correction: str
+    correction: str | None = Field(
+        description="What was sent to that side; null for an evaluation run's correction written from the "
+        "checker's reason (it quotes the wrong reply) while the model that wrote that reply is in the arena."
+    )
     source: str
     feedback_kind: str
     fixed: bool
@@ -435,12 +438,19 @@ def evaluations(request: HttpRequest) -> Any:
 
 @api.get("/evaluations/{run_id}", response={200: dict[str, Any], 404: Error, **ERRORS}, tags=["evaluations"])
 def evaluation(request: HttpRequest, run_id: int) -> Any:
-    """A run's three tables (reliability, dialog, fixing) and its recap, with every reply."""
+    """A run's three tables (reliability, dialog, fixing) and its recap, with every reply.
+
+    The texts of models still in the arena (enabled on the roster) are withheld, with or without
+    a researcher key: a reply's ``reply`` and ``reason`` (which quotes it), and any ``prompt``
+    written from such a reason, are null and ``text_hidden`` is true; ``texts_hidden_for`` names
+    those models. Verdicts, ratings and counts stay. A logged-in staff session sees every text,
+    and everyone does once the model leaves the roster. Why: live battles are offered the same
+    prompts, so published replies would let a voter name a battle's models before voting."""
     researcher(request)
     run = selectors.evaluation_run(run_id)
     if run is None:
         raise HttpError(404, "No such evaluation run.")
-    return selectors.research_evaluation(run)
+    return selectors.research_evaluation(run, reveal_texts=request.user.is_staff)
 
 
 # --- Dumps -----------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Q, QuerySet
 
+from inference.models import LLM
 from leaderboard import style
 from leaderboard.selectors import counted_votes, every_counted_vote, in_category, voter_flag_reason
 from votes.models import Battle, FixEpisode, Message, Vote
@@ -259,6 +260,7 @@ def episode_records(
         episodes = episodes.filter(Q(battle__isnull=True) | Q(battle__excluded=False), voter_flag_reason__isnull=True)
     episodes = episodes.select_related("battle", "model", "task", "mistake_by").order_by("pk")
     records = []
+    in_arena = set(LLM.objects.filter(enabled=True).values_list("name", flat=True))
     for episode in episodes[:limit] if limit else episodes:
         reason = None
         if episode.battle is not None and episode.battle.excluded:
@@ -277,7 +279,7 @@ def episode_records(
                 "wrong_turn": episode.wrong_turn,
                 "side": episode.side,
                 "attempt": episode.attempt,
-                "correction": episode.correction,
+                "correction": None if _quotes_arena_reply(episode, in_arena) else episode.correction,
                 "source": episode.source,
                 "feedback_kind": episode.specificity,
                 "fixed": episode.fixed,
@@ -292,3 +294,13 @@ def episode_records(
             }
         )
     return records
+
+
+def _quotes_arena_reply(episode: FixEpisode, in_arena: set[str]) -> bool:
+    """An evaluation run's correction written from the checker's reason quotes the wrong reply
+    (votes.evaluation.published): withheld while the model that wrote that reply (the one that
+    made the mistake) is in the arena. A battle's corrections are the voter's own words."""
+    if episode.evaluation_run_id is None or episode.source != FixEpisode.Source.CHECKER:
+        return False
+    author = episode.mistake_by if episode.mistake_by is not None else episode.model
+    return author.name in in_arena
