@@ -257,7 +257,11 @@ def votes(request: HttpRequest, filters: Query[VoteFilters]) -> Any:
     """Votes with their conversations, oldest first, by ``cursor`` (a vote id) pages of ``limit``.
 
     Without a key: of the newest ``ARENA_API_SAMPLE_SIZE`` counted votes (of any category), those
-    the filters select (no cursor): no filter reaches older votes.
+    the filters select (no cursor): no filter reaches older votes. In this sample the replies of
+    models still in the arena (and the checker's reasons, which quote them) are null, and
+    ``texts_hidden`` lists those sides: with their names, they would teach a voter to recognise
+    the models in fresh battles. Names, votes, verdicts and token counts stay; a key (or a staff
+    session) gets every text.
     ``since``/``until`` bound the battle's end; ``category`` is overall (first-try votes),
     after_correction or task:<category>; ``include_excluded`` adds the votes the leaderboard leaves out, each with
     its reason.
@@ -278,6 +282,9 @@ def votes(request: HttpRequest, filters: Query[VoteFilters]) -> Any:
     else:
         page, next_cursor = research.page_after(found, filters.cursor, filters.limit or MAX_PAGE)
     records = research.vote_records(page, with_exclusion=filters.include_excluded)
+    if key is None and not request.user.is_staff:  # The public sample: no text of a model in the arena.
+        in_arena = selectors.models_in_arena()
+        records = (research.without_arena_texts(record, in_arena) for record in records)
     if filters.format == "csv":
         response = StreamingHttpResponse(_csv_lines(records), content_type="text/csv; charset=utf-8")
     else:

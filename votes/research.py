@@ -214,6 +214,25 @@ def vote_records(votes: QuerySet[Vote], *, with_exclusion: bool = False) -> Iter
         yield vote_record(vote, with_exclusion=with_exclusion)
 
 
+def without_arena_texts(record: dict[str, Any], in_arena: frozenset[str] | set[str]) -> dict[str, Any]:
+    """A vote record for the anonymous sample: the replies of a side whose model is in the arena
+    (enabled on the roster), and the checker's reasons that quote them, withheld (null), with
+    ``texts_hidden`` listing those sides. Its name, votes, verdicts, ratings and token counts
+    stay. Published with its name, every such text teaches a voter how that model writes, and a
+    probe that matched fresh battles against 20 of them named both models in 50 of 50
+    (tests/test_identification_probe.py); researchers with a key still get every text."""
+    hidden = [side for side in "ab" if record[f"model_{side}"] in in_arena]
+    shown = dict(record)
+    for side in hidden:
+        shown[f"conversation_{side}"] = [
+            {**turn, "content": None} if turn["role"] == Message.Role.ASSISTANT else turn
+            for turn in record[f"conversation_{side}"]
+        ]
+        shown[f"ratings_{side}"] = [{**rating, "check_reason": None} for rating in record[f"ratings_{side}"]]
+    shown["texts_hidden"] = hidden
+    return shown
+
+
 def flat_record(record: dict[str, Any]) -> dict[str, Any]:
     """A record for a flat format (CSV, Parquet): nested fields as JSON text."""
     return {k: json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v for k, v in record.items()}

@@ -346,10 +346,14 @@ class EvaluationReport:
     hidden: list[str]  # Models whose texts are withheld here (evaluation.published), by name.
 
 
-def models_in_arena(names: Iterable[str]) -> frozenset[str]:
-    """Those of ``names`` on the roster: enabled, whatever their sampling weight (a weight of 0
-    is a pause, and a text once published cannot be taken back when the model returns)."""
-    return frozenset(LLM.objects.filter(name__in=list(names), enabled=True).values_list("name", flat=True))
+def models_in_arena(names: Iterable[str] | None = None) -> frozenset[str]:
+    """The models (of ``names``, or all) on the roster: enabled, whatever their sampling weight
+    (a weight of 0 is a pause, and a text once published cannot be taken back when the model
+    returns). Their texts are not published (votes.evaluation.published)."""
+    llms = LLM.objects.filter(enabled=True)
+    if names is not None:
+        llms = llms.filter(name__in=list(names))
+    return frozenset(llms.values_list("name", flat=True))
 
 
 def evaluation_report(run: EvaluationRun, *, reveal_texts: bool = False) -> EvaluationReport:
