@@ -248,7 +248,11 @@ def votes(request: HttpRequest, filters: Query[VoteFilters]) -> Any:
     """Votes with their conversations, oldest first, by ``cursor`` (a vote id) pages of ``limit``.
 
     Without a key: of the newest ``ARENA_API_SAMPLE_SIZE`` counted votes (of any category), those
-    the filters select (no cursor): no filter reaches older votes.
+    the filters select (no cursor): no filter reaches older votes. In this sample the replies of
+    models still in the arena (and the checker's reasons, which quote them) are null, and
+    ``texts_hidden`` lists those sides: with their names, they would teach a voter to recognise
+    the models in fresh battles. Names, votes, verdicts and token counts stay; a key (or a staff
+    session) gets every text.
     ``since``/``until`` bound the battle's end; ``category`` is overall (first-try votes),
     after_correction or task:<category>; ``include_excluded`` adds the votes the leaderboard leaves out, each with
     its reason.
@@ -269,6 +273,9 @@ def votes(request: HttpRequest, filters: Query[VoteFilters]) -> Any:
     else:
         page, next_cursor = research.page_after(found, filters.cursor, filters.limit or MAX_PAGE)
     records = research.vote_records(page, with_exclusion=filters.include_excluded)
+    if key is None and not request.user.is_staff:  # The public sample: no text of a model in the arena.
+        in_arena = selectors.models_in_arena()
+        records = (research.without_arena_texts(record, in_arena) for record in records)
     if filters.format == "csv":
         response = StreamingHttpResponse(_csv_lines(records), content_type="text/csv; charset=utf-8")
     else:
@@ -318,7 +325,10 @@ class EpisodeOut(Schema):
     wrong_turn: int
     side: str
     attempt: int
-    correction: str
+    correction: str | None = Field(
+        description="What was sent to that side; null for an evaluation run's correction written from the "
+        "checker's reason (it quotes the wrong reply) while the model that wrote that reply is in the arena."
+    )
     source: str
     feedback_kind: str
     fixed: bool
@@ -426,12 +436,19 @@ def evaluations(request: HttpRequest) -> Any:
 
 @api.get("/evaluations/{run_id}", response={200: dict[str, Any], 404: Error, **ERRORS}, tags=["evaluations"])
 def evaluation(request: HttpRequest, run_id: int) -> Any:
-    """A run's three tables (reliability, dialog, fixing) and its recap, with every reply."""
+    """A run's three tables (reliability, dialog, fixing) and its recap, with every reply.
+
+    The texts of models still in the arena (enabled on the roster) are withheld, with or without
+    a researcher key: a reply's ``reply`` and ``reason`` (which quotes it), and any ``prompt``
+    written from such a reason, are null and ``text_hidden`` is true; ``texts_hidden_for`` names
+    those models. Verdicts, ratings and counts stay. A logged-in staff session sees every text,
+    and everyone does once the model leaves the roster. Why: live battles are offered the same
+    prompts, so published replies would let a voter name a battle's models before voting."""
     researcher(request)
     run = selectors.evaluation_run(run_id)
     if run is None:
         raise HttpError(404, "No such evaluation run.")
-    return selectors.research_evaluation(run)
+    return selectors.research_evaluation(run, reveal_texts=request.user.is_staff)
 
 
 # --- Dumps -----------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from inference.hosting import ModelSpec
 from inference.models import LLM, parse_mesh_shape
 from inference.pacing import Pace
 from inference.publisher import FramePublisher
-from inference.reply_edges import without_edge_whitespace
+from inference.reply_edges import without_edge_whitespace, without_family_prefix, without_family_prefix_text
 from votes import selectors as votes_selectors
 from votes import services as votes_services
 from votes.models import Message
@@ -336,7 +336,9 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
         watchdog = threading.Timer(settings.ARENA_GENERATION_TIMEOUT_SECONDS, time_out)
         watchdog.daemon = True
         watchdog.start()
-        for delta in without_edge_whitespace(request.deltas(tick=batcher.interval)):
+        # A family's habitual prefix, then the edges' whitespace: no tell reaches the voter.
+        deltas = without_family_prefix(model.family, request.deltas(tick=batcher.interval))
+        for delta in without_edge_whitespace(deltas):
             if delta:
                 batcher.add(delta)
             else:  # No text for an interval: show what the pace allows by now.
@@ -464,4 +466,5 @@ def generate_text(model: LLM, system_prompt: str | None, conversation: list[tupl
         )
     except ValueError as error:  # The conversation is never empty: it does not fit the context.
         raise ContextOverflow(str(error)) from error
-    return request.result(timeout=settings.ARENA_GENERATION_TIMEOUT_SECONDS).strip()
+    text = request.result(timeout=settings.ARENA_GENERATION_TIMEOUT_SECONDS)
+    return without_family_prefix_text(model.family, text).strip()  # As a battle shows it.

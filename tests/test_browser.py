@@ -493,11 +493,15 @@ def test_a_battle_left_after_its_vote_ends_and_its_vote_counts(
 
 
 def evaluation_run(models: list[LLM], *, reply: str, rating: str) -> EvaluationRun:
-    """A finished evaluation run with one reliability reply of the first model."""
+    """A finished evaluation run with one reliability reply, of a model that has left the arena
+    (disabled): the texts of models in the arena are not shown to anonymous visitors."""
     run = EvaluationRun.objects.create(task=Task.objects.create(slug="run", title="Run"), status="done")
-    run.llms.set(models)
+    retired, _ = LLM.objects.get_or_create(
+        name="retired-model", defaults={"family": "gemma", "preset": models[0].preset, "enabled": False}
+    )
+    run.llms.set([*models, retired])
     EvaluationReply.objects.create(
-        run=run, model=models[0], part="reliability", prompt="Add", reply=reply, verdict=rating, rating=rating
+        run=run, model=retired, part="reliability", prompt="Add", reply=reply, verdict=rating, rating=rating
     )
     return run
 

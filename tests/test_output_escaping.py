@@ -45,6 +45,8 @@ def test_a_script_reply_is_escaped_on_the_evaluation_page(client, demo_llms) -> 
         reason=SCRIPT,
         rating="garbage",
     )
+    # Staff see the texts of models in the arena (anyone else sees them hidden).
+    client.force_login(get_user_model().objects.create_user("staff", password="a-long-password-9", is_staff=True))
     html = client.get(f"/evaluations/{run.pk}/").content.decode()
     assert "&lt;script&gt;alert(&quot;pwned&quot;)&lt;/script&gt;" in html
     assert not re.search(r"<script>\s*alert", html) and "<img src=x" not in html

@@ -81,7 +81,9 @@ FIELD_DOCS = {
     "excluded / excluded_reason": "whether the leaderboard leaves the vote out, and why",
     "episodes.jsonl.gz": "fix episodes (a reply judged wrong, the correction to that side, the reply to it): "
     "episode_id, battle, model, task, turn (the scripted turn: the difficulty), wrong_turn, side, attempt, "
-    "correction, source (scripted or voter), feedback_kind (generic, pointing, prescriptive), fixed, decoy, "
+    "correction (null for an evaluation run's checker-written correction, which quotes a reply, while that "
+    "reply's model is in the arena), source (scripted, voter or checker), feedback_kind (generic, pointing, "
+    "prescriptive), fixed, decoy, "
     "excluded / excluded_reason; `manage.py rate_fixes` rates the file as it is",
 }
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from leaderboard import fixing
@@ -257,6 +257,37 @@ def run(
                 records.append(answer(model, FEEDBACK, attempt, mistake, correction, feedback_kind=kind))
             progress()
     return records
+
+
+# Why a reply's text is not shown, where it would be: the page and the API say so.
+TEXT_HIDDEN = "hidden while this model is in the arena"
+
+
+def published(record: Record, hidden: frozenset[str] | set[str]) -> dict[str, Any]:
+    """``record`` as a page or the API may show it when the models in ``hidden`` are in the arena.
+
+    A roster model's replies to the arena's prompts are a lookup table: a voter who matches a
+    battle's text against them names the model before the vote. So, for a model in ``hidden``:
+    its reply; the checker's reason (it quotes the reply, up to 60 characters); and any prompt
+    written from such a reason (a dialog correction, the checker's kind of feedback, and the
+    correction of another model's mistake, for the model that made it). The verdict and rating
+    stay: counts and verdicts are public. Scripted prompts, the false corrections and the
+    generic and human sentences are fixed texts and stay. ``text_hidden`` says whether anything
+    was withheld; withheld fields are None.
+    """
+    shown = asdict(record)
+    own = record.model in hidden
+    by_reason = record.try_number > 0 if record.part == DIALOG else False
+    if record.part == FEEDBACK:
+        by_reason = record.feedback_kind == CHECKER_FEEDBACK
+    prompt_hidden = (own and by_reason) or (record.part == FIXING and (record.mistake_by or "") in hidden)
+    if own:
+        shown["reply"] = None
+        shown["reason"] = None
+    if prompt_hidden:
+        shown["prompt"] = None
+    shown["text_hidden"] = own or prompt_hidden
+    return shown
 
 
 def turn_ratings(records: Sequence[Record]) -> dict[tuple[str, int], str]:

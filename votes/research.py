@@ -17,6 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Q, QuerySet
 
+from inference.models import LLM
 from leaderboard import style
 from leaderboard.selectors import counted_votes, every_counted_vote, in_category, voter_flag_reason
 from votes.models import Battle, FixEpisode, Message, Vote
@@ -213,6 +214,25 @@ def vote_records(votes: QuerySet[Vote], *, with_exclusion: bool = False) -> Iter
         yield vote_record(vote, with_exclusion=with_exclusion)
 
 
+def without_arena_texts(record: dict[str, Any], in_arena: frozenset[str] | set[str]) -> dict[str, Any]:
+    """A vote record for the anonymous sample: the replies of a side whose model is in the arena
+    (enabled on the roster), and the checker's reasons that quote them, withheld (null), with
+    ``texts_hidden`` listing those sides. Its name, votes, verdicts, ratings and token counts
+    stay. Published with its name, every such text teaches a voter how that model writes, and a
+    probe that matched fresh battles against 20 of them named both models in 50 of 50
+    (tests/test_identification_probe.py); researchers with a key still get every text."""
+    hidden = [side for side in "ab" if record[f"model_{side}"] in in_arena]
+    shown = dict(record)
+    for side in hidden:
+        shown[f"conversation_{side}"] = [
+            {**turn, "content": None} if turn["role"] == Message.Role.ASSISTANT else turn
+            for turn in record[f"conversation_{side}"]
+        ]
+        shown[f"ratings_{side}"] = [{**rating, "check_reason": None} for rating in record[f"ratings_{side}"]]
+    shown["texts_hidden"] = hidden
+    return shown
+
+
 def flat_record(record: dict[str, Any]) -> dict[str, Any]:
     """A record for a flat format (CSV, Parquet): nested fields as JSON text."""
     return {k: json.dumps(v, ensure_ascii=False) if isinstance(v, (list, dict)) else v for k, v in record.items()}
@@ -259,6 +279,7 @@ def episode_records(
         episodes = episodes.filter(Q(battle__isnull=True) | Q(battle__excluded=False), voter_flag_reason__isnull=True)
     episodes = episodes.select_related("battle", "model", "task", "mistake_by").order_by("pk")
     records = []
+    in_arena = set(LLM.objects.filter(enabled=True).values_list("name", flat=True))
     for episode in episodes[:limit] if limit else episodes:
         reason = None
         if episode.battle is not None and episode.battle.excluded:
@@ -277,7 +298,7 @@ def episode_records(
                 "wrong_turn": episode.wrong_turn,
                 "side": episode.side,
                 "attempt": episode.attempt,
-                "correction": episode.correction,
+                "correction": None if _quotes_arena_reply(episode, in_arena) else episode.correction,
                 "source": episode.source,
                 "feedback_kind": episode.specificity,
                 "fixed": episode.fixed,
@@ -292,3 +313,13 @@ def episode_records(
             }
         )
     return records
+
+
+def _quotes_arena_reply(episode: FixEpisode, in_arena: set[str]) -> bool:
+    """An evaluation run's correction written from the checker's reason quotes the wrong reply
+    (votes.evaluation.published): withheld while the model that wrote that reply (the one that
+    made the mistake) is in the arena. A battle's corrections are the voter's own words."""
+    if episode.evaluation_run_id is None or episode.source != FixEpisode.Source.CHECKER:
+        return False
+    author = episode.mistake_by if episode.mistake_by is not None else episode.model
+    return author.name in in_arena

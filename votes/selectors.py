@@ -4,7 +4,7 @@ import functools
 import itertools
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import Count, FloatField, OuterRef, Q, QuerySet, Subquery, Sum
@@ -343,18 +343,33 @@ class EvaluationReport:
     turns: list[str]  # The scripted prompts, for the dialog table's header.
     discernment: list[dict[str, Any]]  # Per model: valid vs false corrections (evaluation.discernment).
     feedback: list[dict[str, Any]]  # Per model: fix rate per kind of feedback.
+    hidden: list[str]  # Models whose texts are withheld here (evaluation.published), by name.
 
 
-def evaluation_report(run: EvaluationRun) -> EvaluationReport:
-    """The three tables and the recap of the seed write-up, from a run's stored replies."""
+def models_in_arena(names: Iterable[str] | None = None) -> frozenset[str]:
+    """The models (of ``names``, or all) on the roster: enabled, whatever their sampling weight
+    (a weight of 0 is a pause, and a text once published cannot be taken back when the model
+    returns). Their texts are not published (votes.evaluation.published)."""
+    llms = LLM.objects.filter(enabled=True)
+    if names is not None:
+        llms = llms.filter(name__in=list(names))
+    return frozenset(llms.values_list("name", flat=True))
+
+
+def evaluation_report(run: EvaluationRun, *, reveal_texts: bool = False) -> EvaluationReport:
+    """The three tables and the recap of the seed write-up, from a run's stored replies. The
+    replies of models in the arena, and what quotes them, are withheld unless ``reveal_texts``
+    (staff): see ``evaluation.published``."""
     records = [reply.as_record() for reply in run.replies.select_related("model", "mistake_by").order_by("pk")]
     models = sorted({record.model for record in records} | {llm.name for llm in run.llms.all()})
+    hidden = frozenset() if reveal_texts else models_in_arena(models)
     symbol = evaluation.SYMBOLS
     final = evaluation.turn_ratings(records)
     tries: dict[tuple[str, int], int] = {}
     for record in records:
         if record.part == evaluation.DIALOG:
             tries[(record.model, record.turn)] = record.try_number
+    shown = [evaluation.published(record, hidden) for record in records]
     turns = list(run.task.turns.order_by("position").values_list("prompt", flat=True))
     return EvaluationReport(
         run=run,
@@ -362,9 +377,9 @@ def evaluation_report(run: EvaluationRun) -> EvaluationReport:
             {
                 "model": model,
                 "ratings": [
-                    {"symbol": symbol[r.rating], "reply": r.reply, "reason": r.reason}
-                    for r in records
-                    if r.model == model and r.part == evaluation.RELIABILITY
+                    {**r, "symbol": symbol[r["rating"]]}
+                    for r in shown
+                    if r["model"] == model and r["part"] == evaluation.RELIABILITY
                 ],
             }
             for model in models
@@ -377,7 +392,9 @@ def evaluation_report(run: EvaluationRun) -> EvaluationReport:
                         "symbol": symbol[final[(model, index)]] if (model, index) in final else "",
                         "corrections": tries.get((model, index), 0),
                         "replies": [
-                            r for r in records if r.model == model and r.part == evaluation.DIALOG and r.turn == index
+                            r
+                            for r in shown
+                            if r["model"] == model and r["part"] == evaluation.DIALOG and r["turn"] == index
                         ],
                     }
                     for index in range(len(turns))
@@ -389,9 +406,9 @@ def evaluation_report(run: EvaluationRun) -> EvaluationReport:
             {
                 "model": model,
                 "attempts": [
-                    {"symbol": symbol[r.rating], "mistake_by": r.mistake_by, "turn": r.turn + 1, "reply": r.reply}
-                    for r in records
-                    if r.model == model and r.part == evaluation.FIXING
+                    {**r, "symbol": symbol[r["rating"]], "turn": r["turn"] + 1}
+                    for r in shown
+                    if r["model"] == model and r["part"] == evaluation.FIXING
                 ],
             }
             for model in models
@@ -403,6 +420,7 @@ def evaluation_report(run: EvaluationRun) -> EvaluationReport:
         turns=turns,
         discernment=evaluation.discernment(records) if run.decoys else [],
         feedback=evaluation.feedback_rates(records) if run.feedback_mistakes else [],
+        hidden=sorted(hidden),
     )
 
 
@@ -440,8 +458,11 @@ def evaluation_run(run_id: int) -> EvaluationRun | None:
     return EvaluationRun.objects.select_related("task").filter(pk=run_id).first()
 
 
-def research_evaluation(run: EvaluationRun) -> dict[str, Any]:
-    report = evaluation_report(run)
+def research_evaluation(run: EvaluationRun, *, reveal_texts: bool = False) -> dict[str, Any]:
+    """A run for the API: its recap and tables, and every reply as ``evaluation.published``
+    shows it (texts of models in the arena withheld unless ``reveal_texts``)."""
+    report = evaluation_report(run, reveal_texts=reveal_texts)
+    hidden = frozenset(report.hidden)
     return {
         "id": run.pk,
         "task": run.task.slug,
@@ -454,8 +475,10 @@ def research_evaluation(run: EvaluationRun) -> dict[str, Any]:
         "recap": report.recap,
         "discernment": report.discernment,
         "feedback": report.feedback,
+        "texts_hidden_for": report.hidden,
         "replies": [
-            asdict(reply.as_record()) for reply in run.replies.select_related("model", "mistake_by").order_by("pk")
+            evaluation.published(reply.as_record(), hidden)
+            for reply in run.replies.select_related("model", "mistake_by").order_by("pk")
         ],
     }
 

@@ -58,11 +58,13 @@ def battle(request: HttpRequest, public_id: str) -> HttpResponse:
 
 
 def evaluation(request: HttpRequest, run_id: int) -> HttpResponse:
-    """An evaluation run's three tables and its recap (model names are public here)."""
+    """An evaluation run's three tables and its recap (model names are public here). The texts of
+    models in the arena are shown to staff only: anyone else could match a battle against them."""
     run = selectors.evaluation_run(run_id)
     if run is None:
         raise Http404("No such evaluation run.")
-    return render(request, "votes/evaluation.html", {"report": selectors.evaluation_report(run)})
+    report = selectors.evaluation_report(run, reveal_texts=request.user.is_staff)
+    return render(request, "votes/evaluation.html", {"report": report})
 
 
 def evaluations(request: HttpRequest) -> HttpResponse:
