@@ -61,6 +61,9 @@
   let mode = pageMode || "anonymous";
   let names = null;
   let socket = null;
+  // Frames asked for while the socket is still opening (a prompt typed as the page loads, or
+  // while it reconnects): sent, in order, once it is open.
+  let unsent = [];
   let retryDelay = 500;
   // replies["<turn>:<side>"] = {element, textNode, ratingBar, seq (next expected delta), status, rating}
   let replies = {};
@@ -93,7 +96,13 @@
 
   function connect() {
     socket = new WebSocket(socketUrl());
-    socket.addEventListener("open", function () { retryDelay = 500; setStatus(""); });
+    socket.addEventListener("open", function () {
+      retryDelay = 500;
+      setStatus("");
+      const queued = unsent;
+      unsent = [];
+      queued.forEach(function (frame) { socket.send(JSON.stringify(frame)); });
+    });
     socket.addEventListener("message", function (event) {
       lastFrameAt = Date.now();
       handle(JSON.parse(event.data));
@@ -107,6 +116,10 @@
   }
 
   function send(frame) {
+    if (socket && socket.readyState === WebSocket.CONNECTING && unsent.length < 8) {
+      unsent.push(frame);
+      return true;
+    }
     if (!socket || socket.readyState !== WebSocket.OPEN) {
       setStatus("Not connected yet; try again in a moment.", true);
       return false;
