@@ -243,6 +243,9 @@ ARENA_RATE_LIMITS = os.environ.get("ARENA_RATE_LIMITS", "")
 # every web process (votes/socket_caps.py); past either the socket is closed with 4429. 0: no cap.
 ARENA_SOCKETS_PER_SESSION = int(os.environ.get("ARENA_SOCKETS_PER_SESSION", "8"))
 ARENA_SOCKETS_PER_NETWORK = int(os.environ.get("ARENA_SOCKETS_PER_NETWORK", "64"))
+# Bytes daphne may hold for one websocket client that does not read them; past it the socket is
+# dropped (arena_site/write_buffers.py). 0: no bound.
+ARENA_WS_MAX_BUFFERED_BYTES = int(os.environ.get("ARENA_WS_MAX_BUFFERED_BYTES", str(4 * 1024 * 1024)))
 # Pair sampling (votes/pairing.py): "weighted" (admin weights) or "active" (also favours pairs whose
 # win rate is least certain); a new model is drawn up to 1 + BOOST times as often until it has
 # had NEW_MODEL_BATTLES battles.
