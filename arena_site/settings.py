@@ -243,6 +243,9 @@ ARENA_RATE_LIMITS = os.environ.get("ARENA_RATE_LIMITS", "")
 # every web process (votes/socket_caps.py); past either the socket is closed with 4429. 0: no cap.
 ARENA_SOCKETS_PER_SESSION = int(os.environ.get("ARENA_SOCKETS_PER_SESSION", "8"))
 ARENA_SOCKETS_PER_NETWORK = int(os.environ.get("ARENA_SOCKETS_PER_NETWORK", "64"))
+# Replies one client network may have queued or streaming at once (votes/reply_caps.py); keep it
+# below the workers' concurrency so that one network never holds them all. 0: no cap.
+ARENA_REPLIES_PER_NETWORK = int(os.environ.get("ARENA_REPLIES_PER_NETWORK", "4"))
 # Bytes daphne may hold for one websocket client that does not read them; past it the socket is
 # dropped (arena_site/write_buffers.py). 0: no bound.
 ARENA_WS_MAX_BUFFERED_BYTES = int(os.environ.get("ARENA_WS_MAX_BUFFERED_BYTES", str(4 * 1024 * 1024)))

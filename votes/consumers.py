@@ -20,7 +20,7 @@ from django.conf import settings
 
 from arena_site import unavailable
 from inference.dispatch import enqueue_generations
-from votes import rate_limits, selectors, services, socket_caps
+from votes import rate_limits, reply_caps, selectors, services, socket_caps
 from votes.models import Battle
 from votes.protocol import (
     ArenaError,
@@ -213,7 +213,9 @@ class BattleConsumer(AsyncWebsocketConsumer):
             await self.publish({"type": "rated", "side": reply.side, "turn": reply.turn, "rating": frame.rating})
         elif isinstance(frame, RegenerateFrame):
             await self.count("message")
+            await in_thread(reply_caps.check)(self.address, replies=1)
             regenerated = await in_thread(services.regenerate_reply)(battle=self.battle, side=frame.side)
+            await in_thread(reply_caps.record, database=False)(self.address, [regenerated.job.message_id])
             await self.publish({"type": "regenerating", "side": regenerated.side, "turn": regenerated.turn})
             await self.enqueue([regenerated.job])
         elif isinstance(frame, EndFrame):
@@ -244,6 +246,8 @@ class BattleConsumer(AsyncWebsocketConsumer):
     async def handle_prompt(self, frame: PromptFrame) -> None:
         if self.battle is None and frame.side is not None:
             raise ArenaError("both_sides_first", "The first prompt goes to both sides.")
+        # Before anything is stored: past its network's cap on replies in flight, nothing is.
+        await in_thread(reply_caps.check)(self.address, replies=1 if frame.side else 2)
         if self.battle is None:  # A first prompt without a start frame: free chat.
             await self.count("battle")
             battle = await in_thread(services.start_battle)(voter_key=self.voter_key)
@@ -252,6 +256,7 @@ class BattleConsumer(AsyncWebsocketConsumer):
         assert self.battle is not None and self.group is not None
         await self.count("message")
         submitted = await in_thread(services.submit_prompt)(battle=self.battle, text=frame.text, side=frame.side)
+        await in_thread(reply_caps.record, database=False)(self.address, [job.message_id for job in submitted.jobs])
         sides = [submitted.side] if submitted.side else ["a", "b"]
         await self.publish({"type": "prompt", "turn": submitted.turn, "text": submitted.text, "sides": sides})
         await self.enqueue(submitted.jobs)
