@@ -262,6 +262,16 @@ ARENA_MAX_TURNS = int(os.environ.get("ARENA_MAX_TURNS", "12"))
 # Battles, messages and votes per session and per address in a window (votes/rate_limits.py):
 # "action=per_session/per_address/window_seconds,..."; actions left out keep their defaults.
 ARENA_RATE_LIMITS = os.environ.get("ARENA_RATE_LIMITS", "")
+# Open battle sockets at once per voter session and per client network (/24 IPv4, /64 IPv6), across
+# every web process (votes/socket_caps.py); past either the socket is closed with 4429. 0: no cap.
+ARENA_SOCKETS_PER_SESSION = int(os.environ.get("ARENA_SOCKETS_PER_SESSION", "8"))
+ARENA_SOCKETS_PER_NETWORK = int(os.environ.get("ARENA_SOCKETS_PER_NETWORK", "64"))
+# Replies one client network may have queued or streaming at once (votes/reply_caps.py); keep it
+# below the workers' concurrency so that one network never holds them all. 0: no cap.
+ARENA_REPLIES_PER_NETWORK = int(os.environ.get("ARENA_REPLIES_PER_NETWORK", "4"))
+# Bytes daphne may hold for one websocket client that does not read them; past it the socket is
+# dropped (arena_site/write_buffers.py). 0: no bound.
+ARENA_WS_MAX_BUFFERED_BYTES = int(os.environ.get("ARENA_WS_MAX_BUFFERED_BYTES", str(4 * 1024 * 1024)))
 # Pair sampling (votes/pairing.py): "weighted" (admin weights) or "active" (also favours pairs whose
 # win rate is least certain); a new model is drawn up to 1 + BOOST times as often until it has
 # had NEW_MODEL_BATTLES battles.

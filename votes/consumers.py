@@ -20,7 +20,7 @@ from django.conf import settings
 
 from arena_site import unavailable
 from inference.dispatch import enqueue_generations
-from votes import rate_limits, selectors, services
+from votes import rate_limits, reply_caps, selectors, services, socket_caps
 from votes.models import Battle
 from votes.protocol import (
     ArenaError,
@@ -57,6 +57,9 @@ def in_thread(func: Any, *, database: bool = True) -> Any:
 
 # Close code for "try again later": the page reconnects with back-off and resyncs.
 TRY_AGAIN_LATER = 1013
+# Close code for a socket past the open-socket caps (votes.socket_caps): a 44xx, so the page does
+# not reconnect by itself into the same refusal.
+TOO_MANY_SOCKETS = 4429
 
 
 class BattleConsumer(AsyncWebsocketConsumer):
@@ -65,11 +68,13 @@ class BattleConsumer(AsyncWebsocketConsumer):
     address: str | None
     group: str | None
     watching: asyncio.Task[None] | None
+    holding_slots: asyncio.Task[None] | None
 
     async def connect(self) -> None:
         self.battle = None
         self.group = None
         self.watching = None
+        self.holding_slots = None
         # The client's address: the peer's, or behind a trusted proxy the one it forwards
         # (arena_site.asgi.build_application).
         client = self.scope.get("client")
@@ -82,6 +87,8 @@ class BattleConsumer(AsyncWebsocketConsumer):
             await self.close(code=4401)
             return
         self.voter_key = services.voter_key_for(session_key)
+        if not await self.claim_socket_slots():
+            return
         public_id = self.scope["url_route"]["kwargs"].get("public_id")
         if public_id is None:
             return  # A new battle: it is created with the first prompt.
@@ -98,7 +105,45 @@ class BattleConsumer(AsyncWebsocketConsumer):
             await self.send_error(DATABASE_UNAVAILABLE)
             await self.close(code=TRY_AGAIN_LATER)
 
+    async def claim_socket_slots(self) -> bool:
+        """This socket's slot under its session's and its network's caps; refused past either."""
+        try:
+            refusal = await in_thread(socket_caps.claim, database=False)(
+                self.channel_name, session=self.voter_key, address=self.address
+            )
+        except Exception:  # Redis down: the caps are a defence, not a reason to refuse everyone.
+            logger.warning("Socket slots not counted: their store is unavailable", exc_info=True)
+            return True
+        if refusal is not None:
+            await self.send_error(ArenaError("too_many_sockets", refusal.message))
+            await self.close(code=TOO_MANY_SOCKETS)
+            return False
+        self.holding_slots = asyncio.create_task(self.hold_socket_slots())
+        return True
+
+    async def hold_socket_slots(self) -> None:
+        """Keep this socket's slots from expiring while it is open; given back on disconnect."""
+        while True:
+            await asyncio.sleep(socket_caps.REFRESH_SECONDS)
+            try:
+                await in_thread(socket_caps.refresh, database=False)(
+                    self.channel_name, session=self.voter_key, address=self.address
+                )
+            except Exception:
+                logger.warning("Socket slots not refreshed: their store is unavailable", exc_info=True)
+
     async def disconnect(self, code: int) -> None:
+        if self.holding_slots is not None:
+            self.holding_slots.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.holding_slots
+            self.holding_slots = None
+            try:
+                await in_thread(socket_caps.release, database=False)(
+                    self.channel_name, session=self.voter_key, address=self.address
+                )
+            except Exception:  # They expire by themselves.
+                logger.warning("Socket slots not given back: their store is unavailable", exc_info=True)
         if self.watching is not None:
             self.watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -168,7 +213,9 @@ class BattleConsumer(AsyncWebsocketConsumer):
             await self.publish({"type": "rated", "side": reply.side, "turn": reply.turn, "rating": frame.rating})
         elif isinstance(frame, RegenerateFrame):
             await self.count("message")
+            await in_thread(reply_caps.check)(self.address, replies=1)
             regenerated = await in_thread(services.regenerate_reply)(battle=self.battle, side=frame.side)
+            await in_thread(reply_caps.record, database=False)(self.address, [regenerated.job.message_id])
             await self.publish({"type": "regenerating", "side": regenerated.side, "turn": regenerated.turn})
             await self.enqueue([regenerated.job])
         elif isinstance(frame, EndFrame):
@@ -199,6 +246,8 @@ class BattleConsumer(AsyncWebsocketConsumer):
     async def handle_prompt(self, frame: PromptFrame) -> None:
         if self.battle is None and frame.side is not None:
             raise ArenaError("both_sides_first", "The first prompt goes to both sides.")
+        # Before anything is stored: past its network's cap on replies in flight, nothing is.
+        await in_thread(reply_caps.check)(self.address, replies=1 if frame.side else 2)
         if self.battle is None:  # A first prompt without a start frame: free chat.
             await self.count("battle")
             battle = await in_thread(services.start_battle)(voter_key=self.voter_key)
@@ -207,6 +256,7 @@ class BattleConsumer(AsyncWebsocketConsumer):
         assert self.battle is not None and self.group is not None
         await self.count("message")
         submitted = await in_thread(services.submit_prompt)(battle=self.battle, text=frame.text, side=frame.side)
+        await in_thread(reply_caps.record, database=False)(self.address, [job.message_id for job in submitted.jobs])
         sides = [submitted.side] if submitted.side else ["a", "b"]
         await self.publish({"type": "prompt", "turn": submitted.turn, "text": submitted.text, "sides": sides})
         await self.enqueue(submitted.jobs)

@@ -75,6 +75,9 @@ class Command(BaseCommand):
             # Every voter comes from 127.0.0.1: the per-address budgets are off for the run (the
             # per-session ones stay, each voter having a session of its own).
             "ARENA_RATE_LIMITS": "battle=30/0/3600,message=20/0/60,vote=60/0/60",
+            # ... and so are the per-network caps on open sockets and replies in flight.
+            "ARENA_SOCKETS_PER_NETWORK": "0",
+            "ARENA_REPLIES_PER_NETWORK": "0",
             "ARENA_WORKER_NICE": str(options["worker_nice"]),
             "ARENA_WORKER_SCHED_IDLE": "1" if options["worker_sched_idle"] else "0",
         }

@@ -1,0 +1,80 @@
+"""Generation is fair between networks: one network has at most ARENA_REPLIES_PER_NETWORK replies
+queued or streaming (votes/reply_caps.py), so a flood from it cannot fill the workers' queues
+ahead of another voter. Real sockets, PostgreSQL and Redis; no worker runs, so every reply
+stays queued, as behind a busy worker."""
+
+import json
+import secrets
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.sessions.backends.db import SessionStore
+
+from arena_site.asgi import application
+from tests.conftest import cookie_headers
+from votes.models import Battle, Message
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PROMPT = {"type": "prompt", "text": "Add a meeting with Fred on Nov 11 at 5PM"}
+
+
+def fresh_network() -> str:
+    return f"10.{secrets.randbelow(256)}.{secrets.randbelow(256)}"
+
+
+async def page(address: str) -> WebsocketCommunicator:
+    session = SessionStore()
+    await sync_to_async(session.create)()
+    communicator = WebsocketCommunicator(application, "/ws/battle/", headers=cookie_headers(session))
+    communicator.scope["client"] = (address, 40000)
+    connected, _ = await communicator.connect(timeout=10)
+    assert connected
+    return communicator
+
+
+async def first_frame_after_prompt(communicator: WebsocketCommunicator) -> dict[str, Any]:
+    """The first frame answering a first prompt: ``battle`` when accepted, ``error`` when not."""
+    await communicator.send_to(text_data=json.dumps(PROMPT))
+    return json.loads(await communicator.receive_from(timeout=10))
+
+
+async def test_one_networks_flood_cannot_queue_ahead_of_another_voter(settings: Any, demo_llms: Any) -> None:
+    settings.ARENA_REPLIES_PER_NETWORK = 4
+    network_a, network_b = fresh_network(), fresh_network()
+    pages = [await page(f"{network_a}.{host}") for host in range(1, 4)]
+    # Two battles: four replies queued for network A, its cap.
+    for communicator in pages[:2]:
+        assert (await first_frame_after_prompt(communicator))["type"] == "battle"
+    # A third, within every rate budget and from another address of A's /24, is refused before
+    # anything is stored: no battle, no reply queued.
+    battles_before = await database_sync_to_async(Battle.objects.count)()
+    refused = await first_frame_after_prompt(pages[2])
+    assert refused["type"] == "error" and refused["code"] == "busy", refused
+    assert "wait for one to finish" in refused["message"]
+    assert await database_sync_to_async(Battle.objects.count)() == battles_before
+    # Voter B, on another network, is queued at once: behind none of A's backlog beyond its cap.
+    voter_b = await page(f"{network_b}.1")
+    assert (await first_frame_after_prompt(voter_b))["type"] == "battle"
+    # One of A's replies finishes (as a worker would end it): A has room for... one reply, not two.
+    await database_sync_to_async(
+        lambda: (
+            Message.objects.filter(role=Message.Role.ASSISTANT, status=Message.Status.PENDING)
+            .filter(id=Message.objects.filter(role=Message.Role.ASSISTANT).order_by("id").first().id)
+            .update(status=Message.Status.DONE)
+        )
+    )()
+    assert (await first_frame_after_prompt(pages[2]))["code"] == "busy"
+    # Both replies of its first battle done: room for two.
+    first_battle = await database_sync_to_async(lambda: Message.objects.order_by("id").first().battle_id)()
+    await database_sync_to_async(
+        lambda: Message.objects.filter(battle_id=first_battle, role=Message.Role.ASSISTANT).update(
+            status=Message.Status.DONE
+        )
+    )()
+    assert (await first_frame_after_prompt(pages[2]))["type"] == "battle"
+    for communicator in [*pages, voter_b]:
+        await communicator.disconnect()
