@@ -16,8 +16,8 @@ from channels.sessions import SessionMiddlewareStack  # noqa: E402
 from django.conf import settings  # noqa: E402
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware  # noqa: E402
 
+from arena_site import backpressure  # noqa: E402
 from arena_site.origins import SameOriginValidator  # noqa: E402
-from arena_site.write_buffers import bound_websocket_write_buffers  # noqa: E402
 from votes.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -38,8 +38,8 @@ def build_application(trusted_proxies: list[str]) -> Any:
 
 
 application = build_application(settings.TRUSTED_PROXIES)
-# A client that does not read its socket is dropped, not buffered for without limit.
-bound_websocket_write_buffers(settings.ARENA_WS_MAX_BUFFERED_BYTES)
+# Under daphne: what one socket sends, or leaves unread, stays bounded (arena_site.backpressure).
+backpressure.install(settings.ARENA_SLOW_READER_SECONDS)
 
 # What is loaded by now stays for the process's life. Frozen, the garbage collector's full
 # passes no longer scan it: such a pass holds the GIL, and every stream of this process with

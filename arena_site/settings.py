@@ -269,9 +269,9 @@ ARENA_SOCKETS_PER_NETWORK = int(os.environ.get("ARENA_SOCKETS_PER_NETWORK", "64"
 # Replies one client network may have queued or streaming at once (votes/reply_caps.py); keep it
 # below the workers' concurrency so that one network never holds them all. 0: no cap.
 ARENA_REPLIES_PER_NETWORK = int(os.environ.get("ARENA_REPLIES_PER_NETWORK", "4"))
-# Bytes daphne may hold for one websocket client that does not read them; past it the socket is
-# dropped (arena_site/write_buffers.py). 0: no bound.
-ARENA_WS_MAX_BUFFERED_BYTES = int(os.environ.get("ARENA_WS_MAX_BUFFERED_BYTES", str(4 * 1024 * 1024)))
+# A battle socket whose client has not read what it was sent (over 64 KB waiting) for this long
+# is dropped, with what was buffered for it (arena_site.backpressure).
+ARENA_SLOW_READER_SECONDS = float(os.environ.get("ARENA_SLOW_READER_SECONDS", "15"))
 # Pair sampling (votes/pairing.py): "weighted" (admin weights) or "active" (also favours pairs whose
 # win rate is least certain); a new model is drawn up to 1 + BOOST times as often until it has
 # had NEW_MODEL_BATTLES battles.

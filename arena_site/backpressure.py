@@ -1,0 +1,120 @@
+"""Back-pressure on battle sockets: what one client sends or leaves unread stays bounded.
+
+daphne (on Twisted) takes a websocket's frames as fast as they come and queues them for the
+consumer without limit, and Twisted buffers without limit what a client has not read yet. The
+review's client sent `sync` (15 bytes in, a battle's state out) as fast as it could and never
+read: daphne grew by 142 MB in 40 s. It was never dropped either, since autobahn takes incoming
+data as an answer to its pings. Two bounds, both on Twisted's own flow control:
+
+- In: once ``MAX_QUEUED_FRAMES`` of a socket's frames wait for the consumer, the server stops
+  reading that socket until half have been handled; the client's own TCP window then stops it.
+- Out: each socket registers a streaming producer on its TCP transport, Twisted's back-pressure
+  hook. When more than the transport's buffer size (64 KB) waits for the client, Twisted pauses
+  it: the server stops reading the client (it cannot ask for more while it reads nothing), and
+  a client that has not caught up within ``ARENA_SLOW_READER_SECONDS`` is dropped, which
+  discards what was buffered for it.
+
+daphne offers no hook for its websocket protocol, so ``install`` puts a subclass in its factory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
+from twisted.internet import reactor
+from twisted.internet.interfaces import IPushProducer
+from zope.interface import implementer
+
+MAX_QUEUED_FRAMES = 32
+DRAIN_CHECK_SECONDS = 0.05
+
+
+class ReadGate:
+    """Reading from a socket, stopped while any reason holds ("in": its frames queue up,
+    "out": the client does not read its replies)."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+        self.reasons: set[str] = set()
+
+    def close(self, reason: str) -> None:
+        if not self.reasons:
+            self.transport.stopReading()
+        self.reasons.add(reason)
+
+    def open(self, reason: str) -> None:
+        self.reasons.discard(reason)
+        if not self.reasons and self.transport.connected:
+            self.transport.startReading()
+
+
+@implementer(IPushProducer)
+class OutboundGuard:
+    """Told by the transport when its client falls behind (pause) and catches up (resume)."""
+
+    def __init__(self, transport: Any, gate: ReadGate, patience_s: float) -> None:
+        self.transport = transport
+        self.gate = gate
+        self.patience_s = patience_s
+        self.deadline: Any = None
+
+    def pauseProducing(self) -> None:
+        self.gate.close("out")
+        if self.deadline is None:
+            self.deadline = reactor.callLater(self.patience_s, self.drop)
+
+    def resumeProducing(self) -> None:
+        self._cancel()
+        self.gate.open("out")
+
+    def stopProducing(self) -> None:
+        self._cancel()
+
+    def drop(self) -> None:
+        self.deadline = None
+        self.transport.abortConnection()
+
+    def _cancel(self) -> None:
+        if self.deadline is not None and self.deadline.active():
+            self.deadline.cancel()
+        self.deadline = None
+
+
+def guarded_protocol(patience_s: float) -> type[WebSocketProtocol]:
+    class GuardedWebSocketProtocol(WebSocketProtocol):
+        gate: ReadGate | None = None
+
+        def onOpen(self) -> None:
+            super().onOpen()
+            transport = self.transport
+            if transport.producer is not None:  # daphne's HTTP channel, which handed the socket over
+                transport.unregisterProducer()
+            self.gate = ReadGate(transport)
+            transport.registerProducer(OutboundGuard(transport, self.gate, patience_s), True)
+
+        def onMessage(self, payload: bytes, isBinary: bool) -> None:
+            super().onMessage(payload, isBinary)
+            queue = getattr(self, "application_queue", None)
+            gate = self.gate
+            if (
+                gate is not None
+                and queue is not None
+                and queue.qsize() >= MAX_QUEUED_FRAMES
+                and "in" not in gate.reasons
+            ):
+                gate.close("in")
+                reactor.callLater(DRAIN_CHECK_SECONDS, self._read_again_once_drained)
+
+        def _read_again_once_drained(self) -> None:
+            assert self.gate is not None
+            if self.application_queue.qsize() > MAX_QUEUED_FRAMES // 2 and self.transport.connected:
+                reactor.callLater(DRAIN_CHECK_SECONDS, self._read_again_once_drained)
+                return
+            self.gate.open("in")
+
+    return GuardedWebSocketProtocol
+
+
+def install(patience_s: float) -> None:
+    WebSocketFactory.protocol = guarded_protocol(patience_s)

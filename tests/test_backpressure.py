@@ -1,0 +1,151 @@
+"""What one websocket client sends, or leaves unread, stays bounded (arena_site/backpressure.py).
+
+The review's socket sent ``sync`` frames and never read: daphne buffered every answer and grew by
+142 MB in 40 s, kept after the close. A real daphne process and raw sockets: a client that never
+reads is dropped and daphne's resident memory comes back within 10% of before; a client that
+reads but sends as fast as its socket takes keeps daphne's memory within 10% of before as well
+(its frames wait in the network, not in daphne). Without these bounds the first client grew
+daphne from 185 MB to 692 MB in 30 s, and was never dropped.
+"""
+
+import base64
+import os
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from arena_site.stack import Stack, database_url
+from votes.loadtest import session_cookie
+from votes.models import Task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PATIENCE_S = 2
+SYNC = b'{"type":"sync"}'
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def masked_text_frame(payload: bytes) -> bytes:
+    """A client's websocket text frame (clients must mask theirs)."""
+    mask = os.urandom(4)
+    masked = bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
+    assert len(payload) < 126
+    return struct.pack("!BB", 0x81, 0x80 | len(payload)) + mask + masked
+
+
+def open_websocket(port: int, cookie: str, *, receive_buffer: int | None = None) -> socket.socket:
+    """A raw websocket to /ws/battle/, handshake done, nothing else read."""
+    client = socket.socket()
+    if receive_buffer:  # Before connecting: a small window, so the kernel holds little for us.
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    client.settimeout(5)
+    client.connect(("127.0.0.1", port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    client.sendall(
+        (
+            f"GET /ws/battle/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            f"Origin: http://127.0.0.1:{port}\r\nCookie: {cookie}\r\n\r\n"
+        ).encode()
+    )
+    response = b""
+    while b"\r\n\r\n" not in response:
+        response += client.recv(1)  # Byte by byte: nothing past the handshake is read.
+    assert response.startswith(b"HTTP/1.1 101"), response
+    return client
+
+
+def flood(client: socket.socket, seconds: float, pid: int) -> tuple[bool, int]:
+    """Send sync frames as fast as the socket takes them for ``seconds``: whether the server
+    dropped the connection, and daphne's largest resident memory meanwhile."""
+    frames = masked_text_frame(SYNC) * 20
+    deadline = time.monotonic() + seconds
+    peak = rss_bytes(pid)
+    while time.monotonic() < deadline:
+        try:
+            client.sendall(frames)
+        except (ConnectionResetError, BrokenPipeError):
+            return True, peak
+        except TimeoutError:  # The server reads nothing more for now: it waits.
+            pass
+        peak = max(peak, rss_bytes(pid))
+    return False, peak
+
+
+@pytest.fixture
+def daphne(tmp_path: Path, settings: Any) -> Any:
+    # The state frame a sync gets lists the active tasks: with these, about 40 KB, as the
+    # review's 29 KB.
+    Task.objects.bulk_create(Task(slug=f"long-title-{i}", title=f"{i:03d} " + "t" * 190) for i in range(150))
+    stack = Stack(
+        database_url=database_url(connection.settings_dict),
+        redis_url=settings.REDIS_URL,
+        log_dir=tmp_path,
+        # Every frame answered (the frame rate limit off): only the back-pressure bounds the flood.
+        env={"ARENA_SLOW_READER_SECONDS": str(PATIENCE_S), "ARENA_RATE_LIMITS": "frame=0/0/60"},
+    )
+    try:
+        web, url = stack.start_web()
+        port = int(url.rsplit(":", 1)[1])
+        cookie = session_cookie(url)
+        # Warm up the socket path (first imports, query threads) with a page that reads.
+        reader = open_websocket(port, cookie)
+        for _ in range(3):
+            reader.sendall(masked_text_frame(SYNC))
+            assert reader.recv(65536)
+        reader.close()
+        time.sleep(0.5)
+        yield web.process.pid, port, cookie
+    finally:
+        stack.stop()
+
+
+def test_a_client_that_does_not_read_is_dropped_and_its_memory_freed(daphne: Any) -> None:
+    pid, port, cookie = daphne
+    before = rss_bytes(pid)
+    client = open_websocket(port, cookie, receive_buffer=4096)
+    dropped, peak = flood(client, seconds=25, pid=pid)
+    client.close()
+    assert dropped, "a socket that never reads was not dropped"
+    deadline = time.monotonic() + 10
+    while (after := rss_bytes(pid)) > before * 1.1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    mib = 2**20
+    assert after <= before * 1.1, f"daphne's RSS {before / mib:.0f} MiB before, {after / mib:.0f} after"
+    assert peak <= before * 1.1, f"daphne's RSS {before / mib:.0f} MiB before, {peak / mib:.0f} at most"
+
+
+def test_a_client_that_reads_but_floods_is_held_back_not_buffered(daphne: Any) -> None:
+    pid, port, cookie = daphne
+    before = rss_bytes(pid)
+    client = open_websocket(port, cookie)
+    received = 0
+
+    def read() -> None:
+        nonlocal received
+        try:
+            while chunk := client.recv(1 << 20):
+                received += len(chunk)
+        except OSError:
+            return
+
+    reading = threading.Thread(target=read, daemon=True)
+    reading.start()
+    dropped, peak = flood(client, seconds=5, pid=pid)
+    client.close()
+    reading.join(timeout=10)
+    assert not dropped and received > 1_000_000  # served all along, as fast as daphne handles it
+    mib = 2**20
+    assert peak <= before * 1.1, f"daphne's RSS {before / mib:.0f} MiB before, {peak / mib:.0f} at most"
