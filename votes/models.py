@@ -173,6 +173,15 @@ class Battle(models.Model):
     voter_key = models.CharField(
         max_length=64, db_index=True, help_text="Keyed hash of the voter's session, never the session."
     )
+    network_key = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        db_default="",
+        db_index=True,
+        help_text="Keyed hash of the client's network (/24 IPv4, /64 IPv6), never the address: the identity a "
+        "fresh session does not reset. Empty: no address, or started before it was recorded.",
+    )
     state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
     mode = models.CharField(
         max_length=10,

@@ -17,6 +17,7 @@ from django.db.models import Exists, Max, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from arena_site import networks
 from inference import pacing
 from inference.models import LLM
 from leaderboard import style
@@ -98,6 +99,12 @@ def voter_key_for(session_key: str) -> str:
     return hmac.new(settings.SECRET_KEY.encode(), f"voter:{session_key}".encode(), hashlib.sha256).hexdigest()
 
 
+def network_key_for(address: str | None) -> str:
+    """A keyed hash of the client's network (/24 or /64, arena_site.networks): the identity a
+    fresh session does not reset. "" without an address; the address itself is never stored."""
+    return networks.network_key(address, settings.SECRET_KEY.encode())
+
+
 # Why a battle in which the voter knew the names stays off the leaderboard (Battle.exclude).
 NAMED_MODE_REASON = "named mode: the voter picked the models and saw their names"
 DIRECT_MODE_REASON = "direct chat with one model: nothing to compare"
@@ -125,6 +132,7 @@ def start_battle(
     rng: random.Random | None = None,
     mode: str = Battle.Mode.ANONYMOUS,
     models: Sequence[str] = (),
+    network_key: str = "",
 ) -> Battle:
     """An anonymous battle draws two different enabled models (votes.pairing,
     ``ARENA_PAIR_SAMPLING``) on random sides. A named one puts the two models the voter picked on
@@ -141,6 +149,7 @@ def start_battle(
             model_b=model_b,
             task=task,
             voter_key=voter_key,
+            network_key=network_key,
             mode=mode,
             excluded=True,
             excluded_reason=NAMED_MODE_REASON if mode == Battle.Mode.NAMED else DIRECT_MODE_REASON,
@@ -166,6 +175,7 @@ def start_battle(
         model_b_id=id_b,
         task=task,
         voter_key=voter_key,
+        network_key=network_key,
         pace_chars_per_s=battle_pace(id_a, id_b),
         pair_probability=weights[(min(id_a, id_b), max(id_a, id_b))] / sum(weights.values()),
     )
