@@ -27,9 +27,9 @@ from django.db.models.functions import Abs, Cast, Floor, Sign
 from django.db.models.lookups import GreaterThan
 
 from inference.models import LLM
-from leaderboard import fixing, ratings, style, tally
+from leaderboard import anomaly, fixing, ratings, style, tally
 from leaderboard.models import LeaderboardRefresh, VoteTallyState
-from votes.models import Battle, FixEpisode, FlaggedVoter, Task, Vote
+from votes.models import Battle, FixEpisode, FlaggedNetwork, FlaggedVoter, Task, Vote
 
 OVERALL, FIXING, AFTER_CORRECTION = "overall", "fixing", "after_correction"
 TASK_PREFIX = "task:"
@@ -263,6 +263,24 @@ def stored_tally() -> tally.Tally | None:
 def flagged_voters() -> frozenset[str]:
     """The voters whose votes stay out (flagged, not cleared)."""
     return frozenset(FlaggedVoter.objects.filter(cleared=False).values_list("voter_key", flat=True))
+
+
+def network_detector_table() -> anomaly.VoteTable:
+    """The anomaly detector's input grouped by client network (``Battle.network_key``) instead
+    of by voter: the votes of the counted battles without an identity leak, by voters not
+    flagged, from networks known and not flagged already. One GROUP BY over the counted votes."""
+    votes = (
+        Vote.objects.filter(battle__tallied=True, battle__excluded=False)
+        .exclude(battle__network_key="")
+        .exclude(voter_flagged())
+        .exclude(battle__network_key__in=FlaggedNetwork.objects.filter(cleared=False).values("network_key"))
+    )
+    rows = _raw_rows(
+        votes.values_list("battle__network_key", "battle__model_a_id", "battle__model_b_id", "choice")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return anomaly.VoteTable.from_rows(rows)
 
 
 def current_tally() -> tally.Tally:

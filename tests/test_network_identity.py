@@ -3,20 +3,27 @@
 anomaly detection's tests applied to votes grouped by network, which catch a campaign that
 starts every battle in a fresh session."""
 
+import random
+
 import numpy as np
 import pytest
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.contrib.auth import get_user_model
+from django.contrib.sessions.backends.db import SessionStore
 from django.db import connections
+from django.utils import timezone
 
 from arena_site.asgi import application
 from arena_site.networks import client_network, network_key
-from leaderboard import ratings
+from inference.models import LLM
+from leaderboard import ratings, selectors
+from leaderboard import services as leaderboard_services
 from leaderboard.anomaly import pair_vote, suspicious_voters
 from tests.conftest import BattleClient, close_query_thread_connections, cookie_headers
 from votes import services
-from votes.models import Battle
+from votes.models import Battle, FlaggedNetwork, FlaggedVoter, FlagSource, Message, Vote
 
 SECRET = b"test-secret"
 
@@ -159,3 +166,147 @@ async def test_the_consumer_stores_the_network_key_of_the_client_address(voter_s
             await communicator.disconnect()
         await sync_to_async(connections.close_all)()
         await sync_to_async(close_query_thread_connections)()
+
+
+# A scripted campaign against the real consumer, caught by the refresh as production runs it.
+
+STRONG, WEAK, MEDIUM = "net-strong", "net-weak", "net-medium"
+CAMPAIGN_ADDRESSES = ("192.0.2.10", "2001:db8:77::10")
+CAMPAIGN_VOTES_PER_ADDRESS = 10
+
+
+def finish_replies(battle: Battle) -> None:
+    """The battle's first prompt and both replies, as a worker would have finished them."""
+    submitted = services.submit_prompt(battle=battle, text="Add a meeting with Fred on Nov 11 at 5PM")
+    for job in submitted.jobs:
+        services.claim_reply(job.message_id)
+        services.finish_reply(
+            job.message_id,
+            status=Message.Status.DONE,
+            content="action.x()",
+            delta_count=1,
+            stop_reason="stop",
+            token_count=3,
+            time_to_first_token_ms=5,
+            duration_ms=20,
+        )
+
+
+def honest_history(models: dict[str, LLM]) -> int:
+    """300 honest voters on 12 shared networks (4 votes each: the strong model beats the weak
+    one 90% of the time and the medium one 60%), stored as ended battles; their vote count."""
+    rng = random.Random(5)
+    now = timezone.now()
+    rows = []
+    for voter in range(300):
+        network = services.network_key_for(f"198.51.{voter % 12}.{voter % 200 + 1}")
+        for _ in range(4):
+            other = rng.choice((WEAK, MEDIUM))
+            strong_wins = rng.random() < (0.9 if other == WEAK else 0.6)
+            a, b = (STRONG, other) if rng.random() < 0.5 else (other, STRONG)
+            choice = "tie" if rng.random() < 0.1 else ("a" if (a == STRONG) == strong_wins else "b")
+            rows.append((f"honest-{voter}", network, a, b, choice))
+    battles = Battle.objects.bulk_create(
+        Battle(
+            model_a=models[a],
+            model_b=models[b],
+            voter_key=voter,
+            network_key=network,
+            state=Battle.State.ENDED,
+            ended=now,
+        )
+        for voter, network, a, b, _ in rows
+    )
+    Vote.objects.bulk_create(
+        Vote(battle=battle, choice=row[-1], stage=Vote.Stage.FIRST_TRY)
+        for battle, row in zip(battles, rows, strict=True)
+    )
+    return len(rows)
+
+
+async def campaign_battle(address: str) -> bool:
+    """One battle of the campaign: a fresh session from ``address`` through the real consumer,
+    a vote for the weak model when it was drawn (else the battle is left), and the end. Whether
+    it voted."""
+    session = SessionStore()
+    await sync_to_async(session.create)()
+    communicator = WebsocketCommunicator(application, "/ws/battle/", headers=cookie_headers(session))
+    communicator.scope["client"] = (address, 50000)
+    connected, _ = await communicator.connect(timeout=10)
+    assert connected
+    try:
+        client = BattleClient(communicator)
+        await client.send({"type": "start", "task": None})
+        frames = await client.receive_until(lambda f: f["type"] == "battle")
+        battle = await database_sync_to_async(Battle.objects.select_related("model_a", "model_b").get)(
+            public_id=frames[-1]["battle"]
+        )
+        if WEAK not in (battle.model_a.name, battle.model_b.name):
+            return False
+        await database_sync_to_async(finish_replies)(battle)
+        await client.send({"type": "vote", "choice": "a" if battle.model_a.name == WEAK else "b"})
+        await client.receive_until(lambda f: f["type"] == "voted")
+        await client.send({"type": "end"})
+        await client.receive_until(lambda f: f["type"] == "revealed")
+        return True
+    finally:
+        await communicator.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_fresh_session_campaign_through_the_consumer_is_flagged_by_network(client) -> None:
+    """Twenty battles, each in a fresh session, from two addresses (one IPv4, one IPv6), each
+    voting for the weak model: no voter key has enough votes to judge, but the refresh flags
+    both networks, flags every one of their sessions and leaves all 20 votes out of the board;
+    no honest network or voter is flagged. Clearing a network in the admin puts its votes back."""
+    models = await database_sync_to_async(
+        lambda: {
+            name: LLM.objects.create(name=name, family="gemma", preset=name, queue=f"q.{name}")
+            for name in (STRONG, WEAK, MEDIUM)
+        }
+    )()
+    honest = await database_sync_to_async(honest_history)(models)
+    try:
+        for address in CAMPAIGN_ADDRESSES:
+            voted = 0
+            while voted < CAMPAIGN_VOTES_PER_ADDRESS:
+                voted += await campaign_battle(address)
+    finally:
+        await sync_to_async(connections.close_all)()
+        await sync_to_async(close_query_thread_connections)()
+    await database_sync_to_async(check_the_refresh)(client, honest)
+
+
+def check_the_refresh(client, honest: int) -> None:
+    campaign = 2 * CAMPAIGN_VOTES_PER_ADDRESS
+    campaign_networks = {services.network_key_for(address) for address in CAMPAIGN_ADDRESSES}
+    leaderboard_services.refresh_leaderboard(rounds=20)  # As beat's task runs it.
+    assert set(FlaggedNetwork.objects.values_list("network_key", flat=True)) == campaign_networks
+    flag = FlaggedNetwork.objects.first()
+    assert flag.source == FlagSource.AUTOMATIC and flag.p_value < 1e-4 and flag.reason.startswith("network: ")
+    campaign_voters = set(Battle.objects.filter(network_key__in=campaign_networks).values_list("voter_key", flat=True))
+    assert set(FlaggedVoter.objects.values_list("voter_key", flat=True)) == campaign_voters  # No honest one.
+    assert FlaggedVoter.objects.filter(network__isnull=True).count() == 0  # None flagged alone: one vote each.
+    assert selectors.excluded_votes()["flagged voter"] == campaign
+    assert selectors.counted_votes().count() == honest
+    # The board the refresh stored leaves them out too.
+    overall = leaderboard_selectors_latest_overall()
+    assert overall.excluded["flagged voter"] == campaign and overall.votes == honest
+
+    admin = get_user_model().objects.create_superuser("admin", "admin@example.com", "a-long-password-9")
+    client.force_login(admin)
+    response = client.post(
+        "/admin/votes/flaggednetwork/",
+        {"action": "clear_flags", "_selected_action": list(FlaggedNetwork.objects.values_list("pk", flat=True))},
+        follow=True,
+    )
+    assert response.status_code == 200
+    assert selectors.excluded_votes()["flagged voter"] == 0
+    leaderboard_services.refresh_leaderboard(rounds=20)  # Cleared: not flagged again.
+    assert not FlaggedNetwork.objects.filter(cleared=False).exists()
+    assert not FlaggedVoter.objects.filter(cleared=False).exists()
+    assert selectors.counted_votes().count() == honest + campaign
+
+
+def leaderboard_selectors_latest_overall():
+    return selectors.latest_refresh().snapshots.get(category=selectors.OVERALL)

@@ -410,6 +410,35 @@ class ResearcherKey(models.Model):
         return f"{self.name} ({self.prefix}…)"
 
 
+class FlagSource(models.TextChoices):
+    """Who set a flag (FlaggedVoter, FlaggedNetwork)."""
+
+    ADMIN = "admin", "An admin"
+    AUTOMATIC = "automatic", "Anomaly detection"
+
+
+class FlaggedNetwork(models.Model):
+    """A client network (Battle.network_key) whose votes, taken together, are anomalous: a
+    campaign that starts each battle in a fresh session has too few votes per voter key to judge,
+    but not per network. Its votes stay out through flags on each of its voters (FlaggedVoter
+    rows pointing here), refreshed at every leaderboard refresh, so that every read of the board,
+    the research data and the exports leaves them out as a flagged voter's. Clearing it in the
+    admin clears those flags too, and the detection leaves the network alone from then on."""
+
+    network_key = models.CharField(max_length=64, unique=True, help_text="The battles' network_key (a keyed hash).")
+    reason = models.CharField(max_length=300)
+    source = models.CharField(max_length=10, choices=FlagSource.choices, default=FlagSource.ADMIN)
+    p_value = models.FloatField(null=True, blank=True, help_text="Anomaly detection: the network's p-value.")
+    cleared = models.BooleanField(default=False, help_text="Reviewed and cleared: the votes count again.")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"network {self.network_key[:12]}…: {self.reason}"
+
+
 class FlaggedVoter(models.Model):
     """A voter whose votes stay out of the leaderboard (kept, and counted as excluded).
 
@@ -418,11 +447,17 @@ class FlaggedVoter(models.Model):
     leaves that voter alone from then on.
     """
 
-    class Source(models.TextChoices):
-        ADMIN = "admin", "An admin"
-        AUTOMATIC = "automatic", "Anomaly detection"
+    Source = FlagSource
 
     voter_key = models.CharField(max_length=64, unique=True, help_text="The battles' voter_key (a keyed hash).")
+    network = models.ForeignKey(
+        FlaggedNetwork,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="voter_flags",
+        help_text="Set: the voter is flagged because it voted from this flagged network.",
+    )
     reason = models.CharField(max_length=300)
     source = models.CharField(max_length=10, choices=Source.choices, default=Source.ADMIN)
     p_value = models.FloatField(null=True, blank=True, help_text="Anomaly detection: Fisher's combined p-value.")
