@@ -224,12 +224,13 @@ def honest_history(models: dict[str, LLM]) -> int:
     return len(rows)
 
 
-async def campaign_battle(address: str) -> bool:
-    """One battle of the campaign: a fresh session from ``address`` through the real consumer,
-    a vote for the weak model when it was drawn (else the battle is left), and the end. Whether
-    it voted."""
-    session = SessionStore()
-    await sync_to_async(session.create)()
+async def campaign_battle(address: str, session: SessionStore | None = None, vote_for: str | None = WEAK) -> bool:
+    """One battle of the campaign: a fresh session (or ``session``) from ``address`` through the
+    real consumer, a vote for ``vote_for`` when it was drawn (else the battle is left; None: a
+    vote for side A), and the end. Whether it voted."""
+    if session is None:
+        session = SessionStore()
+        await sync_to_async(session.create)()
     communicator = WebsocketCommunicator(application, "/ws/battle/", headers=cookie_headers(session))
     communicator.scope["client"] = (address, 50000)
     connected, _ = await communicator.connect(timeout=10)
@@ -241,11 +242,13 @@ async def campaign_battle(address: str) -> bool:
         battle = await database_sync_to_async(Battle.objects.select_related("model_a", "model_b").get)(
             public_id=frames[-1]["battle"]
         )
-        if WEAK not in (battle.model_a.name, battle.model_b.name):
+        if vote_for is not None and vote_for not in (battle.model_a.name, battle.model_b.name):
             return False
         await database_sync_to_async(finish_replies)(battle)
-        await client.send({"type": "vote", "choice": "a" if battle.model_a.name == WEAK else "b"})
-        await client.receive_until(lambda f: f["type"] == "voted")
+        choice = "b" if vote_for is not None and battle.model_b.name == vote_for else "a"
+        await client.send({"type": "vote", "choice": choice})
+        voted = await client.receive_until(lambda f: f["type"] in ("voted", "error"))
+        assert voted[-1] == {"type": "voted", "stage": "first_try", "choice": choice, "after_turn": 0}
         await client.send({"type": "end"})
         await client.receive_until(lambda f: f["type"] == "revealed")
         return True
@@ -310,3 +313,45 @@ def check_the_refresh(client, honest: int) -> None:
 
 def leaderboard_selectors_latest_overall():
     return selectors.latest_refresh().snapshots.get(category=selectors.OVERALL)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_votes_past_the_daily_caps_are_kept_but_left_off_the_board(settings) -> None:
+    """Caps of 2 votes a voter and 3 a network a day: one session casts 3 votes (the third is
+    past its voter's cap), a second session on the same /24 casts 2 (the second is past the
+    network's cap), a session on another network 1. Every vote is stored and answered alike
+    ("voted"); the board counts 4 and leaves 2 out as "over daily cap"."""
+    settings.ARENA_VOTES_PER_VOTER_PER_DAY = 2
+    settings.ARENA_VOTES_PER_NETWORK_PER_DAY = 3
+    await database_sync_to_async(
+        lambda: [
+            LLM.objects.create(name=name, family="gemma", preset=name, queue=f"q.{name}") for name in (STRONG, WEAK)
+        ]
+    )()
+    sessions = []
+    for _ in range(3):
+        session = SessionStore()
+        await sync_to_async(session.create)()
+        sessions.append(session)
+    try:
+        for session, address, battles in (
+            (sessions[0], "192.0.2.1", 3),
+            (sessions[1], "192.0.2.99", 2),
+            (sessions[2], "198.51.100.1", 1),
+        ):
+            for _ in range(battles):
+                assert await campaign_battle(address, session, vote_for=None)
+    finally:
+        await sync_to_async(connections.close_all)()
+        await sync_to_async(close_query_thread_connections)()
+    await database_sync_to_async(check_the_caps)()
+
+
+def check_the_caps() -> None:
+    over = list(Vote.objects.order_by("pk").values_list("over_daily_cap", flat=True))
+    assert over == [False, False, True, False, True, False]
+    leaderboard_services.refresh_leaderboard(rounds=20)
+    overall = leaderboard_selectors_latest_overall()
+    assert overall.votes == 4 and overall.excluded["over daily cap"] == 2
+    assert selectors.counted_votes().count() == 4
+    assert not FlaggedVoter.objects.exists()

@@ -488,6 +488,13 @@ class Vote(models.Model):
     after_turn = models.PositiveIntegerField(default=0, help_text="The last turn the voter had seen.")
     choice = models.CharField(max_length=10, choices=Choice.choices)
     created = models.DateTimeField(auto_now_add=True)
+    over_daily_cap = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Cast after its voter or its network had cast the day's counted votes "
+        "(ARENA_VOTES_PER_VOTER_PER_DAY, "
+        "ARENA_VOTES_PER_NETWORK_PER_DAY): kept, but left out of the leaderboard.",
+    )
     # The style of what the voter had seen when voting (each side's replies up to ``after_turn``:
     # length in tokens, markdown headers, list items, bold spans: leaderboard.style.FEATURES), stored with the vote
     # so that style control reads one row per vote instead of summing every reply at each refresh.

@@ -388,11 +388,38 @@ def cast_vote(*, battle: Battle, choice: str, stage: str | None = None) -> Vote:
             raise ArenaError("not_ready", "Correct a side (or both) before voting after the fix.")
     try:
         with transaction.atomic():
-            vote = Vote.objects.create(battle=battle, stage=stage, choice=choice, after_turn=last_turn)
+            vote = Vote.objects.create(
+                battle=battle,
+                stage=stage,
+                choice=choice,
+                after_turn=last_turn,
+                over_daily_cap=_over_daily_cap(battle),
+            )
             record_seen_style(Vote.objects.filter(pk=vote.pk))
             return vote
     except IntegrityError:
         raise ArenaError("already_voted", "This stage already has a vote.") from None
+
+
+def _over_daily_cap(battle: Battle) -> bool:
+    """Whether the battle's voter or network has already cast the day's counted votes (UTC day;
+    ARENA_VOTES_PER_VOTER_PER_DAY, ARENA_VOTES_PER_NETWORK_PER_DAY; 0: no cap).
+
+    Such a vote is stored and answered as any other, and only the leaderboard leaves it out
+    ("over daily cap"), as FastChat's limit_user_votes does: refusing it would tell an attacker
+    exactly when the cap was hit, and with how many sessions or addresses to go on; kept, it
+    costs them a vote that counts nowhere, and the detection still sees it. Votes on battles off
+    the board (named, direct, excluded) are not counted against the cap."""
+    if not battle.is_anonymous or battle.excluded:
+        return False
+    day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    counted = Vote.objects.filter(
+        created__gte=day, over_daily_cap=False, battle__mode=Battle.Mode.ANONYMOUS, battle__excluded=False
+    )
+    caps = [(settings.ARENA_VOTES_PER_VOTER_PER_DAY, Q(battle__voter_key=battle.voter_key))]
+    if battle.network_key:
+        caps.append((settings.ARENA_VOTES_PER_NETWORK_PER_DAY, Q(battle__network_key=battle.network_key)))
+    return any(cap > 0 and counted.filter(whose).count() >= cap for cap, whose in caps)
 
 
 def record_seen_style(votes: QuerySet[Vote]) -> int:
