@@ -12,7 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, Max, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -412,6 +412,15 @@ def _over_daily_cap(battle: Battle) -> bool:
     the board (named, direct, excluded) are not counted against the cap."""
     if not battle.is_anonymous or battle.excluded:
         return False
+    if connection.vendor == "postgresql":
+        # Two votes of one voter (or network) in different battles at once would both see the
+        # count below the cap: they take turns, until the vote's transaction ends (always voter
+        # first, then network, so that they cannot deadlock).
+        with connection.cursor() as cursor:
+            for key in [f"voter:{battle.voter_key}"] + (
+                [f"network:{battle.network_key}"] if battle.network_key else []
+            ):
+                cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"daily-cap:{key}"])
     day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
     counted = Vote.objects.filter(
         created__gte=day, over_daily_cap=False, battle__mode=Battle.Mode.ANONYMOUS, battle__excluded=False
