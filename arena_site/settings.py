@@ -355,11 +355,19 @@ LEADERBOARD_PROVISIONAL_VOTES = int(os.environ.get("LEADERBOARD_PROVISIONAL_VOTE
 LEADERBOARD_BOOTSTRAP_ROUNDS = int(os.environ.get("LEADERBOARD_BOOTSTRAP_ROUNDS", "1000"))
 LEADERBOARD_ELO_K = float(os.environ.get("LEADERBOARD_ELO_K", "32"))
 # Anomalous voters (leaderboard/anomaly.py), flagged at each refresh: Fisher's combined p-value
-# of a voter's votes below ALPHA, over at least MIN_VOTES votes.
+# of a voter's votes below ALPHA, over at least MIN_VOTES votes. The same tests run on the votes
+# grouped by client network (Battle.network_key: /24 or /64), so that fresh sessions do not hide a
+# campaign; a flagged network's voters are flagged with it (votes.FlaggedNetwork).
 LEADERBOARD_ANOMALY_ALPHA = float(os.environ.get("LEADERBOARD_ANOMALY_ALPHA", "1e-4"))
 LEADERBOARD_ANOMALY_MIN_VOTES = int(os.environ.get("LEADERBOARD_ANOMALY_MIN_VOTES", "5"))
 # PostgreSQL's work_mem for the refresh's transaction alone: its aggregates over every vote then
 # hash in memory instead of sorting on disk (4 MB, the server's default, halves their speed).
+# Per-day vote caps (as FastChat's limit_user_votes): a voter key's and a network's (Battle.network_key)
+# anonymous votes beyond these in a UTC day are stored and the voter sees nothing different, but the
+# board leaves them out ("over daily cap"). A network can be a whole office or carrier NAT: larger.
+# 0: no cap.
+ARENA_VOTES_PER_VOTER_PER_DAY = int(os.environ.get("ARENA_VOTES_PER_VOTER_PER_DAY", "100"))
+ARENA_VOTES_PER_NETWORK_PER_DAY = int(os.environ.get("ARENA_VOTES_PER_NETWORK_PER_DAY", "1000"))
 LEADERBOARD_WORK_MEM = os.environ.get("LEADERBOARD_WORK_MEM", "64MB")
 CELERY_BEAT_SCHEDULE = {
     "fail-stalled-replies": {"task": "votes.fail_stalled_replies", "schedule": 60.0, "options": {"queue": "default"}},

@@ -27,9 +27,9 @@ from django.db.models.functions import Abs, Cast, Floor, Sign
 from django.db.models.lookups import GreaterThan
 
 from inference.models import LLM
-from leaderboard import fixing, ratings, style, tally
+from leaderboard import anomaly, fixing, ratings, style, tally
 from leaderboard.models import LeaderboardRefresh, VoteTallyState
-from votes.models import Battle, FixEpisode, FlaggedVoter, Task, Vote
+from votes.models import Battle, FixEpisode, FlaggedNetwork, FlaggedVoter, Task, Vote
 
 OVERALL, FIXING, AFTER_CORRECTION = "overall", "fixing", "after_correction"
 TASK_PREFIX = "task:"
@@ -120,7 +120,9 @@ def voter_flag_reason() -> Subquery:
 
 def _counted(votes: QuerySet[Vote]) -> QuerySet[Vote]:
     """Votes of ended battles without an identity leak, by unflagged voters."""
-    return votes.filter(battle__state=Battle.State.ENDED, battle__excluded=False).exclude(voter_flagged())
+    return votes.filter(battle__state=Battle.State.ENDED, battle__excluded=False, over_daily_cap=False).exclude(
+        voter_flagged()
+    )
 
 
 def counted_votes(category: str = OVERALL) -> QuerySet[Vote]:
@@ -133,7 +135,7 @@ def every_counted_vote() -> QuerySet[Vote]:
     return _counted(Vote.objects.all())
 
 
-EXCLUSION_REASONS = ("identity leak", "flagged voter", "unfinished battle")
+EXCLUSION_REASONS = ("identity leak", "flagged voter", "over daily cap", "unfinished battle")
 
 
 @dataclass
@@ -173,6 +175,7 @@ def _vote_rows(votes: QuerySet[Vote]) -> list[tally.VoteRow]:
             "battle__model_a_id",
             "battle__model_b_id",
             "choice",
+            "over_daily_cap",
         )
         .annotate(
             n=Count("id"),
@@ -192,8 +195,9 @@ def _vote_rows(votes: QuerySet[Vote]) -> list[tally.VoteRow]:
             n,
             recorded,
             inverse or 0.0,
+            over_cap,
         )
-        for voter, stage, task_category, corrected, excluded, a_id, b_id, choice, n, recorded, inverse in rows
+        for voter, stage, task_category, corrected, excluded, a_id, b_id, choice, over_cap, n, recorded, inverse in rows
     ]
 
 
@@ -240,7 +244,9 @@ def battles_tally(battles: Q, flagged: frozenset[str]) -> tally.Tally:
     ``battles`` selects (a filter on a ``battle`` foreign key), with the ``flagged`` voters'
     left out."""
     votes = Vote.objects.filter(battles)
-    overall = in_category(votes.filter(battle__excluded=False), OVERALL).exclude(battle__voter_key__in=flagged)
+    overall = in_category(votes.filter(battle__excluded=False, over_daily_cap=False), OVERALL).exclude(
+        battle__voter_key__in=flagged
+    )
     episodes = _episode_rows(FixEpisode.objects.filter(battles))
     return tally.tally_of(_vote_rows(votes), _style_rows(overall), episodes, flagged, FIXING)
 
@@ -263,6 +269,24 @@ def stored_tally() -> tally.Tally | None:
 def flagged_voters() -> frozenset[str]:
     """The voters whose votes stay out (flagged, not cleared)."""
     return frozenset(FlaggedVoter.objects.filter(cleared=False).values_list("voter_key", flat=True))
+
+
+def network_detector_table() -> anomaly.VoteTable:
+    """The anomaly detector's input grouped by client network (``Battle.network_key``) instead
+    of by voter: the votes of the counted battles without an identity leak, by voters not
+    flagged, from networks known and not flagged already. One GROUP BY over the counted votes."""
+    votes = (
+        Vote.objects.filter(battle__tallied=True, battle__excluded=False)
+        .exclude(battle__network_key="")
+        .exclude(voter_flagged())
+        .exclude(battle__network_key__in=FlaggedNetwork.objects.filter(cleared=False).values("network_key"))
+    )
+    rows = _raw_rows(
+        votes.values_list("battle__network_key", "battle__model_a_id", "battle__model_b_id", "choice")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return anomaly.VoteTable.from_rows(rows)
 
 
 def current_tally() -> tally.Tally:
@@ -309,7 +333,15 @@ def vote_tally(names: list[str], counts: tally.Tally | None = None) -> VoteTally
     flagged = counts.flagged
     unfinished = Vote.objects.filter(battle__tallied=False).exclude(battle__state=Battle.State.ENDED)
     for row in _vote_rows(unfinished):
-        reason = "identity leak" if row.leaked else "flagged voter" if row.voter in flagged else "unfinished battle"
+        reason = (
+            "identity leak"
+            if row.leaked
+            else "flagged voter"
+            if row.voter in flagged
+            else "over daily cap"
+            if row.over_cap
+            else "unfinished battle"
+        )
         for category in row.categories:
             left_out.setdefault(category, dict.fromkeys(EXCLUSION_REASONS, 0))[reason] += row.votes
     return VoteTally(boards, left_out)
@@ -377,7 +409,7 @@ def elo_games(battles: Q, names: list[str], flagged: frozenset[str]) -> dict[str
     passes the battles ended since the last one, whose votes come after every vote Elo took."""
     index = _positions_by_id(names)
     votes = (
-        Vote.objects.filter(battles, battle__excluded=False)
+        Vote.objects.filter(battles, battle__excluded=False, over_daily_cap=False)
         .exclude(battle__voter_key__in=flagged)
         .annotate(corrected=_after_fix_and_corrected())
         .order_by("battle__ended", "pk")
@@ -455,7 +487,7 @@ def excluded_episodes(counts: tally.Tally | None = None) -> dict[str, int]:
     """Fix episodes left out, per reason (the first that applies). Episodes are recorded for
     ended battles only."""
     counts = current_tally() if counts is None else counts
-    left = dict.fromkeys(tally.LEFT_OUT_REASONS, 0)
+    left = dict.fromkeys(tally.LEFT_OUT_REASONS[:2], 0)  # Episodes are never over a vote cap.
     if FIXING in counts.categories:
         code = counts.categories.index(FIXING)
         for (category, reason), (n,) in zip(

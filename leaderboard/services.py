@@ -15,7 +15,7 @@ from django.utils import timezone
 from leaderboard import anomaly, board, fixing, ratings, selectors, tally
 from leaderboard.models import LeaderboardRefresh, LeaderboardSnapshot, VoteTallyState
 from votes import services as votes_services
-from votes.models import Battle, FlaggedVoter, Task, Vote
+from votes.models import Battle, FlaggedNetwork, FlaggedVoter, FlagSource, Task, Vote
 
 
 class Stopwatch:
@@ -66,6 +66,8 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0, recount: bo
         counts = _reflagged(counts)  # Flags set or cleared in the admin since.
     with stopwatch("anomaly detection"):
         flag_anomalous_voters(counts.detector_table())
+        flag_anomalous_networks(selectors.network_detector_table())
+        flag_voters_of_flagged_networks()
     with stopwatch("vote counts"):
         counts = _reflagged(counts)
         _store_tally(counts)
@@ -261,6 +263,60 @@ def flag_anomalous_voters(table: anomaly.VoteTable) -> list[FlaggedVoter]:
         if a.voter not in known
     ]
     return FlaggedVoter.objects.bulk_create(flags, ignore_conflicts=True)
+
+
+def flag_anomalous_networks(table: anomaly.VoteTable) -> list[FlaggedNetwork]:
+    """Flag the client networks whose votes, taken together, are anomalous: the voters' tests
+    (leaderboard.anomaly) on ``table``, the votes grouped by network instead of by voter key
+    (``selectors.network_detector_table``). A campaign that starts each battle in a fresh
+    session has one vote per voter key, below any test's minimum, but all of them on a network
+    or two. A flag an admin cleared is never set again."""
+    found = anomaly.suspicious_voters(
+        table,
+        alpha=settings.LEADERBOARD_ANOMALY_ALPHA,
+        min_votes=settings.LEADERBOARD_ANOMALY_MIN_VOTES,
+    )
+    keys = [a.voter for a in found]
+    known = set(FlaggedNetwork.objects.filter(network_key__in=keys).values_list("network_key", flat=True))
+    flags = [
+        FlaggedNetwork(
+            network_key=a.voter,
+            reason=f"network: {a.reason()}",
+            source=FlagSource.AUTOMATIC,
+            p_value=a.p_value,
+        )
+        for a in found
+        if a.voter not in known
+    ]
+    return FlaggedNetwork.objects.bulk_create(flags, ignore_conflicts=True)
+
+
+def flag_voters_of_flagged_networks() -> list[FlaggedVoter]:
+    """Flag every voter key that voted from a flagged network (not cleared) and has no flag of
+    its own yet, pointing at the network's flag: every read of the board and of the research data
+    then leaves those votes out as it does a flagged voter's, and the fresh sessions a flagged
+    network opens later are flagged at the next refresh. A voter flag an admin cleared stays
+    cleared."""
+    networks = {flag.network_key: flag for flag in FlaggedNetwork.objects.filter(cleared=False)}
+    if not networks:
+        return []
+    pairs = (
+        Battle.objects.filter(network_key__in=networks)
+        .exclude(voter_key__in=FlaggedVoter.objects.values("voter_key"))
+        .values_list("voter_key", "network_key")
+        .distinct()
+    )
+    flags = {
+        voter_key: FlaggedVoter(
+            voter_key=voter_key,
+            network=networks[network_key],
+            reason=f"voted from a flagged {networks[network_key].reason}"[:300],
+            source=networks[network_key].source,
+            p_value=networks[network_key].p_value,
+        )
+        for voter_key, network_key in pairs
+    }
+    return FlaggedVoter.objects.bulk_create(list(flags.values()), ignore_conflicts=True)
 
 
 def _fix_rate(rate: ratings.FixRate) -> dict[str, float | int | None]:

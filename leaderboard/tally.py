@@ -35,9 +35,9 @@ CHOICES = ("a", "b", "tie", "both_bad")  # Codes of the boards' choice column.
 # one with the smaller id), as the anomaly detector and style control read it (a tie and "both
 # bad" alike).
 OUTCOMES = (0.0, 0.5, 1.0)
-LEFT_OUT_REASONS = ("identity leak", "flagged voter")  # Codes of left_out's reason column.
+LEFT_OUT_REASONS = ("identity leak", "flagged voter", "over daily cap")  # Codes of left_out's reason column.
 JUDGED = (None, False, True)  # Codes of a judge's verdict on an episode (None: not judged).
-VERSION = 3  # Of the stored layout: a tally stored by another version is rebuilt.
+VERSION = 4  # Of the stored layout: a tally stored by another version is rebuilt.
 
 
 @dataclass(frozen=True)
@@ -298,6 +298,7 @@ class VoteRow:
     votes: int
     recorded: int  # Of which the battle recorded its pair probability.
     inverse: float  # Sum over them of 1 / pair probability.
+    over_cap: bool = False  # Cast past the voter's or network's daily cap (Vote.over_daily_cap).
 
 
 def _first_model_outcome(model_a: int, model_b: int, choice: str) -> tuple[int, int, int]:
@@ -341,7 +342,7 @@ def tally_of(
     choice_code = {choice: i for i, choice in enumerate(CHOICES)}
     for row in rows:
         choice = choice_code[row.choice]
-        reason = 0 if row.leaked else 1 if row.voter in flagged else None
+        reason = 0 if row.leaked else 1 if row.voter in flagged else 2 if row.over_cap else None
         if not row.leaked:
             voter = voter_position.setdefault(row.voter, len(voter_position))
             first, second, outcome = _first_model_outcome(row.model_a, row.model_b, row.choice)

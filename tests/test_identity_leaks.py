@@ -65,4 +65,4 @@ def test_leaking_reply_excludes_the_battle_from_the_leaderboard(demo_llms) -> No
     # The votes are kept, but only the clean battle's counts.
     assert leaky.votes.count() == 1
     assert list(counted_votes().values_list("battle", flat=True)) == [clean.pk]
-    assert excluded_votes() == {"identity leak": 1, "flagged voter": 0, "unfinished battle": 0}
+    assert excluded_votes() == {"identity leak": 1, "flagged voter": 0, "over daily cap": 0, "unfinished battle": 0}

@@ -86,14 +86,24 @@ def test_categories_count_the_right_votes_and_say_what_is_left_out(client, model
     assert [v.choice for v in selectors.counted_votes("task:API calls")] == ["b"]
     # After correction: only the battle where a wrong reply was corrected before the vote.
     assert [v.choice for v in selectors.counted_votes("after_correction")] == ["a"]
-    assert selectors.excluded_votes("overall") == {"identity leak": 1, "flagged voter": 1, "unfinished battle": 1}
+    assert selectors.excluded_votes("overall") == {
+        "identity leak": 1,
+        "flagged voter": 1,
+        "over daily cap": 0,
+        "unfinished battle": 1,
+    }
     # The refresh's one-pass readings agree with the per-category queries.
     tally = selectors.vote_tally(["strong", "weak", "idle"])
     for key in keys:
         if key != "fixing":
             assert sum(map(sum, tally.boards[key].cells.values())) == selectors.counted_votes(key).count()
-    assert tally.excluded("overall") == {"identity leak": 1, "flagged voter": 1, "unfinished battle": 1}
-    nothing = {"identity leak": 0, "flagged voter": 0, "unfinished battle": 0}
+    assert tally.excluded("overall") == {
+        "identity leak": 1,
+        "flagged voter": 1,
+        "over daily cap": 0,
+        "unfinished battle": 1,
+    }
+    nothing = {"identity leak": 0, "flagged voter": 0, "over daily cap": 0, "unfinished battle": 0}
     assert selectors.excluded_votes("task:API calls") == nothing
 
     page = client.get("/leaderboard/", {"category": "after_correction"})

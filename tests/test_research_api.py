@@ -106,7 +106,7 @@ def test_leaderboard_models_tasks(client, arena) -> None:
     board = client.get("/api/v1/leaderboard").json()
     assert board["refresh_id"] == refresh.pk and board["category"] == "overall"
     assert {row["model"] for row in board["rows"]} == {"ant", "bee", "cat"}
-    assert board["excluded"] == {"identity leak": 1, "flagged voter": 1, "unfinished battle": 1}
+    assert board["excluded"] == {"identity leak": 1, "flagged voter": 1, "over daily cap": 0, "unfinished battle": 1}
     assert "fixing" in board["categories"] and "task:API calls" in board["categories"]
     assert client.get("/api/v1/leaderboard", {"category": "fixing"}).json()["votes"] == 1
     assert client.get("/api/v1/leaderboard", {"category": "nope"}).status_code == 404

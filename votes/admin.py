@@ -17,6 +17,7 @@ from votes.models import (
     EvaluationReply,
     EvaluationRun,
     FixEpisode,
+    FlaggedNetwork,
     FlaggedVoter,
     Message,
     ResearcherKey,
@@ -147,7 +148,7 @@ class BattleAdmin(admin.ModelAdmin):
     list_display = ("public_id", "task", "model_a", "model_b", "state", "excluded", "created")
     list_filter = ("state", "excluded", "task", "model_a", "model_b")
     search_fields = ("public_id", "excluded_reason")
-    readonly_fields = ("public_id", "voter_key", "created", "ended")
+    readonly_fields = ("public_id", "voter_key", "network_key", "created", "ended")
     inlines = [VoteInline, MessageInline]
     actions = ["flag_voters"]
 
@@ -171,7 +172,7 @@ class FlaggedVoterAdmin(admin.ModelAdmin):
     list_display = ("voter_key", "source", "reason", "p_value", "cleared", "created")
     list_filter = ("source", "cleared")
     search_fields = ("voter_key", "reason")
-    readonly_fields = ("voter_key", "source", "p_value", "created")
+    readonly_fields = ("voter_key", "network", "source", "p_value", "created")
     actions = ["clear_flags", "restore_flags"]
 
     @admin.action(description="Clear the selected flags (their votes count again)")
@@ -183,6 +184,34 @@ class FlaggedVoterAdmin(admin.ModelAdmin):
     def restore_flags(self, request: HttpRequest, queryset: QuerySet[FlaggedVoter]) -> None:
         count = queryset.update(cleared=False)
         self.message_user(request, f"{count} flag(s) restored.")
+
+
+@admin.register(FlaggedNetwork)
+class FlaggedNetworkAdmin(admin.ModelAdmin):
+    """Review network flags: clearing one clears the flags of the voters flagged for voting from
+    it (their votes count again from the next refresh), and the detection leaves it alone."""
+
+    list_display = ("network_key", "source", "reason", "p_value", "voters", "cleared", "created")
+    list_filter = ("source", "cleared")
+    search_fields = ("network_key", "reason")
+    readonly_fields = ("network_key", "source", "p_value", "created")
+    actions = ["clear_flags", "restore_flags"]
+
+    @admin.display(description="voters flagged through it")
+    def voters(self, flag: FlaggedNetwork) -> int:
+        return flag.voter_flags.count()
+
+    @admin.action(description="Clear the selected network flags and their voters' (their votes count again)")
+    def clear_flags(self, request: HttpRequest, queryset: QuerySet[FlaggedNetwork]) -> None:
+        count = queryset.update(cleared=True)
+        FlaggedVoter.objects.filter(network__in=queryset).update(cleared=True)
+        self.message_user(request, f"{count} network flag(s) cleared.")
+
+    @admin.action(description="Restore the selected network flags and their voters' (their votes are excluded again)")
+    def restore_flags(self, request: HttpRequest, queryset: QuerySet[FlaggedNetwork]) -> None:
+        count = queryset.update(cleared=False)
+        FlaggedVoter.objects.filter(network__in=queryset).update(cleared=False)
+        self.message_user(request, f"{count} network flag(s) restored.")
 
 
 @admin.register(Message)

@@ -237,7 +237,11 @@ class BattleConsumer(AsyncWebsocketConsumer):
                 raise ArenaError("no_task", "There is no such task; pick one from the list.")
         await self.count("battle")
         battle = await in_thread(services.start_battle)(
-            voter_key=self.voter_key, task=task, mode=frame.mode, models=frame.models
+            voter_key=self.voter_key,
+            network_key=services.network_key_for(self.address),
+            task=task,
+            mode=frame.mode,
+            models=frame.models,
         )
         await self.join(battle)
         await self.send_json({"type": "battle", "battle": battle.public_id})
@@ -250,7 +254,9 @@ class BattleConsumer(AsyncWebsocketConsumer):
         await in_thread(reply_caps.check)(self.address, replies=1 if frame.side else 2)
         if self.battle is None:  # A first prompt without a start frame: free chat.
             await self.count("battle")
-            battle = await in_thread(services.start_battle)(voter_key=self.voter_key)
+            battle = await in_thread(services.start_battle)(
+                voter_key=self.voter_key, network_key=services.network_key_for(self.address)
+            )
             await self.join(battle)
             await self.send_json({"type": "battle", "battle": battle.public_id})
         assert self.battle is not None and self.group is not None

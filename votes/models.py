@@ -173,6 +173,15 @@ class Battle(models.Model):
     voter_key = models.CharField(
         max_length=64, db_index=True, help_text="Keyed hash of the voter's session, never the session."
     )
+    network_key = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        db_default="",
+        db_index=True,
+        help_text="Keyed hash of the client's network (/24 IPv4, /64 IPv6), never the address: the identity a "
+        "fresh session does not reset. Empty: no address, or started before it was recorded.",
+    )
     state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
     mode = models.CharField(
         max_length=10,
@@ -401,6 +410,35 @@ class ResearcherKey(models.Model):
         return f"{self.name} ({self.prefix}…)"
 
 
+class FlagSource(models.TextChoices):
+    """Who set a flag (FlaggedVoter, FlaggedNetwork)."""
+
+    ADMIN = "admin", "An admin"
+    AUTOMATIC = "automatic", "Anomaly detection"
+
+
+class FlaggedNetwork(models.Model):
+    """A client network (Battle.network_key) whose votes, taken together, are anomalous: a
+    campaign that starts each battle in a fresh session has too few votes per voter key to judge,
+    but not per network. Its votes stay out through flags on each of its voters (FlaggedVoter
+    rows pointing here), refreshed at every leaderboard refresh, so that every read of the board,
+    the research data and the exports leaves them out as a flagged voter's. Clearing it in the
+    admin clears those flags too, and the detection leaves the network alone from then on."""
+
+    network_key = models.CharField(max_length=64, unique=True, help_text="The battles' network_key (a keyed hash).")
+    reason = models.CharField(max_length=300)
+    source = models.CharField(max_length=10, choices=FlagSource.choices, default=FlagSource.ADMIN)
+    p_value = models.FloatField(null=True, blank=True, help_text="Anomaly detection: the network's p-value.")
+    cleared = models.BooleanField(default=False, help_text="Reviewed and cleared: the votes count again.")
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"network {self.network_key[:12]}…: {self.reason}"
+
+
 class FlaggedVoter(models.Model):
     """A voter whose votes stay out of the leaderboard (kept, and counted as excluded).
 
@@ -409,11 +447,17 @@ class FlaggedVoter(models.Model):
     leaves that voter alone from then on.
     """
 
-    class Source(models.TextChoices):
-        ADMIN = "admin", "An admin"
-        AUTOMATIC = "automatic", "Anomaly detection"
+    Source = FlagSource
 
     voter_key = models.CharField(max_length=64, unique=True, help_text="The battles' voter_key (a keyed hash).")
+    network = models.ForeignKey(
+        FlaggedNetwork,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="voter_flags",
+        help_text="Set: the voter is flagged because it voted from this flagged network.",
+    )
     reason = models.CharField(max_length=300)
     source = models.CharField(max_length=10, choices=Source.choices, default=Source.ADMIN)
     p_value = models.FloatField(null=True, blank=True, help_text="Anomaly detection: Fisher's combined p-value.")
@@ -444,6 +488,13 @@ class Vote(models.Model):
     after_turn = models.PositiveIntegerField(default=0, help_text="The last turn the voter had seen.")
     choice = models.CharField(max_length=10, choices=Choice.choices)
     created = models.DateTimeField(auto_now_add=True)
+    over_daily_cap = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Cast after its voter or its network had cast the day's counted votes "
+        "(ARENA_VOTES_PER_VOTER_PER_DAY, "
+        "ARENA_VOTES_PER_NETWORK_PER_DAY): kept, but left out of the leaderboard.",
+    )
     # The style of what the voter had seen when voting (each side's replies up to ``after_turn``:
     # length in tokens, markdown headers, list items, bold spans: leaderboard.style.FEATURES), stored with the vote
     # so that style control reads one row per vote instead of summing every reply at each refresh.

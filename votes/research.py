@@ -117,6 +117,8 @@ def exclusion_reason(vote: Vote) -> str | None:
     reason = getattr(vote, "voter_flag_reason", None)
     if reason:
         return f"flagged voter: {reason}"
+    if vote.over_daily_cap:
+        return "over daily cap: the voter or their network had cast the day's counted votes"
     if battle.state != Battle.State.ENDED:
         return "unfinished battle"
     return None

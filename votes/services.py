@@ -12,11 +12,12 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, Max, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from arena_site import networks
 from inference import pacing
 from inference.models import LLM
 from leaderboard import style
@@ -98,6 +99,12 @@ def voter_key_for(session_key: str) -> str:
     return hmac.new(settings.SECRET_KEY.encode(), f"voter:{session_key}".encode(), hashlib.sha256).hexdigest()
 
 
+def network_key_for(address: str | None) -> str:
+    """A keyed hash of the client's network (/24 or /64, arena_site.networks): the identity a
+    fresh session does not reset. "" without an address; the address itself is never stored."""
+    return networks.network_key(address, settings.SECRET_KEY.encode())
+
+
 # Why a battle in which the voter knew the names stays off the leaderboard (Battle.exclude).
 NAMED_MODE_REASON = "named mode: the voter picked the models and saw their names"
 DIRECT_MODE_REASON = "direct chat with one model: nothing to compare"
@@ -125,6 +132,7 @@ def start_battle(
     rng: random.Random | None = None,
     mode: str = Battle.Mode.ANONYMOUS,
     models: Sequence[str] = (),
+    network_key: str = "",
 ) -> Battle:
     """An anonymous battle draws two different enabled models (votes.pairing,
     ``ARENA_PAIR_SAMPLING``) on random sides. A named one puts the two models the voter picked on
@@ -141,6 +149,7 @@ def start_battle(
             model_b=model_b,
             task=task,
             voter_key=voter_key,
+            network_key=network_key,
             mode=mode,
             excluded=True,
             excluded_reason=NAMED_MODE_REASON if mode == Battle.Mode.NAMED else DIRECT_MODE_REASON,
@@ -166,6 +175,7 @@ def start_battle(
         model_b_id=id_b,
         task=task,
         voter_key=voter_key,
+        network_key=network_key,
         pace_chars_per_s=battle_pace(id_a, id_b),
         pair_probability=weights[(min(id_a, id_b), max(id_a, id_b))] / sum(weights.values()),
     )
@@ -378,11 +388,47 @@ def cast_vote(*, battle: Battle, choice: str, stage: str | None = None) -> Vote:
             raise ArenaError("not_ready", "Correct a side (or both) before voting after the fix.")
     try:
         with transaction.atomic():
-            vote = Vote.objects.create(battle=battle, stage=stage, choice=choice, after_turn=last_turn)
+            vote = Vote.objects.create(
+                battle=battle,
+                stage=stage,
+                choice=choice,
+                after_turn=last_turn,
+                over_daily_cap=_over_daily_cap(battle),
+            )
             record_seen_style(Vote.objects.filter(pk=vote.pk))
             return vote
     except IntegrityError:
         raise ArenaError("already_voted", "This stage already has a vote.") from None
+
+
+def _over_daily_cap(battle: Battle) -> bool:
+    """Whether the battle's voter or network has already cast the day's counted votes (UTC day;
+    ARENA_VOTES_PER_VOTER_PER_DAY, ARENA_VOTES_PER_NETWORK_PER_DAY; 0: no cap).
+
+    Such a vote is stored and answered as any other, and only the leaderboard leaves it out
+    ("over daily cap"), as FastChat's limit_user_votes does: refusing it would tell an attacker
+    exactly when the cap was hit, and with how many sessions or addresses to go on; kept, it
+    costs them a vote that counts nowhere, and the detection still sees it. Votes on battles off
+    the board (named, direct, excluded) are not counted against the cap."""
+    if not battle.is_anonymous or battle.excluded:
+        return False
+    if connection.vendor == "postgresql":
+        # Two votes of one voter (or network) in different battles at once would both see the
+        # count below the cap: they take turns, until the vote's transaction ends (always voter
+        # first, then network, so that they cannot deadlock).
+        with connection.cursor() as cursor:
+            for key in [f"voter:{battle.voter_key}"] + (
+                [f"network:{battle.network_key}"] if battle.network_key else []
+            ):
+                cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [f"daily-cap:{key}"])
+    day = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    counted = Vote.objects.filter(
+        created__gte=day, over_daily_cap=False, battle__mode=Battle.Mode.ANONYMOUS, battle__excluded=False
+    )
+    caps = [(settings.ARENA_VOTES_PER_VOTER_PER_DAY, Q(battle__voter_key=battle.voter_key))]
+    if battle.network_key:
+        caps.append((settings.ARENA_VOTES_PER_NETWORK_PER_DAY, Q(battle__network_key=battle.network_key)))
+    return any(cap > 0 and counted.filter(whose).count() >= cap for cap, whose in caps)
 
 
 def record_seen_style(votes: QuerySet[Vote]) -> int:

@@ -1,0 +1,357 @@
+"""Voter identity an attacker cannot reset (issue 17 point 3, in part): the network key
+(arena_site/networks.py), stored on each battle from the socket's client address, and the
+anomaly detection's tests applied to votes grouped by network, which catch a campaign that
+starts every battle in a fresh session."""
+
+import random
+
+import numpy as np
+import pytest
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth import get_user_model
+from django.contrib.sessions.backends.db import SessionStore
+from django.db import connections
+from django.utils import timezone
+
+from arena_site.asgi import application
+from arena_site.networks import client_network, network_key
+from inference.models import LLM
+from leaderboard import ratings, selectors
+from leaderboard import services as leaderboard_services
+from leaderboard.anomaly import pair_vote, suspicious_voters
+from tests.conftest import BattleClient, close_query_thread_connections, cookie_headers
+from votes import services
+from votes.models import Battle, FlaggedNetwork, FlaggedVoter, FlagSource, Message, Vote
+
+SECRET = b"test-secret"
+
+
+@pytest.mark.parametrize(
+    ("address", "network"),
+    [
+        ("198.51.100.7", "198.51.100.0/24"),
+        ("198.51.100.250", "198.51.100.0/24"),
+        ("::ffff:198.51.100.9", "198.51.100.0/24"),  # IPv4-mapped: the IPv4 network.
+        ("2001:db8:1:2:aaaa:bbbb:cccc:dddd", "2001:db8:1:2::/64"),
+        ("fe80::1%eth0", "fe80::/64"),
+        ("testclient", None),
+        ("", None),
+    ],
+)
+def test_client_network(address: str, network: str | None) -> None:
+    assert client_network(address) == network
+
+
+def test_network_key_is_a_keyed_hash_of_the_network_not_of_the_address() -> None:
+    key = network_key("198.51.100.7", SECRET)
+    assert key == network_key("198.51.100.200", SECRET) == network_key("::ffff:198.51.100.1", SECRET)
+    assert key != network_key("198.51.101.7", SECRET)
+    assert key != network_key("198.51.100.7", b"another secret")  # Keyed: not guessable without it.
+    assert "198.51" not in key and len(key) == 64
+    assert network_key("2001:db8::1", SECRET) == network_key("2001:db8::ffff:1", SECRET)
+    assert network_key("2001:db8::1", SECRET) != network_key("2001:db8:0:1::1", SECRET)
+    assert network_key(None, SECRET) == network_key("unknown", SECRET) == ""
+
+
+# The simulation: the probe's campaign against an arena of honest voters with a known truth.
+
+HONEST_NETWORKS = 40  # Honest voters share these (offices, NATs, carriers): about 250 votes each.
+CAMPAIGN_NETWORKS = ("campaign-net-1", "campaign-net-2")
+
+
+def campaign_arena(seed: int, models: int = 20, honest: int = 1000, per_voter: int = 10):
+    """Rows (voter key, network key, model A, model B, choice): ``honest`` voters spread over
+    ``HONEST_NETWORKS`` shared networks (Bradley-Terry outcomes from ratings N(1000, 100), 10%
+    ties, random pairs), and a campaign casting 5% of all votes for the weakest model, each vote
+    in a fresh session (its own voter key) from one of two addresses."""
+    rng = np.random.default_rng(seed)
+    names = [f"model-{i:02d}" for i in range(models)]
+    true = rng.normal(1000.0, 100.0, models)
+    target = int(np.argmin(true))
+    rows = []
+    for voter in range(honest):
+        network = f"honest-net-{rng.integers(HONEST_NETWORKS)}"
+        for _ in range(per_voter):
+            a, b = rng.choice(models, 2, replace=False)
+            p_a = 1.0 / (1.0 + 10.0 ** ((true[b] - true[a]) / 400.0))
+            choice = "tie" if rng.random() < 0.1 else ("a" if rng.random() < p_a else "b")
+            rows.append((f"honest-{voter}", network, names[a], names[b], choice))
+    campaign = round(0.05 * len(rows) / 0.95)
+    for vote in range(campaign):
+        opponent = int(rng.choice([m for m in range(models) if m != target]))
+        sides = (target, opponent) if rng.random() < 0.5 else (opponent, target)
+        choice = "a" if sides[0] == target else "b"
+        rows.append((f"fresh-session-{vote}", CAMPAIGN_NETWORKS[vote % 2], names[sides[0]], names[sides[1]], choice))
+    return names, target, rows
+
+
+def flagged_groups(rows: list, column: int) -> set[str]:
+    """What the detection (the refresh's tests, their defaults) flags, grouping the votes by
+    voter key (column 0) or by network key (column 1)."""
+    return {a.voter for a in suspicious_voters([pair_vote(row[column], *row[2:]) for row in rows])}
+
+
+def board_of(names: list[str], rows: list) -> ratings.RatingsWithIntervals:
+    index = {name: i for i, name in enumerate(names)}
+    games = [(index[a], index[b], ratings.VOTE_SCORES[choice]) for *_, a, b, choice in rows]
+    return ratings.sandwich_intervals(ratings.PairOutcomes.from_games(len(names), games))
+
+
+@pytest.mark.parametrize("seed", [21, 22, 23])
+def test_a_fresh_session_campaign_is_caught_by_its_network_and_its_gain_undone(seed: int) -> None:
+    """(a) by voter key alone nothing is flagged: each fresh session has one vote, below the
+    detection's minimum; (b) by network, both campaign networks are flagged and no honest one;
+    (c) once the flagged networks' votes are left out, the target's rating differs from the
+    honest-only board's by less than its interval's half-width (the attack moved it by more
+    than twice that)."""
+    names, target, rows = campaign_arena(seed)
+    assert flagged_groups(rows, 0) == set()  # (a) The break: fresh sessions hide the campaign.
+    flagged = flagged_groups(rows, 1)
+    assert flagged == set(CAMPAIGN_NETWORKS)  # (b)
+    honest_only = board_of(names, [row for row in rows if row[0].startswith("honest")])
+    attacked = board_of(names, rows)
+    cleaned = board_of(names, [row for row in rows if row[1] not in flagged])
+    half_width = (cleaned.upper[target] - cleaned.lower[target]) / 2.0
+    assert attacked.ratings[target] - honest_only.ratings[target] > 2 * half_width  # The attack worked...
+    assert abs(cleaned.ratings[target] - honest_only.ratings[target]) <= half_width  # ...and is undone (c).
+
+
+def test_honest_voters_sharing_a_few_busy_networks_are_not_flagged() -> None:
+    """False positives: 1000 honest voters behind only 5 networks (200 voters, 2000 votes each:
+    big offices or carrier NATs), and behind 40. Over 20 seeds, no honest network is flagged in
+    at least 18 of them at the detection's default alpha."""
+    clean = 0
+    for seed in range(20):
+        rng = np.random.default_rng(1000 + seed)
+        models, true = 12, rng.normal(1000.0, 100.0, 12)
+        rows = []
+        for voter in range(1000):
+            network = f"net-{voter % (5 if seed % 2 else 40)}"
+            for _ in range(10):
+                a, b = rng.choice(models, 2, replace=False)
+                p_a = 1.0 / (1.0 + 10.0 ** ((true[b] - true[a]) / 400.0))
+                choice = "tie" if rng.random() < 0.1 else ("a" if rng.random() < p_a else "b")
+                rows.append((f"voter-{voter}", network, f"m{a}", f"m{b}", choice))
+        clean += not flagged_groups(rows, 1)
+    assert clean >= 18, clean
+
+
+# The real consumer: the battle keeps its network's key, never the address.
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_consumer_stores_the_network_key_of_the_client_address(voter_session, demo_llms) -> None:
+    communicators = []
+    try:
+        for address in ("203.0.113.45", "2001:db8:5:6::77"):
+            communicator = WebsocketCommunicator(application, "/ws/battle/", headers=cookie_headers(voter_session))
+            communicator.scope["client"] = (address, 40000)
+            connected, _ = await communicator.connect(timeout=10)
+            assert connected
+            communicators.append(communicator)
+            client = BattleClient(communicator)
+            await client.send({"type": "start", "task": None})
+            frame = await client.receive_until(lambda f: f["type"] == "battle")
+            battle = await database_sync_to_async(Battle.objects.get)(public_id=frame[-1]["battle"])
+            assert battle.network_key == services.network_key_for(address) != ""
+            assert battle.network_key == services.network_key_for(address.replace("45", "99").replace("77", "1"))
+            row = await database_sync_to_async(lambda pk: list(Battle.objects.filter(pk=pk).values().get().values()))(
+                battle.pk
+            )
+            assert not any(isinstance(value, str) and address in value for value in row)
+    finally:
+        for communicator in communicators:
+            await communicator.disconnect()
+        await sync_to_async(connections.close_all)()
+        await sync_to_async(close_query_thread_connections)()
+
+
+# A scripted campaign against the real consumer, caught by the refresh as production runs it.
+
+STRONG, WEAK, MEDIUM = "net-strong", "net-weak", "net-medium"
+CAMPAIGN_ADDRESSES = ("192.0.2.10", "2001:db8:77::10")
+CAMPAIGN_VOTES_PER_ADDRESS = 10
+
+
+def finish_replies(battle: Battle) -> None:
+    """The battle's first prompt and both replies, as a worker would have finished them."""
+    submitted = services.submit_prompt(battle=battle, text="Add a meeting with Fred on Nov 11 at 5PM")
+    for job in submitted.jobs:
+        services.claim_reply(job.message_id)
+        services.finish_reply(
+            job.message_id,
+            status=Message.Status.DONE,
+            content="action.x()",
+            delta_count=1,
+            stop_reason="stop",
+            token_count=3,
+            time_to_first_token_ms=5,
+            duration_ms=20,
+        )
+
+
+def honest_history(models: dict[str, LLM]) -> int:
+    """300 honest voters on 12 shared networks (4 votes each: the strong model beats the weak
+    one 90% of the time and the medium one 60%), stored as ended battles; their vote count."""
+    rng = random.Random(5)
+    now = timezone.now()
+    rows = []
+    for voter in range(300):
+        network = services.network_key_for(f"198.51.{voter % 12}.{voter % 200 + 1}")
+        for _ in range(4):
+            other = rng.choice((WEAK, MEDIUM))
+            strong_wins = rng.random() < (0.9 if other == WEAK else 0.6)
+            a, b = (STRONG, other) if rng.random() < 0.5 else (other, STRONG)
+            choice = "tie" if rng.random() < 0.1 else ("a" if (a == STRONG) == strong_wins else "b")
+            rows.append((f"honest-{voter}", network, a, b, choice))
+    battles = Battle.objects.bulk_create(
+        Battle(
+            model_a=models[a],
+            model_b=models[b],
+            voter_key=voter,
+            network_key=network,
+            state=Battle.State.ENDED,
+            ended=now,
+        )
+        for voter, network, a, b, _ in rows
+    )
+    Vote.objects.bulk_create(
+        Vote(battle=battle, choice=row[-1], stage=Vote.Stage.FIRST_TRY)
+        for battle, row in zip(battles, rows, strict=True)
+    )
+    return len(rows)
+
+
+async def campaign_battle(address: str, session: SessionStore | None = None, vote_for: str | None = WEAK) -> bool:
+    """One battle of the campaign: a fresh session (or ``session``) from ``address`` through the
+    real consumer, a vote for ``vote_for`` when it was drawn (else the battle is left; None: a
+    vote for side A), and the end. Whether it voted."""
+    if session is None:
+        session = SessionStore()
+        await sync_to_async(session.create)()
+    communicator = WebsocketCommunicator(application, "/ws/battle/", headers=cookie_headers(session))
+    communicator.scope["client"] = (address, 50000)
+    connected, _ = await communicator.connect(timeout=10)
+    assert connected
+    try:
+        client = BattleClient(communicator)
+        await client.send({"type": "start", "task": None})
+        frames = await client.receive_until(lambda f: f["type"] == "battle")
+        battle = await database_sync_to_async(Battle.objects.select_related("model_a", "model_b").get)(
+            public_id=frames[-1]["battle"]
+        )
+        if vote_for is not None and vote_for not in (battle.model_a.name, battle.model_b.name):
+            return False
+        await database_sync_to_async(finish_replies)(battle)
+        choice = "b" if vote_for is not None and battle.model_b.name == vote_for else "a"
+        await client.send({"type": "vote", "choice": choice})
+        voted = await client.receive_until(lambda f: f["type"] in ("voted", "error"))
+        assert voted[-1] == {"type": "voted", "stage": "first_try", "choice": choice, "after_turn": 0}
+        await client.send({"type": "end"})
+        await client.receive_until(lambda f: f["type"] == "revealed")
+        return True
+    finally:
+        await communicator.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_fresh_session_campaign_through_the_consumer_is_flagged_by_network(client) -> None:
+    """Twenty battles, each in a fresh session, from two addresses (one IPv4, one IPv6), each
+    voting for the weak model: no voter key has enough votes to judge, but the refresh flags
+    both networks, flags every one of their sessions and leaves all 20 votes out of the board;
+    no honest network or voter is flagged. Clearing a network in the admin puts its votes back."""
+    models = await database_sync_to_async(
+        lambda: {
+            name: LLM.objects.create(name=name, family="gemma", preset=name, queue=f"q.{name}")
+            for name in (STRONG, WEAK, MEDIUM)
+        }
+    )()
+    honest = await database_sync_to_async(honest_history)(models)
+    try:
+        for address in CAMPAIGN_ADDRESSES:
+            voted = 0
+            while voted < CAMPAIGN_VOTES_PER_ADDRESS:
+                voted += await campaign_battle(address)
+    finally:
+        await sync_to_async(connections.close_all)()
+        await sync_to_async(close_query_thread_connections)()
+    await database_sync_to_async(check_the_refresh)(client, honest)
+
+
+def check_the_refresh(client, honest: int) -> None:
+    campaign = 2 * CAMPAIGN_VOTES_PER_ADDRESS
+    campaign_networks = {services.network_key_for(address) for address in CAMPAIGN_ADDRESSES}
+    leaderboard_services.refresh_leaderboard(rounds=20)  # As beat's task runs it.
+    assert set(FlaggedNetwork.objects.values_list("network_key", flat=True)) == campaign_networks
+    flag = FlaggedNetwork.objects.first()
+    assert flag.source == FlagSource.AUTOMATIC and flag.p_value < 1e-4 and flag.reason.startswith("network: ")
+    campaign_voters = set(Battle.objects.filter(network_key__in=campaign_networks).values_list("voter_key", flat=True))
+    assert set(FlaggedVoter.objects.values_list("voter_key", flat=True)) == campaign_voters  # No honest one.
+    assert FlaggedVoter.objects.filter(network__isnull=True).count() == 0  # None flagged alone: one vote each.
+    assert selectors.excluded_votes()["flagged voter"] == campaign
+    assert selectors.counted_votes().count() == honest
+    # The board the refresh stored leaves them out too.
+    overall = leaderboard_selectors_latest_overall()
+    assert overall.excluded["flagged voter"] == campaign and overall.votes == honest
+
+    admin = get_user_model().objects.create_superuser("admin", "admin@example.com", "a-long-password-9")
+    client.force_login(admin)
+    response = client.post(
+        "/admin/votes/flaggednetwork/",
+        {"action": "clear_flags", "_selected_action": list(FlaggedNetwork.objects.values_list("pk", flat=True))},
+        follow=True,
+    )
+    assert response.status_code == 200
+    assert selectors.excluded_votes()["flagged voter"] == 0
+    leaderboard_services.refresh_leaderboard(rounds=20)  # Cleared: not flagged again.
+    assert not FlaggedNetwork.objects.filter(cleared=False).exists()
+    assert not FlaggedVoter.objects.filter(cleared=False).exists()
+    assert selectors.counted_votes().count() == honest + campaign
+
+
+def leaderboard_selectors_latest_overall():
+    return selectors.latest_refresh().snapshots.get(category=selectors.OVERALL)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_votes_past_the_daily_caps_are_kept_but_left_off_the_board(settings) -> None:
+    """Caps of 2 votes a voter and 3 a network a day: one session casts 3 votes (the third is
+    past its voter's cap), a second session on the same /24 casts 2 (the second is past the
+    network's cap), a session on another network 1. Every vote is stored and answered alike
+    ("voted"); the board counts 4 and leaves 2 out as "over daily cap"."""
+    settings.ARENA_VOTES_PER_VOTER_PER_DAY = 2
+    settings.ARENA_VOTES_PER_NETWORK_PER_DAY = 3
+    await database_sync_to_async(
+        lambda: [
+            LLM.objects.create(name=name, family="gemma", preset=name, queue=f"q.{name}") for name in (STRONG, WEAK)
+        ]
+    )()
+    sessions = []
+    for _ in range(3):
+        session = SessionStore()
+        await sync_to_async(session.create)()
+        sessions.append(session)
+    try:
+        for session, address, battles in (
+            (sessions[0], "192.0.2.1", 3),
+            (sessions[1], "192.0.2.99", 2),
+            (sessions[2], "198.51.100.1", 1),
+        ):
+            for _ in range(battles):
+                assert await campaign_battle(address, session, vote_for=None)
+    finally:
+        await sync_to_async(connections.close_all)()
+        await sync_to_async(close_query_thread_connections)()
+    await database_sync_to_async(check_the_caps)()
+
+
+def check_the_caps() -> None:
+    over = list(Vote.objects.order_by("pk").values_list("over_daily_cap", flat=True))
+    assert over == [False, False, True, False, True, False]
+    leaderboard_services.refresh_leaderboard(rounds=20)
+    overall = leaderboard_selectors_latest_overall()
+    assert overall.votes == 4 and overall.excluded["over daily cap"] == 2
+    assert selectors.counted_votes().count() == 4
+    assert not FlaggedVoter.objects.exists()
