@@ -16,7 +16,6 @@ session id nor an address is stored.
 from __future__ import annotations
 
 import functools
-import ipaddress
 import threading
 import time
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 
+from arena_site.networks import client_network
 from votes.rate_limits import keyed_hash
 
 SLOT_TTL_SECONDS = 90
@@ -31,16 +31,9 @@ REFRESH_SECONDS = 30
 
 
 def network_of(address: str) -> str:
-    """The network an address counts under: its /24 (IPv4) or /64 (IPv6); an IPv4-mapped IPv6
-    address as its IPv4 one. Anything that is not an address (a test client's name) as itself."""
-    try:
-        ip = ipaddress.ip_address(address.strip().strip("[]"))
-    except ValueError:
-        return address
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    prefix = 24 if ip.version == 4 else 64
-    return str(ipaddress.ip_network(f"{ip}/{prefix}", strict=False))
+    """The network an address counts under (arena_site.networks.client_network: its /24 or
+    /64); anything that is not an address (a test client's name) as itself."""
+    return client_network(address) or address
 
 
 @dataclass(frozen=True)
