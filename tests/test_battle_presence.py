@@ -92,8 +92,10 @@ async def test_every_page_gone_past_the_grace_period_stops_the_replies(
     stopped_after = time.monotonic() - left_at
     saved = await database_sync_to_async(replies)()
     for side, reply in saved.items():
+        # Stopped while it streamed (the pace holds the text back), whether or not the model
+        # had finished generating by then: on an idle host the tiny models write 400 tokens
+        # within the grace period.
         assert reply.stop_reason == "cancelled"
-        assert reply.token_count < 400
         # It went on streaming while the grace period ran.
         assert reply.content.startswith(shown_when_left[side])
         assert len(reply.content) > len(shown_when_left[side])
