@@ -6,7 +6,7 @@ worker imports the generation service lazily, inside its thread.
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -55,24 +55,16 @@ def _generate_in_process(message_id: int, attempt: int, loop: asyncio.AbstractEv
         close_old_connections()
 
 
-RUN_EVALUATION_TASK = "votes.run_evaluation"
+def run_in_background(work: Callable[[], None], what: str) -> None:
+    """Embedded mode's worker for other jobs (an evaluation run): ``work`` on a thread of this
+    process's generation pool, its failure logged, its database connections closed after."""
 
+    def run() -> None:
+        try:
+            work()
+        except Exception:
+            logger.exception("In-process %s failed", what)
+        finally:
+            close_old_connections()
 
-def enqueue_evaluation(run_id: int) -> None:
-    """An evaluation run goes to the evaluation queue (a host serving every model it names
-    consumes it), or to a background thread of this process in embedded mode."""
-    if settings.GENERATION_BACKEND == "celery":
-        celery_app.send_task(RUN_EVALUATION_TASK, args=[run_id], queue=settings.ARENA_EVALUATION_QUEUE)
-        return
-    _in_process_executor.submit(_evaluate_in_process, run_id)
-
-
-def _evaluate_in_process(run_id: int) -> None:
-    from votes.evaluation_services import run_evaluation
-
-    try:
-        run_evaluation(run_id)
-    except Exception:
-        logger.exception("In-process evaluation %s failed", run_id)
-    finally:
-        close_old_connections()
+    _in_process_executor.submit(run)

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from arena_site.stack import Stack, database_url
-from votes.loadtest import session_cookie
 from votes.models import Task
+from votes.testing.stack import Stack, database_url
+from votes.testing.voters import session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

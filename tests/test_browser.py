@@ -26,13 +26,13 @@ from django.db import connection
 from django.utils import timezone
 from playwright.sync_api import Browser, Page, expect
 
-from arena_site.stack import Stack, database_url
 from inference.models import LLM
 from tests.conftest import BATTLE_PRESETS, battle_llm_fields
-from votes.loadtest import run_voters
 from votes.models import Battle, EvaluationReply, EvaluationRun, Message, Task, Vote
 from votes.selectors import battle_group
 from votes.services import NOT_PICKED_UP, voter_key_for
+from votes.testing.stack import Stack, database_url
+from votes.testing.voters import run_voters
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

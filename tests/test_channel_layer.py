@@ -13,7 +13,7 @@ import redis.asyncio
 from django.conf import settings
 
 from arena_site.channel_layer import PumpedRedisChannelLayer
-from arena_site.stack import free_port
+from votes.testing.stack import free_port
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import yaml
 from django.conf import settings
 from django.db import connection
 
-from arena_site.stack import Stack, database_url
+from votes.testing.stack import Stack, database_url
 
 ROOT = Path(__file__).resolve().parent.parent
 

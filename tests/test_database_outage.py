@@ -13,11 +13,11 @@ from django.db import OperationalError, connection, connections
 from django.test import Client
 from django.utils.html import escape
 
-from arena_site.stack import free_port
 from arena_site.unavailable import MESSAGE
 from votes import consumers, services
 from votes.consumers import DATABASE_UNAVAILABLE, TRY_AGAIN_LATER
 from votes.models import Battle, Message, Vote
+from votes.testing.stack import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

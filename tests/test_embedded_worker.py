@@ -10,9 +10,9 @@ import pytest
 import websockets
 from channels.db import database_sync_to_async
 
-from arena_site.stack import Stack
-from votes.loadtest import run_voters, session_cookie
 from votes.models import Message
+from votes.testing.stack import Stack
+from votes.testing.voters import run_voters, session_cookie
 
 VOTERS = 4
 MALFORMED_PROMPTS = [

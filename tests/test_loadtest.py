@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from votes.loadtest import ReplyRecord, VoterResult, percentile, summarize
 from votes.models import Battle, Vote
+from votes.testing.voters import ReplyRecord, VoterResult, percentile, summarize
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

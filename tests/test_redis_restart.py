@@ -18,9 +18,9 @@ from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from django.db import connection
 
-from arena_site.stack import RedisServer, Stack, database_url
-from votes.loadtest import session_cookie
 from votes.models import Battle, Message
+from votes.testing.stack import RedisServer, Stack, database_url
+from votes.testing.voters import session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,10 +13,10 @@ from channels.db import database_sync_to_async
 from django.db import connection
 from django.utils import timezone
 
-from arena_site.stack import Stack, database_url
 from inference.models import LLM
 from votes import services
 from votes.models import Battle, Message, Vote
+from votes.testing.stack import Stack, database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -3,10 +3,13 @@
 import logging
 from collections.abc import Callable, Sequence
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from arena_site.celery import app as celery_app
+from inference import dispatch
 from inference.models import LLM
 from votes import evaluation
 from votes.checkers import CheckResult
@@ -14,15 +17,24 @@ from votes.models import EvaluationReply, EvaluationRun, Task, TaskTurn
 
 logger = logging.getLogger(__name__)
 
+RUN_EVALUATION_TASK = "votes.run_evaluation"
+
 
 def start_evaluation(*, task: Task, llms: Sequence[LLM], **counts: int) -> EvaluationRun:
     """Create a pending run (``counts``: create_evaluation's attempts, max_tries, ...) and hand it
     to a worker (Celery, or a thread in this process)."""
-    from inference.dispatch import enqueue_evaluation
-
     run = create_evaluation(task=task, llms=llms, **counts)
     transaction.on_commit(lambda: enqueue_evaluation(run.pk))
     return run
+
+
+def enqueue_evaluation(run_id: int) -> None:
+    """An evaluation run goes to the evaluation queue (a host serving every model it names
+    consumes it), or to a background thread of this process in embedded mode."""
+    if settings.GENERATION_BACKEND == "celery":
+        celery_app.send_task(RUN_EVALUATION_TASK, args=[run_id], queue=settings.ARENA_EVALUATION_QUEUE)
+        return
+    dispatch.run_in_background(lambda: run_evaluation(run_id), f"evaluation {run_id}")
 
 
 def create_evaluation(

@@ -2,8 +2,8 @@
 
 from celery import shared_task
 
-from inference.dispatch import RUN_EVALUATION_TASK
 from votes import evaluation_services
+from votes.evaluation_services import RUN_EVALUATION_TASK
 
 
 # Acknowledged when done; a run redelivered after a lost worker is skipped unless still pending.

@@ -12,9 +12,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from arena_site.stack import Stack, StackError, database_url
 from inference.models import LLM
-from votes.loadtest import Report, run_voters, summarize
+from votes.testing.stack import Stack, StackError, database_url
+from votes.testing.voters import Report, run_voters, summarize
 
 
 class Command(BaseCommand):
