@@ -132,7 +132,7 @@ def test_ties_as_half_wins_compress_the_scale_but_keep_the_order() -> None:
     """The measured effect of counting a tie as half a win (as FastChat and arena-rank do):
     votes drawn from Davidson's tie model (tie probability ``nu * sqrt(pi_i pi_j)`` over the
     sum), with about 18% ties, fitted by the half-win Bradley-Terry: the rating gaps come out at
-    0.79 of the true ones, and the order is kept. The README states this figure."""
+    0.79 of the true ones, and the order is kept. docs/statistics.md states this figure."""
     rng = np.random.default_rng(6)
     true = np.linspace(-200.0, 200.0, 10)
     strength = 10.0 ** (true / 400.0)

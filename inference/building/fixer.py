@@ -54,7 +54,7 @@ LORA_RANK = 8
 # query/value LoRA in every block were nearly all a wrong hour (turning "8:15PM" into "20:15"
 # is feed-forward work); the backward pass stops at the first block with LoRA, so a step costs
 # about what query/value LoRA everywhere cost, and the loss falls about twice as fast. The
-# README's fixer section has the runs compared.
+# docs/models.md's fixer section has the runs compared.
 LORA_LAYER_NAMES = (
     "query",
     "value",
