@@ -50,6 +50,17 @@ def _fresh_redis_db(_real_services: None) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _fresh_limits() -> None:
+    """Each test starts with no rate, throttle, socket or reply counts: they are kept in Redis
+    over sliding windows, and another test's requests would still count in this one's."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    for pattern in ("*arena:rate:*", "*api-throttle:*", "*arena:sockets:*", "*arena:replies:*"):
+        for key in client.scan_iter(match=pattern, count=1000):
+            client.delete(key)
+    client.close()
+
+
+@pytest.fixture(autouse=True)
 def _clean_channel_layer() -> Iterator[None]:
     """Drop channel-layer leftovers between tests.
 

@@ -40,8 +40,7 @@ def text_by_side(frames: list[dict[str, Any]]) -> dict[str, str]:
     return texts
 
 
-async def test_closing_one_page_does_not_stop_what_another_shows(connect_battle, long_replies, celery_worker) -> None:
-    # Long replies: still streaming when the second page has connected, however fast the host.
+async def test_closing_one_page_does_not_stop_what_another_shows(connect_battle, demo_llms, celery_worker) -> None:
     first, public_id = await start_streaming(connect_battle)
     second = await connect_battle(public_id)
     await second.receive_until(lambda f: f["type"] == "state")
@@ -57,7 +56,7 @@ async def test_closing_one_page_does_not_stop_what_another_shows(connect_battle,
         assert end["text"] == saved[side].content != ""
 
 
-async def test_a_reload_mid_stream_resumes_the_reply(connect_battle, long_replies, celery_worker) -> None:
+async def test_a_reload_mid_stream_resumes_the_reply(connect_battle, demo_llms, celery_worker) -> None:
     page, public_id = await start_streaming(connect_battle)
     await page.communicator.disconnect()
 

@@ -42,13 +42,25 @@ async def first_frame_after_prompt(communicator: WebsocketCommunicator) -> dict[
     return json.loads(await communicator.receive_from(timeout=10))
 
 
-async def test_one_networks_flood_cannot_queue_ahead_of_another_voter(settings: Any, demo_llms: Any) -> None:
+@pytest.fixture
+def unserved_llms(demo_llms: Any) -> Any:
+    """The test models on queues no worker consumes (the suite's worker may be running): every
+    reply stays queued."""
+    for llm in demo_llms:
+        llm.queue = f"unserved-{secrets.token_hex(4)}.{llm.name}"
+        llm.save()
+    return demo_llms
+
+
+async def test_one_networks_flood_cannot_queue_ahead_of_another_voter(settings: Any, unserved_llms: Any) -> None:
     settings.ARENA_REPLIES_PER_NETWORK = 4
     network_a, network_b = fresh_network(), fresh_network()
     pages = [await page(f"{network_a}.{host}") for host in range(1, 4)]
     # Two battles: four replies queued for network A, its cap.
     for communicator in pages[:2]:
         assert (await first_frame_after_prompt(communicator))["type"] == "battle"
+        # Its replies are counted by the time the prompt is published to the battle's pages.
+        assert json.loads(await communicator.receive_from(timeout=10))["type"] == "prompt"
     # A third, within every rate budget and from another address of A's /24, is refused before
     # anything is stored: no battle, no reply queued.
     battles_before = await database_sync_to_async(Battle.objects.count)()

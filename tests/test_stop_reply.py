@@ -29,8 +29,9 @@ async def test_stop_frame_cancels_streaming_replies(connect_battle, long_replies
         deltas = [f for f in client.frames if f["type"] == "delta" and f["side"] == side]
         assert end["text"] == "".join(d["text"] for d in deltas) == saved[side].content
         assert saved[side].status == Message.Status.STOPPED
+        # Stopped while it streamed (the pace holds text back), whether or not the model had
+        # written all its tokens by then: on an idle host the tiny models write 400 at once.
         assert saved[side].stop_reason == "cancelled"
-        assert saved[side].token_count < 400
     assert frames
     # Both engines have their slots back: nothing keeps decoding for a stopped reply.
     for llm in long_replies:
@@ -72,8 +73,10 @@ async def test_concurrent_battles_share_each_models_batch(
     first = await connect_battle()
     second = await connect_battle()  # Same session, two battles: what matters is concurrency.
     engines = [hosting.engine_for(services.model_spec(llm)) for llm in long_replies]
-    # Other tests run one battle at a time, so a peak of two comes from these two battles.
-    assert all(engine.peak_active_slots <= 1 for engine in engines)
+    # Nothing runs now; the peak counts from here (other tests batch several battles too).
+    assert all(engine.active_slots == 0 for engine in engines)
+    for engine in engines:
+        engine.peak_active_slots = 0
     for client in (first, second):
         await client.send({"type": "prompt", "text": "Add a meeting with Fred on Nov 11 at 5PM"})
     for client in (first, second):  # Until every one of the four replies is streaming.
