@@ -18,7 +18,6 @@ from pathlib import Path
 import keras_hub
 import pytest
 
-from inference import engine as engine_module
 from inference.chat_templates import ChatTurn, render_prompt, stop_strings
 from inference.demo_models import SYSTEM_PROMPT
 from inference.engine import (
@@ -30,6 +29,9 @@ from inference.engine import (
     Request,
     SamplingParams,
 )
+from inference.engine import programs as engine_programs
+from inference.engine import sampling as engine_sampling
+from inference.engine import scheduler as engine_scheduler
 from inference.registry import PresetInfo, local_presets
 from inference.streaming import encode_prompt
 
@@ -223,7 +225,7 @@ def test_short_and_long_cached_prefixes_give_the_text_of_the_whole_prompt(
     that holds the prefix, anything else over the whole pool row: each gives what generate()
     gives for the whole prompt. The bundled models' pool rows are as short as the real models'
     short prefixes, so these are lowered."""
-    monkeypatch.setattr(engine_module, "SHORT_PREFIXES", (16, 48))
+    monkeypatch.setattr(engine_scheduler, "SHORT_PREFIXES", (16, 48))
     first = [ChatTurn("user", REQUESTS[0])]
     dialog = [*first, ChatTurn("assistant", "Done."), ChatTurn("user", REQUESTS[2])]
     short_first, short_dialog = (render_prompt(preset.family, None, turns) for turns in (first, dialog))
@@ -260,7 +262,7 @@ def test_both_llama_layouts_give_the_text_of_generate(
     if not isinstance(lm, (keras_hub.models.Llama3CausalLM, keras_hub.models.MistralCausalLM)):
         pytest.skip("Only the Llama pass has two layouts.")
     monkeypatch.setattr(llama, "faster_layout", lambda model: layout)
-    monkeypatch.setattr(engine_module, "_programs", type(engine_module._programs)())  # Built afresh.
+    monkeypatch.setattr(engine_programs, "_programs", type(engine_programs._programs)())  # Built afresh.
     with Engine(lm, slots=SLOTS, buckets=BUCKETS, windows=WINDOWS) as laid_out:
         assert laid_out.forward_layout == layout
         texts = [collect(submit_greedy(laid_out, lm, preset.family, p, max_length)) for p in prompts]
@@ -474,7 +476,7 @@ def test_greedy_tokens_are_the_greedy_samplers_in_clear_rows_and_near_ties() -> 
 
     sampler = keras_hub.samplers.GreedySampler()
     temperature, top_k, top_p = np.zeros(4, np.float32), np.zeros(4, np.int32), np.ones(4, np.float32)  # Greedy.
-    draw = jax.jit(lambda logits, keys: engine_module._sample(logits, temperature, top_k, top_p, keys, sampler))
+    draw = jax.jit(lambda logits, keys: engine_sampling.sample_tokens(logits, temperature, top_k, top_p, keys, sampler))
     keys = np.zeros((4, 2), np.uint32)
     for row, expected_token in ((None, None), (exact_tie, 10), (near_tie, 30), (apart, 41)):
         logits = clear.copy()

@@ -4,4 +4,37 @@ folder per family).
 Each pass computes what the family's ``call_with_cache`` computes, with the model's own layers,
 for ``tokens [rows, T]`` at per-row positions, but keeps each layer's keys and values as separate
 arrays that are updated in place (``inference.engine`` explains why). Traced inside jit only.
+
+A family's module offers ``in_place_decoder(lm, context)``: its pass for ``lm``, or None where
+the pass would not compute exactly what keras-hub does. A new family is one new module and one
+entry of ``FAMILIES``.
 """
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+# The modules of inference.forward with a pass, asked in this order.
+FAMILIES = ("gemma", "gemma3", "llama")
+
+
+class InPlaceDecoder(NamedTuple):
+    forward: Callable[..., Any]
+    prepare: Callable[[Any], tuple[Any, ...]]  # Lays out the weights the pass multiplies by.
+    layout: str | None = None  # The Llama pass's, chosen by timing (inference.forward.llama).
+    # (layers, key/value heads, head dimension, dtype) of the caches, for a family whose
+    # keras-hub cache cannot be built without its other inputs (Gemma 3's images); None: the
+    # engine finds it by building keras-hub's cache abstractly.
+    cache_layout: Callable[[Any], tuple[int, int, int, str]] | None = None
+
+
+def in_place_decoder(lm: Any, context: int) -> InPlaceDecoder | None:
+    """The engine's own forward pass for ``lm`` (the first family's that takes it), with the
+    function that lays out its matmul weights; None where there is none."""
+    for family in FAMILIES:
+        decoder = importlib.import_module(f"{__name__}.{family}").in_place_decoder(lm, context)
+        if decoder is not None:
+            return decoder
+    return None

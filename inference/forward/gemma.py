@@ -6,7 +6,23 @@ from typing import Any
 
 import numpy as np
 
+from inference.forward import InPlaceDecoder
 from inference.forward.attention import grouped_attention, write_keys, write_values
+
+
+def in_place_decoder(lm: Any, context: int) -> InPlaceDecoder | None:
+    """This pass for a Gemma model without sliding windows, soft caps or dropout."""
+    import keras_hub
+
+    backbone = lm.backbone
+    if type(lm) is not keras_hub.models.GemmaCausalLM or type(backbone) is not keras_hub.models.GemmaBackbone:
+        return None
+    if any(
+        block.attention.use_sliding_window_attention or block.attention.logit_soft_cap is not None or block.dropout
+        for block in backbone.transformer_layers
+    ):
+        return None
+    return InPlaceDecoder(gemma_forward, gemma_weights)
 
 
 def gemma_weights(model: Any) -> tuple[Any, ...]:

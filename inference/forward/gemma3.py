@@ -14,7 +14,16 @@ from typing import Any
 
 import numpy as np
 
+from inference.forward import InPlaceDecoder
 from inference.forward.attention import grouped_attention, write_keys, write_values
+
+
+def in_place_decoder(lm: Any, context: int) -> InPlaceDecoder | None:
+    """This pass for a text-only Gemma 3 model (see ``supports``); its caches' layout is given,
+    since Gemma 3's keras-hub cache also takes image inputs."""
+    if not supports(lm):
+        return None
+    return InPlaceDecoder(gemma3_forward, gemma3_weights, cache_layout=cache_layout)
 
 
 def supports(lm: Any) -> bool:

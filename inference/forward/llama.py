@@ -16,9 +16,11 @@ Both compute the same arithmetic in the same order; only the matmuls' kernels di
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any, Literal
 
+from inference.forward import InPlaceDecoder
 from inference.forward.attention import grouped_attention, write_keys, write_values
 
 Layout = Literal["token-major", "feature-major"]
@@ -26,6 +28,27 @@ Layout = Literal["token-major", "feature-major"]
 TIMED_ROWS = 8
 TIMED_BYTES = 512 * 1024 * 1024  # At most this much of the kernels is timed (then whole blocks).
 _timed_layouts: weakref.WeakKeyDictionary[Any, dict[int, Layout]] = weakref.WeakKeyDictionary()
+
+
+def in_place_decoder(lm: Any, context: int) -> InPlaceDecoder | None:
+    """This pass, in the faster layout, for a Llama 3 or Mistral decoder whose sliding window, if
+    any, covers the context. Vicuna (LlamaCausalLM) has the same blocks but no engine test yet:
+    it keeps the generic step."""
+    import keras_hub
+
+    backbone = lm.backbone
+    if type(lm) not in (keras_hub.models.Llama3CausalLM, keras_hub.models.MistralCausalLM) or type(backbone) not in (
+        keras_hub.models.Llama3Backbone,
+        keras_hub.models.MistralBackbone,
+    ):
+        return None
+    window = getattr(backbone, "sliding_window", None)
+    if (window is not None and window < context) or getattr(backbone, "dropout", 0):
+        return None
+    layout = faster_layout(lm)
+    return InPlaceDecoder(
+        functools.partial(llama_forward, layout=layout), functools.partial(llama_weights, layout=layout), layout
+    )
 
 
 def _block_kernels(model: Any) -> list[tuple[Any, ...]]:

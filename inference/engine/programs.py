@@ -1,0 +1,321 @@
+"""The jitted functions of one model and configuration (``Programs``): init, prefill, store,
+insert, resize and the generate step that advances every slot; shared by every engine with
+the same model and configuration (``programs_for``). The decode thread
+(``inference.engine.scheduler``) calls them; the family's in-place forward pass, where there is
+one, comes from ``inference.forward``."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from inference.engine.sampling import sample_tokens
+from inference.streaming import _model_state, stateless_model
+
+if TYPE_CHECKING:
+    import keras_hub
+
+# After the chunk in prefill_chunk's integer argument: last, start, length, slot, the pool row
+# read, top_k and the two words of the PRNG key.
+CHUNK_FIELDS = 8
+
+
+class Programs:
+    """The jitted functions for one model and configuration: init, prefill (keras-hub's or a
+    chunk after a cached prefix, into the staging row), store (staging row into a prefix pool
+    row), insert (staging row into a slot), resize (the slot caches to another window) and
+    generate.
+
+    The slot caches are a tuple of parts, each with its positions on one axis
+    (``position_axes``): for the in-place families, per layer, keys and values in
+    ``inference.forward.attention``'s layout; otherwise one array shaped like keras-hub's cache
+    with a leading slot axis. Shared by every Engine with the same (slots, steps per dispatch,
+    context, prefix rows and capacity), so a second engine of the same model compiles nothing
+    new.
+    """
+
+    def __init__(
+        self, lm: keras_hub.models.CausalLM, slots: int, steps: int, context: int, prefix_rows: int, capacity: int
+    ) -> None:
+        import jax
+        import jax.numpy as jnp
+        import keras_hub
+
+        from inference.forward import in_place_decoder
+        from inference.forward.attention import KEY_POSITION_AXIS, VALUE_POSITION_AXIS, cache_shapes
+
+        if not (hasattr(lm, "_build_cache") and hasattr(lm, "call_with_cache")):
+            raise TypeError(f"{type(lm).__name__} has no cached decoding (_build_cache).")
+        model_ref = weakref.ref(lm)  # Held in a WeakKeyDictionary keyed by the model: no cycle.
+        greedy_sampler = keras_hub.samplers.GreedySampler()
+        # Python bodies run only when jax traces them: traces per function, for diagnostics.
+        self.traces: collections.Counter[str] = collections.Counter()
+
+        def stateless(state: tuple[list[Any], list[Any]]) -> tuple[Any, Any]:
+            return stateless_model(model_ref, state)
+
+        def cache_spec(length: int) -> Any:
+            def build(state: Any) -> Any:
+                model, scope = stateless(state)
+                with scope:
+                    return model._build_cache(jnp.zeros((1, length), jnp.int32))[1]
+
+            return jax.eval_shape(build, _model_state(lm))
+
+        # Gemma, Gemma 3, Llama 3 and Mistral get a forward pass of the engine's own that updates
+        # per-layer caches in place (inference.forward); other families go through keras-hub's
+        # call_with_cache and _build_cache.
+        decoder = in_place_decoder(lm, context)
+        if decoder is not None and decoder.cache_layout is not None:
+            # Gemma 3's _build_cache and call_with_cache also take image inputs: it only runs
+            # through its own forward pass (keras-hub's layout here: the engine lays it out).
+            layers, kv_heads, head_dim, dtype = decoder.cache_layout(lm)
+            one = two = jax.ShapeDtypeStruct((1, layers, 2, 2, kv_heads, head_dim), dtype)
+            length_axes = [2]
+        else:
+            # keras-hub caches are [1, layers, 2, length, kv_heads, head_dim]; find the length
+            # axis rather than assume it, by building (abstractly) caches of two lengths.
+            one, two = cache_spec(2), cache_spec(3)  # Not 1: keras warns about a softmax over 1 key.
+            length_axes = [i for i, (a, b) in enumerate(zip(one.shape, two.shape, strict=True)) if a != b]
+        if len(length_axes) != 1:
+            raise TypeError(f"Cannot find the sequence axis of {type(lm).__name__}'s cache {one.shape}.")
+        if one.shape != (1, lm.backbone.num_layers, 2, 2, *one.shape[4:]):  # Not keras-hub's layout.
+            decoder = None
+        self.in_place = in_place = decoder is not None
+        forward, prepare, self.layout = decoder[:3] if decoder is not None else (None, None, None)
+        if in_place:
+            _, layers, _, _, kv_heads, head_dim = one.shape
+            self.position_axes = (KEY_POSITION_AXIS, VALUE_POSITION_AXIS) * layers
+        else:
+            self.position_axes = (length_axes[0] + 1,)  # In keras-hub's cache after the slot axis.
+        axes = self.position_axes
+
+        def caches(rows: int, length: int) -> tuple[Any, ...]:
+            """Zeroed caches of ``rows`` rows and ``length`` positions."""
+            if in_place:
+                key, value = cache_shapes(rows, kv_heads, head_dim, length)
+                return tuple(jnp.zeros(shape, one.dtype) for _ in range(layers) for shape in (key, value))
+            shape = tuple(length if i == length_axes[0] else n for i, n in enumerate(one.shape))
+            return (jnp.zeros((rows, *shape), one.dtype),)
+
+        def fitted(parts: tuple[Any, ...], length: int) -> tuple[Any, ...]:
+            """Each part cut or zero-padded to ``length`` positions."""
+            out = []
+            for part, axis in zip(parts, axes, strict=True):
+                have = part.shape[axis]
+                if length <= have:
+                    out.append(jax.lax.slice_in_dim(part, 0, length, axis=axis))
+                else:
+                    pad = [(0, 0)] * part.ndim
+                    pad[axis] = (0, length - have)
+                    out.append(jnp.pad(part, pad))
+            return tuple(out)
+
+        def put_row(parts: tuple[Any, ...], rows: tuple[Any, ...], index: Any) -> tuple[Any, ...]:
+            """``rows`` (one row each) written into row ``index`` of ``parts``, from position 0."""
+            return tuple(
+                jax.lax.dynamic_update_slice(part, row, (index,) + (0,) * (part.ndim - 1))
+                for part, row in zip(parts, rows, strict=True)
+            )
+
+        def init(state: Any, window: int) -> tuple[Any, ...]:
+            # Takes the variables so that the arrays land on the devices they live on.
+            self.traces["init"] += 1
+            pool: Any = None
+            weights: Any = ()
+            if in_place:
+                pool = caches(max(prefix_rows, 1), capacity)  # A row to read even when off.
+                model, scope = stateless(state)
+                with scope:
+                    weights = prepare(model)
+            slot_state = {
+                "tokens": jnp.zeros((slots,), jnp.int32),
+                "positions": jnp.zeros((slots,), jnp.int32),
+                "keys": jnp.zeros((slots, 2), jnp.uint32),
+                "temperature": jnp.zeros((slots,), jnp.float32),
+                "top_k": jnp.zeros((slots,), jnp.int32),
+                "top_p": jnp.ones((slots,), jnp.float32),
+            }
+            return caches(slots, window), caches(1, context), slot_state, pool, weights
+
+        def start(slot_state: dict[str, Any], slot: Any, last: Any, length: Any, key: Any, *params: Any) -> Any:
+            # The slot starts from the prompt's last token, at its own index: the first decode
+            # step runs it and samples the first new token, as keras-hub's generate loop does
+            # after _build_cache (so greedy output stays generate()'s).
+            temperature, top_k, top_p = params
+            updates = {
+                "tokens": last,
+                "positions": length - 1,
+                "keys": key,
+                "temperature": temperature,
+                "top_k": top_k,
+                "top_p": top_p,
+            }
+            return {name: value.at[slot].set(updates[name]) for name, value in slot_state.items()}
+
+        def prefill(
+            state: Any,
+            staging: Any,
+            slot_state: dict[str, Any],
+            token_ids: Any,
+            length: Any,
+            slot: Any,
+            temperature: Any,
+            top_k: Any,
+            top_p: Any,
+            key: Any,
+        ) -> tuple[Any, dict[str, Any]]:
+            """keras-hub's own prefill (families without an in-place forward): its cache of the
+            whole prompt at the start of the staging row (beyond the prompt, whatever an earlier
+            request left, masked by the causal mask until overwritten)."""
+            self.traces[f"prefill[{token_ids.shape[1]}]"] += 1
+            model, scope = stateless(state)
+            with scope:
+                _, prompt_cache = model._build_cache(token_ids)
+            staging = put_row(staging, (prompt_cache[None].astype(staging[0].dtype),), 0)
+            last = jax.lax.dynamic_index_in_dim(token_ids[0], length - 1, keepdims=False)
+            slot_state = start(slot_state, slot, last, length, key, temperature, top_k, top_p)
+            return staging, slot_state
+
+        def prefill_chunk(
+            state: Any,
+            weights: tuple[Any, ...],
+            staging: Any,
+            slot_state: dict[str, Any],
+            pool: Any,
+            integers: Any,
+            reals: Any,
+            prefix: int,
+        ) -> tuple[Any, dict[str, Any]]:
+            """Prefill after a cached prefix (in-place families), into the staging row.
+
+            ``integers`` (uint32, filled by ``Engine._prefill``: one transfer instead of ten) holds
+            the chunk, then ``last``, ``start``, ``length``, ``slot``, the pool row to read,
+            ``top_k`` and the PRNG key; ``reals`` the temperature and top-p. The prompt's first
+            positions come from the row read (its first ``start`` positions hold the prompt's
+            cached prefix; 0 for none), and the chunk (the prompt's tokens after it but the
+            last, padded) runs at ``start`` onwards. Its positions are then copied into the
+            staging row (``insert`` takes them to the slot, ``store`` to a pool row); the slot
+            starts from ``last``. ``prefix`` (static: one of ``SHORT_PREFIXES`` or the pool's capacity)
+            bounds ``start``: the chunk attends over ``prefix`` + its own positions. The pool
+            is only read here: a program that reads a row and writes another of the same pool
+            made XLA copy the whole pool first (about 380 MB a prefill for SmolLM2).
+            """
+            size = integers.shape[0] - CHUNK_FIELDS
+            self.traces[f"prefill[{size}, {prefix}]"] += 1
+            fields = integers[size:]
+            chunk = integers[None, :size].astype(jnp.int32)
+            last, begin, length, slot, read_row, top_k = (fields[i].astype(jnp.int32) for i in range(6))
+            key, (temperature, top_p) = fields[6:8], (reals[0], reals[1])
+            # The positions the prefill touches: the host keeps begin (at most the prefix) + size
+            # within the context.
+            span = min(prefix + size, context)
+            kept = min(prefix, span)  # Pool positions the prefill can use.
+            model, scope = stateless(state)
+            with scope:
+                row = tuple(jax.lax.dynamic_index_in_dim(part, read_row, axis=0) for part in pool)
+                _, local = forward(model, chunk, fitted(fitted(row, kept), span), begin[None], weights)
+            # Beyond the prompt, the staging row keeps padding's keys and values: masked until
+            # overwritten.
+            staging = put_row(staging, local, 0)
+            slot_state = start(slot_state, slot, last, length, key, temperature, top_k, top_p)
+            return staging, slot_state
+
+        def store(pool: Any, staging: Any, row: Any, positions: int) -> Any:
+            """The staging row's first ``positions`` positions into pool ``row``. The rest of
+            the row keeps what it held: a prefill reads a row only below the prefix it
+            matched, so what lies past the stored prefix is never read."""
+            self.traces[f"store[{positions}]"] += 1
+            return put_row(pool, fitted(staging, positions), row)
+
+        def insert(cache: Any, staging: Any, slot: Any) -> Any:
+            """The staging row's first positions (as many as the window has) into ``slot``."""
+            window = cache[0].shape[axes[0]]
+            self.traces[f"insert[{window}]"] += 1
+            return put_row(cache, fitted(staging, window), slot)
+
+        def resize(cache: Any, window: int) -> Any:
+            """The slot caches cut or zero-padded to ``window`` positions: every running
+            request's positions are below both lengths (the host resizes only then)."""
+            self.traces[f"resize[{cache[0].shape[axes[0]]}->{window}]"] += 1
+            return fitted(cache, window)
+
+        def generate(
+            state: Any, weights: tuple[Any, ...], cache: Any, slot_state: dict[str, Any], active: Any, count: Any
+        ) -> tuple[Any, dict[str, Any], Any]:
+            # `count` steps (at most `steps`): a traced bound, so that the engine can change how
+            # many steps a dispatch runs without compiling anything.
+            # The slot caches hold `window` positions: every active slot's positions in this
+            # dispatch are below it (the host resizes them to fit), so a step costs in
+            # proportion to slots x window, not slots x context.
+            window = cache[0].shape[axes[0]]
+            self.traces[f"generate[{window}]"] += 1
+            model, scope = stateless(state)
+
+            def one_slot(token: Any, slot_cache: Any, position: Any) -> tuple[Any, Any]:
+                # Batch 1 inside, one cache index per slot outside (vmap).
+                logits, _, slot_cache = model.call_with_cache(token[None, None], slot_cache, position)
+                return logits[0, 0], slot_cache
+
+            all_slots = jax.vmap(one_slot)
+
+            def body(step: Any, carry: tuple[Any, ...]) -> tuple[Any, ...]:
+                cache, tokens, positions, keys, out = carry
+                # Free slots keep running: clamp their index into the window (active slots are
+                # below it); their writes are never read.
+                clamped = jnp.minimum(positions, window - 1)
+                if in_place:
+                    logits, cache = forward(model, tokens[:, None], cache, clamped, weights)
+                    logits = logits[:, 0]
+                else:
+                    logits, only = all_slots(tokens, cache[0], clamped)
+                    cache = (only,)
+                tokens, keys = sample_tokens(
+                    logits,
+                    # A free slot keeps its last request's parameters: never let it sample.
+                    jnp.where(active, slot_state["temperature"], 0.0),
+                    slot_state["top_k"],
+                    slot_state["top_p"],
+                    keys,
+                    greedy_sampler,
+                )
+                out = jax.lax.dynamic_update_slice(out, tokens[:, None], (0, step))
+                positions = jnp.minimum(positions + 1, context)  # Bounded for free slots.
+                return cache, tokens, positions, keys, out
+
+            out = jnp.zeros((slots, steps), jnp.int32)
+            carry = (cache, slot_state["tokens"], slot_state["positions"], slot_state["keys"], out)
+            with scope:
+                cache, tokens, positions, keys, out = jax.lax.fori_loop(0, count, body, carry)
+            slot_state = {**slot_state, "tokens": tokens, "positions": positions, "keys": keys}
+            return cache, slot_state, out
+
+        self.init = jax.jit(init, static_argnums=(1,))
+        # One compilation per prefill length (bucket).
+        self.prefill = jax.jit(prefill, donate_argnums=(1, 2))
+        # One compilation per chunk length and prefix bound (Engine._prefixes).
+        self.prefill_chunk = jax.jit(prefill_chunk, donate_argnums=(2, 3), static_argnums=(7,))
+        # One compilation per stored length (Engine._pool_lengths).
+        self.store = jax.jit(store, donate_argnums=(0,), static_argnums=(3,))
+        # One compilation per window (insert, generate) and pair of neighbouring windows
+        # (resize: the engine steps through the windows between two).
+        self.insert = jax.jit(insert, donate_argnums=(0,))
+        self.resize = jax.jit(resize, static_argnums=(1,))
+        self.generate = jax.jit(generate, donate_argnums=(2, 3))
+
+
+_programs: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], Programs]] = weakref.WeakKeyDictionary()
+_programs_lock = threading.Lock()
+
+
+def programs_for(
+    lm: keras_hub.models.CausalLM, slots: int, steps: int, context: int, prefix_rows: int, capacity: int
+) -> Programs:
+    with _programs_lock:
+        per_model = _programs.setdefault(lm, {})
+        key = (slots, steps, context, prefix_rows, capacity)
+        if key not in per_model:
+            per_model[key] = Programs(lm, slots, steps, context, prefix_rows, capacity)
+        return per_model[key]

@@ -1,0 +1,132 @@
+"""A generation submitted to the engine (``Request``): its text deltas as the decode thread
+produces them, its outcome and its timings, and the errors the engine raises."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+from inference.engine.sampling import SamplingParams
+from inference.streaming import GenerationStats, IncrementalText
+
+EngineStopReason = Literal["stop", "length", "cancelled", "error"]
+
+
+class EngineError(RuntimeError):
+    """The engine's decode loop failed while a request was queued or running."""
+
+
+class EngineClosedError(RuntimeError):
+    """The engine was shut down: it accepts no more requests."""
+
+
+_END = object()  # Ends a request's delta queue.
+
+
+class Request:
+    """One generation in an Engine: iterate it for text deltas, then read its outcome.
+
+    Iteration blocks until the decode thread produces text and ends when the generation does;
+    every item is a non-empty string and their concatenation is ``text``. Iterate a request from
+    one thread only (any thread). Afterwards ``stop_reason`` is "stop" (a stop token or stop
+    string, not part of the text), "length" (``max_new_tokens`` or the context was used up),
+    "cancelled" (``cancel()`` or engine shutdown) or "error" (the decode loop failed: iteration
+    then raises EngineError), and ``stats`` holds the token count and timings measured from
+    ``submit()``.
+    """
+
+    def __init__(
+        self,
+        *,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        stop_ids: frozenset[int],
+        text: IncrementalText,
+        wake: Callable[[], None],
+    ) -> None:
+        self.prompt_ids = prompt_ids
+        self.max_new_tokens = max_new_tokens  # Already capped by the context.
+        self.sampling = sampling
+        self.text = ""
+        self.stop_reason: EngineStopReason | None = None
+        self.stats = GenerationStats()
+        self.error: BaseException | None = None
+        self._stop_ids = stop_ids
+        self._text = text
+        self._wake = wake
+        self._deltas: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._submitted = time.perf_counter()
+        self._cancel_requested = False
+        self._finished = threading.Event()
+        self._drained = False
+        self._slot: int | None = None
+        self._position = 0  # Next cache index the decode thread will run this request at.
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The generated ids so far (a stop token is not included)."""
+        return self._text.token_ids
+
+    @property
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def __iter__(self) -> Iterator[str]:
+        return self.deltas(tick=None)
+
+    def deltas(self, tick: float | None) -> Iterator[str]:
+        """The text deltas, as iterating the request gives them, and (with a ``tick``) an empty
+        string whenever ``tick`` seconds pass without one: a reader that shows text on a clock
+        (the arena's pacing) gets to run between the model's bursts."""
+        while not self._drained:
+            try:
+                item = self._deltas.get(timeout=tick)
+            except queue.Empty:
+                yield ""
+                continue
+            if item is _END:
+                self._drained = True
+                break
+            yield item
+        if self.stop_reason == "error":
+            raise EngineError(f"The engine's decode loop failed: {self.error!r}") from self.error
+
+    def result(self, timeout: float | None = None) -> str:
+        """Wait for the end (without iterating) and return the whole text; raise on error."""
+        if not self._finished.wait(timeout):
+            raise TimeoutError(f"The generation did not finish within {timeout} s.")
+        if self.stop_reason == "error":
+            raise EngineError(f"The engine's decode loop failed: {self.error!r}") from self.error
+        return self.text
+
+    def cancel(self) -> None:
+        """Stop at the next dispatch (or drop it from the queue); stop_reason becomes "cancelled"."""
+        self._cancel_requested = True
+        self._wake()
+
+    # --- Called by the decode thread only ---------------------------------------------------
+
+    def _emit(self, delta: str) -> None:
+        self.text += delta
+        self._deltas.put(delta)
+
+    def _end(self, reason: EngineStopReason, error: BaseException | None = None) -> None:
+        if self._finished.is_set():
+            return
+        if reason != "error":
+            delta = self._text.finish()  # Held-back text; cut before a stop string.
+            if delta:
+                self._emit(delta)
+            if self._text.stopped:
+                reason = "stop"
+        self.stop_reason = reason
+        self.error = error
+        self.stats.tokens = len(self._text.token_ids)
+        self.stats.duration_s = time.perf_counter() - self._submitted
+        # Outcome first, end marker last: a consumer that sees the end sees the outcome.
+        self._finished.set()
+        self._deltas.put(_END)
