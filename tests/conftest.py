@@ -2,9 +2,10 @@
 
 import json
 import os
+import secrets
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from arena_site.asgi import application
 from arena_site.celery import app as celery_app
 from inference.models import LLM
 from votes import consumers
+from votes import services as votes_services
+from votes.models import Battle, Message
 
 PRESETS_DIR = Path(settings.BASE_DIR) / "tests" / "fixtures" / "presets"
 # Tiny random-weight presets the websocket tests battle with (fast, and their replies run to
@@ -133,11 +136,64 @@ def embedded_mode(settings: Any) -> Iterator[None]:
     channel_layers.backends.clear()
 
 
-@pytest.fixture
-def voter_session(transactional_db: None) -> SessionStore:
+def new_session() -> SessionStore:
+    """A stored session: a voter who has opened the arena page."""
     session = SessionStore()
     session.create()
     return session
+
+
+@pytest.fixture
+def voter_session(transactional_db: None) -> SessionStore:
+    return new_session()
+
+
+def fresh_network() -> str:
+    """A /24 (as its first three numbers) no other test, nor an earlier run within the caps'
+    windows, has used: 10.x.y."""
+    return f"10.{secrets.randbelow(256)}.{secrets.randbelow(256)}"
+
+
+async def open_battle_socket(
+    session: SessionStore | None = None,
+    *,
+    address: str | None = None,
+    path: str = "/ws/battle/",
+    application: Any = application,
+    extra_headers: Sequence[tuple[bytes, bytes]] = (),
+) -> WebsocketCommunicator:
+    """A connected battle socket of ``session`` (a fresh one by default), from the client
+    ``address`` (the peer daphne reports; by default the communicator's own)."""
+    if session is None:
+        session = await sync_to_async(new_session)()
+    communicator = WebsocketCommunicator(application, path, headers=[*cookie_headers(session), *extra_headers])
+    if address is not None:
+        communicator.scope["client"] = (address, 40000)
+    connected, _ = await communicator.connect(timeout=10)
+    assert connected
+    return communicator
+
+
+def answer_prompt(
+    battle: Battle,
+    text: str = "Add a meeting with Fred on Nov 11 at 5PM",
+    *,
+    replies: Callable[[Message], str] = lambda reply: "action.x()",
+) -> None:
+    """``text`` sent to both sides of ``battle``, and their replies (``replies(message)``)
+    finished as a worker finishes them: no model runs."""
+    for job in votes_services.submit_prompt(battle=battle, text=text).jobs:
+        votes_services.claim_reply(job.message_id)
+        votes_services.finish_reply(
+            job.message_id,
+            status=Message.Status.DONE,
+            content=replies(Message.objects.select_related("battle").get(pk=job.message_id)),
+            delta_count=1,
+            stop_reason="stop",
+            token_count=5,
+            time_to_first_token_ms=5,
+            duration_ms=10,
+        )
 
 
 class BattleClient:
@@ -200,9 +256,7 @@ async def connect_battle(voter_session: SessionStore) -> AsyncIterator[Any]:
 
     async def connect(public_id: str | None = None, session: SessionStore | None = None) -> BattleClient:
         path = f"/ws/battle/{public_id}/" if public_id else "/ws/battle/"
-        communicator = WebsocketCommunicator(application, path, headers=cookie_headers(session or voter_session))
-        connected, _ = await communicator.connect(timeout=10)
-        assert connected
+        communicator = await open_battle_socket(session or voter_session, path=path)
         opened.append(communicator)
         return BattleClient(communicator)
 

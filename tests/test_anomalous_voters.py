@@ -7,10 +7,9 @@ from collections import Counter
 import numpy as np
 import pytest
 from django.contrib.auth import get_user_model
-from django.utils import timezone
 
 from inference.models import LLM
-from leaderboard import ratings, selectors, services
+from leaderboard import selectors, services
 from leaderboard.anomaly import (
     PairVote,
     VoteTable,
@@ -21,31 +20,28 @@ from leaderboard.anomaly import (
     suspicious_voters,
     vote_p_value,
 )
-from votes.models import Battle, FlaggedVoter, Vote
-
-STRONG, WEAK, MEDIUM = "gemma-calendar", "llama3-calendar", "mistral-calendar"
-
-
-def honest_votes(rng: random.Random, voters: int, per_voter: int) -> list[tuple[str, str, str, str]]:
-    """(voter, model_a, model_b, choice): the strong model wins 90 % of its battles with the weak
-    one and 60 % with the medium one; sides at random."""
-    votes = []
-    for v in range(voters):
-        for _ in range(per_voter):
-            other = rng.choice((WEAK, MEDIUM))
-            strong_wins = rng.random() < (0.9 if other == WEAK else 0.6)
-            a, b = (STRONG, other) if rng.random() < 0.5 else (other, STRONG)
-            winner = STRONG if strong_wins else other
-            choice = "tie" if rng.random() < 0.1 else ("a" if a == winner else "b")
-            votes.append((f"honest-{v}", a, b, choice))
-    return votes
+from tests.simulated_voters import (
+    MEDIUM,
+    STRONG,
+    WEAK,
+    VoteRow,
+    board_of,
+    bradley_terry_votes,
+    honest_votes,
+    store_votes,
+)
+from votes.models import FlaggedVoter
 
 
-def stuffing_votes(voter: str, count: int) -> list[tuple[str, str, str, str]]:
+def stuffing_votes(voter: str, count: int) -> list[VoteRow]:
     """A vote-stuffer pushing the weak model against the strong one, every time. Against this
     history (the weak model wins 9 % of the votes), 80 such votes are caught in 39 of 40 seeded
     simulations, 50 in about two thirds; no honest voter was flagged in any of them."""
-    return [(voter, WEAK, STRONG, "a") if i % 2 else (voter, STRONG, WEAK, "b") for i in range(count)]
+    return [(voter, "", WEAK, STRONG, "a") if i % 2 else (voter, "", STRONG, WEAK, "b") for i in range(count)]
+
+
+def pair_votes(rows: list[VoteRow]) -> list[PairVote]:
+    return [pair_vote(voter, a, b, choice) for voter, _, a, b, choice in rows]
 
 
 def test_the_vectorised_tests_compute_the_scalar_definitions() -> None:
@@ -53,7 +49,7 @@ def test_the_vectorised_tests_compute_the_scalar_definitions() -> None:
     of the definition written out vote by vote (vote_p_value, fisher_p_value)."""
     rng = random.Random(4)
     rows = honest_votes(rng, 40, 12) + stuffing_votes("stuffer", 30)
-    votes = [pair_vote(*row) for row in rows]
+    votes = pair_votes(rows)
     found = {a.voter: a for a in anomalous_voters(votes, alpha=2.0, min_votes=1, min_history=10)}
     by_voter: dict[str, Counter] = {}
     for vote in votes:
@@ -93,9 +89,9 @@ def test_rows_of_stored_votes_give_the_same_verdicts_as_pair_votes() -> None:
     # order and model ids as labels must not change a verdict.
     rng = random.Random(8)
     rows = honest_votes(rng, voters=300, per_voter=4) + stuffing_votes("stuffer", 80)
-    ids = {name: number for number, name in enumerate(sorted({row[1] for row in rows} | {row[2] for row in rows}))}
-    table = VoteTable.from_rows([(voter, ids[a], ids[b], choice, 1) for voter, a, b, choice in rows])
-    expected = suspicious_voters(pair_vote(*row) for row in rows)
+    ids = {name: number for number, name in enumerate(sorted({row[2] for row in rows} | {row[3] for row in rows}))}
+    table = VoteTable.from_rows([(voter, ids[a], ids[b], choice, 1) for voter, _, a, b, choice in rows])
+    expected = suspicious_voters(pair_votes(rows))
     assert [(a.voter, a.test, a.votes) for a in suspicious_voters(table)] == [
         (a.voter, a.test, a.votes) for a in expected
     ]
@@ -105,7 +101,7 @@ def test_rows_of_stored_votes_give_the_same_verdicts_as_pair_votes() -> None:
 def test_a_simulated_vote_stuffing_attack_is_caught_and_honest_voters_are_not() -> None:
     rng = random.Random(7)
     rows = honest_votes(rng, voters=300, per_voter=4) + stuffing_votes("stuffer", 80)
-    found = anomalous_voters(pair_vote(*row) for row in rows)
+    found = anomalous_voters(pair_votes(rows))
     assert [a.voter for a in found] == ["stuffer"]
     assert found[0].p_value < 1e-4 and found[0].votes == 80
 
@@ -113,7 +109,7 @@ def test_a_simulated_vote_stuffing_attack_is_caught_and_honest_voters_are_not() 
 def test_a_voter_with_few_votes_is_not_judged() -> None:
     rng = random.Random(8)
     rows = honest_votes(rng, voters=100, per_voter=3) + stuffing_votes("newcomer", 4)
-    assert anomalous_voters([pair_vote(*row) for row in rows], min_votes=5) == []
+    assert anomalous_voters(pair_votes(rows), min_votes=5) == []
 
 
 def coordinated_arena(seed: int, models: int = 20, honest: int = 1000, per_voter: int = 10, stuffers: int = 25):
@@ -124,26 +120,14 @@ def coordinated_arena(seed: int, models: int = 20, honest: int = 1000, per_voter
     names = [f"model-{i:02d}" for i in range(models)]
     true = rng.normal(1000.0, 100.0, models)
     target = int(np.argmin(true))
-    rows = []
-    for voter in range(honest):
-        for _ in range(per_voter):
-            a, b = rng.choice(models, 2, replace=False)
-            p_a = 1.0 / (1.0 + 10.0 ** ((true[b] - true[a]) / 400.0))
-            choice = "tie" if rng.random() < 0.1 else ("a" if rng.random() < p_a else "b")
-            rows.append((f"honest-{voter}", names[a], names[b], choice))
+    rows = bradley_terry_votes(rng, true, names, voters=honest, per_voter=per_voter)
     stuffed = round(0.05 * len(rows) / 0.95)
     for vote in range(stuffed):
         opponent = int(rng.choice([m for m in range(models) if m != target]))
         sides = (target, opponent) if rng.random() < 0.5 else (opponent, target)
         choice = "a" if sides[0] == target else "b"
-        rows.append((f"stuffer-{vote % stuffers}", names[sides[0]], names[sides[1]], choice))
+        rows.append((f"stuffer-{vote % stuffers}", "", names[sides[0]], names[sides[1]], choice))
     return names, names[target], rows
-
-
-def board_of(names: list[str], rows: list) -> ratings.RatingsWithIntervals:
-    index = {name: i for i, name in enumerate(names)}
-    games = [(index[a], index[b], ratings.VOTE_SCORES[choice]) for _, a, b, choice in rows]
-    return ratings.sandwich_intervals(ratings.PairOutcomes.from_games(len(names), games))
 
 
 @pytest.mark.parametrize("seed", [11, 12, 13])
@@ -153,7 +137,7 @@ def test_coordinated_stuffing_is_caught_and_its_gain_undone(seed: int) -> None:
     at most 1% of honest voters are flagged, and once the flagged voters' votes are left out the
     target's gain over an arena without stuffers is within its interval's half-width."""
     names, target, rows = coordinated_arena(seed)
-    votes = [pair_vote(*row) for row in rows]
+    votes = pair_votes(rows)
     assert not [a for a in anomalous_voters(votes) if a.voter.startswith("stuffer")]
     flagged = {a.voter for a in suspicious_voters(votes)}
     caught = sum(voter.startswith("stuffer") for voter in flagged)
@@ -174,8 +158,8 @@ def test_concentration_spares_a_voter_who_prefers_the_best_model() -> None:
     its battles here, so a voter who always picks it is ordinary."""
     rng = random.Random(10)
     rows = honest_votes(rng, voters=300, per_voter=4)
-    rows += [("fan", STRONG, other, "a") for other in (WEAK, MEDIUM) * 5]
-    assert concentrated_voters([pair_vote(*row) for row in rows]) == []
+    rows += [("fan", "", STRONG, other, "a") for other in (WEAK, MEDIUM) * 5]
+    assert concentrated_voters(pair_votes(rows)) == []
 
 
 @pytest.mark.django_db
@@ -186,15 +170,7 @@ def test_refresh_flags_the_stuffer_excludes_their_votes_and_an_admin_can_clear_i
     }
     rng = random.Random(9)
     rows = honest_votes(rng, voters=300, per_voter=4) + stuffing_votes("stuffer", 80)
-    now = timezone.now()
-    battles = Battle.objects.bulk_create(
-        Battle(model_a=models[a], model_b=models[b], voter_key=voter, state=Battle.State.ENDED, ended=now)
-        for voter, a, b, _ in rows
-    )
-    Vote.objects.bulk_create(
-        Vote(battle=battle, choice=choice, stage=Vote.Stage.FIRST_TRY)
-        for battle, (_, _, _, choice) in zip(battles, rows, strict=True)
-    )
+    store_votes(rows, models)
 
     services.refresh_leaderboard(rounds=20)
     flag = FlaggedVoter.objects.get()

@@ -4,6 +4,7 @@ import pytest
 from channels.db import database_sync_to_async
 from django.test import Client
 
+from tests.conftest import new_session
 from votes.models import Battle, Vote
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -67,16 +68,8 @@ async def test_other_voters_cannot_open_a_battle(connect_battle, demo_llms, cele
 
     stranger = Client()
     assert (await database_sync_to_async(stranger.get)(f"/battle/{battle_id}/")).status_code == 404
-    stranger_session = await database_sync_to_async(_new_session)()
+    stranger_session = await database_sync_to_async(new_session)()
     intruder = await connect_battle(battle_id, session=stranger_session)
     refused = await intruder.receive()
     assert refused["type"] == "error" and refused["code"] == "not_found"
     assert battle_id not in refused["message"]
-
-
-def _new_session():
-    from django.contrib.sessions.backends.db import SessionStore
-
-    session = SessionStore()
-    session.create()
-    return session

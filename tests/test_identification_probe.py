@@ -31,12 +31,12 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
-from django.contrib.sessions.backends.db import SessionStore
 from django.test import Client
 from scipy.stats import binomtest
 
 from inference.management.commands.register_roster import REAL_MODEL_SAMPLING
 from inference.models import LLM
+from tests.conftest import new_session
 from votes import evaluation_services, services
 from votes.models import Battle, Task
 
@@ -141,12 +141,6 @@ def test_the_probe_scores_a_coin_without_evidence_and_a_lookup_with_it() -> None
 
 
 # --- Fresh battles against the real consumer ---------------------------------------------------------
-
-
-def new_session() -> SessionStore:
-    session = SessionStore()
-    session.create()
-    return session
 
 
 async def play(connect_battle: Callable[..., Awaitable[Any]], reveal: bool = False) -> tuple[str, str, str]:

@@ -3,6 +3,7 @@
 import pytest
 
 from leaderboard.selectors import counted_votes, excluded_votes
+from tests.conftest import answer_prompt
 from votes import services
 from votes.leaks import find_identity_leak
 from votes.models import Battle, Message
@@ -29,20 +30,7 @@ def test_find_identity_leak(text: str, leak: str | None) -> None:
 def test_leaking_reply_excludes_the_battle_from_the_leaderboard(demo_llms) -> None:
     def play(texts: dict[str, str]) -> Battle:
         battle = services.start_battle(voter_key="k")
-        submitted = services.submit_prompt(battle=battle, text="Who are you?")
-        for job in submitted.jobs:
-            side = Message.objects.get(pk=job.message_id).side
-            services.claim_reply(job.message_id)
-            services.finish_reply(
-                job.message_id,
-                status=Message.Status.DONE,
-                content=texts[side],
-                delta_count=1,
-                stop_reason="stop",
-                token_count=5,
-                time_to_first_token_ms=5,
-                duration_ms=10,
-            )
+        answer_prompt(battle, "Who are you?", replies=lambda reply: texts[reply.side])
         services.cast_vote(battle=battle, choice="a")
         battle.refresh_from_db()
         return battle

@@ -9,21 +9,19 @@ import numpy as np
 import pytest
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.backends.db import SessionStore
 from django.db import connections
-from django.utils import timezone
 
-from arena_site.asgi import application
 from arena_site.networks import client_network, network_key
 from inference.models import LLM
-from leaderboard import ratings, selectors
+from leaderboard import selectors
 from leaderboard import services as leaderboard_services
 from leaderboard.anomaly import pair_vote, suspicious_voters
-from tests.conftest import BattleClient, close_query_thread_connections, cookie_headers
+from tests.conftest import BattleClient, answer_prompt, close_query_thread_connections, open_battle_socket
+from tests.simulated_voters import MEDIUM, STRONG, WEAK, board_of, bradley_terry_votes, honest_votes, store_votes
 from votes import services
-from votes.models import Battle, FlaggedNetwork, FlaggedVoter, FlagSource, Message, Vote
+from votes.models import Battle, FlaggedNetwork, FlaggedVoter, FlagSource, Vote
 
 SECRET = b"test-secret"
 
@@ -70,14 +68,14 @@ def campaign_arena(seed: int, models: int = 20, honest: int = 1000, per_voter: i
     names = [f"model-{i:02d}" for i in range(models)]
     true = rng.normal(1000.0, 100.0, models)
     target = int(np.argmin(true))
-    rows = []
-    for voter in range(honest):
-        network = f"honest-net-{rng.integers(HONEST_NETWORKS)}"
-        for _ in range(per_voter):
-            a, b = rng.choice(models, 2, replace=False)
-            p_a = 1.0 / (1.0 + 10.0 ** ((true[b] - true[a]) / 400.0))
-            choice = "tie" if rng.random() < 0.1 else ("a" if rng.random() < p_a else "b")
-            rows.append((f"honest-{voter}", network, names[a], names[b], choice))
+    rows = bradley_terry_votes(
+        rng,
+        true,
+        names,
+        voters=honest,
+        per_voter=per_voter,
+        network=lambda _: f"honest-net-{rng.integers(HONEST_NETWORKS)}",
+    )
     campaign = round(0.05 * len(rows) / 0.95)
     for vote in range(campaign):
         opponent = int(rng.choice([m for m in range(models) if m != target]))
@@ -91,12 +89,6 @@ def flagged_groups(rows: list, column: int) -> set[str]:
     """What the detection (the refresh's tests, their defaults) flags, grouping the votes by
     voter key (column 0) or by network key (column 1)."""
     return {a.voter for a in suspicious_voters([pair_vote(row[column], *row[2:]) for row in rows])}
-
-
-def board_of(names: list[str], rows: list) -> ratings.RatingsWithIntervals:
-    index = {name: i for i, name in enumerate(names)}
-    games = [(index[a], index[b], ratings.VOTE_SCORES[choice]) for *_, a, b, choice in rows]
-    return ratings.sandwich_intervals(ratings.PairOutcomes.from_games(len(names), games))
 
 
 @pytest.mark.parametrize("seed", [21, 22, 23])
@@ -125,15 +117,17 @@ def test_honest_voters_sharing_a_few_busy_networks_are_not_flagged() -> None:
     clean = 0
     for seed in range(20):
         rng = np.random.default_rng(1000 + seed)
-        models, true = 12, rng.normal(1000.0, 100.0, 12)
-        rows = []
-        for voter in range(1000):
-            network = f"net-{voter % (5 if seed % 2 else 40)}"
-            for _ in range(10):
-                a, b = rng.choice(models, 2, replace=False)
-                p_a = 1.0 / (1.0 + 10.0 ** ((true[b] - true[a]) / 400.0))
-                choice = "tie" if rng.random() < 0.1 else ("a" if rng.random() < p_a else "b")
-                rows.append((f"voter-{voter}", network, f"m{a}", f"m{b}", choice))
+        true = rng.normal(1000.0, 100.0, 12)
+        networks = 5 if seed % 2 else 40
+        names = [f"m{i}" for i in range(12)]
+        rows = bradley_terry_votes(
+            rng,
+            true,
+            names,
+            voters=1000,
+            per_voter=10,
+            network=lambda voter, networks=networks: f"net-{voter % networks}",
+        )
         clean += not flagged_groups(rows, 1)
     assert clean >= 18, clean
 
@@ -146,10 +140,7 @@ async def test_the_consumer_stores_the_network_key_of_the_client_address(voter_s
     communicators = []
     try:
         for address in ("203.0.113.45", "2001:db8:5:6::77"):
-            communicator = WebsocketCommunicator(application, "/ws/battle/", headers=cookie_headers(voter_session))
-            communicator.scope["client"] = (address, 40000)
-            connected, _ = await communicator.connect(timeout=10)
-            assert connected
+            communicator = await open_battle_socket(voter_session, address=address)
             communicators.append(communicator)
             client = BattleClient(communicator)
             await client.send({"type": "start", "task": None})
@@ -170,57 +161,20 @@ async def test_the_consumer_stores_the_network_key_of_the_client_address(voter_s
 
 # A scripted campaign against the real consumer, caught by the refresh as production runs it.
 
-STRONG, WEAK, MEDIUM = "net-strong", "net-weak", "net-medium"
 CAMPAIGN_ADDRESSES = ("192.0.2.10", "2001:db8:77::10")
 CAMPAIGN_VOTES_PER_ADDRESS = 10
-
-
-def finish_replies(battle: Battle) -> None:
-    """The battle's first prompt and both replies, as a worker would have finished them."""
-    submitted = services.submit_prompt(battle=battle, text="Add a meeting with Fred on Nov 11 at 5PM")
-    for job in submitted.jobs:
-        services.claim_reply(job.message_id)
-        services.finish_reply(
-            job.message_id,
-            status=Message.Status.DONE,
-            content="action.x()",
-            delta_count=1,
-            stop_reason="stop",
-            token_count=3,
-            time_to_first_token_ms=5,
-            duration_ms=20,
-        )
 
 
 def honest_history(models: dict[str, LLM]) -> int:
     """300 honest voters on 12 shared networks (4 votes each: the strong model beats the weak
     one 90% of the time and the medium one 60%), stored as ended battles; their vote count."""
-    rng = random.Random(5)
-    now = timezone.now()
-    rows = []
-    for voter in range(300):
-        network = services.network_key_for(f"198.51.{voter % 12}.{voter % 200 + 1}")
-        for _ in range(4):
-            other = rng.choice((WEAK, MEDIUM))
-            strong_wins = rng.random() < (0.9 if other == WEAK else 0.6)
-            a, b = (STRONG, other) if rng.random() < 0.5 else (other, STRONG)
-            choice = "tie" if rng.random() < 0.1 else ("a" if (a == STRONG) == strong_wins else "b")
-            rows.append((f"honest-{voter}", network, a, b, choice))
-    battles = Battle.objects.bulk_create(
-        Battle(
-            model_a=models[a],
-            model_b=models[b],
-            voter_key=voter,
-            network_key=network,
-            state=Battle.State.ENDED,
-            ended=now,
-        )
-        for voter, network, a, b, _ in rows
+    rows = honest_votes(
+        random.Random(5),
+        voters=300,
+        per_voter=4,
+        network=lambda voter: services.network_key_for(f"198.51.{voter % 12}.{voter % 200 + 1}"),
     )
-    Vote.objects.bulk_create(
-        Vote(battle=battle, choice=row[-1], stage=Vote.Stage.FIRST_TRY)
-        for battle, row in zip(battles, rows, strict=True)
-    )
+    store_votes(rows, models)
     return len(rows)
 
 
@@ -228,13 +182,7 @@ async def campaign_battle(address: str, session: SessionStore | None = None, vot
     """One battle of the campaign: a fresh session (or ``session``) from ``address`` through the
     real consumer, a vote for ``vote_for`` when it was drawn (else the battle is left; None: a
     vote for side A), and the end. Whether it voted."""
-    if session is None:
-        session = SessionStore()
-        await sync_to_async(session.create)()
-    communicator = WebsocketCommunicator(application, "/ws/battle/", headers=cookie_headers(session))
-    communicator.scope["client"] = (address, 50000)
-    connected, _ = await communicator.connect(timeout=10)
-    assert connected
+    communicator = await open_battle_socket(session, address=address)
     try:
         client = BattleClient(communicator)
         await client.send({"type": "start", "task": None})
@@ -244,7 +192,7 @@ async def campaign_battle(address: str, session: SessionStore | None = None, vot
         )
         if vote_for is not None and vote_for not in (battle.model_a.name, battle.model_b.name):
             return False
-        await database_sync_to_async(finish_replies)(battle)
+        await database_sync_to_async(answer_prompt)(battle)
         choice = "b" if vote_for is not None and battle.model_b.name == vote_for else "a"
         await client.send({"type": "vote", "choice": choice})
         voted = await client.receive_until(lambda f: f["type"] in ("voted", "error"))

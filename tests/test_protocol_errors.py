@@ -7,6 +7,7 @@ import pytest
 from channels.db import database_sync_to_async
 from django.conf import settings
 
+from tests.conftest import answer_prompt
 from votes import services
 from votes.models import Battle, Message, Vote
 
@@ -23,20 +24,10 @@ def db_snapshot() -> tuple:
 
 def battle_with_replies(voter_key: str, *, finished: bool) -> Battle:
     battle = services.start_battle(voter_key=voter_key)
-    submitted = services.submit_prompt(battle=battle, text="Add a meeting with Fred on Nov 11 at 5PM")
     if finished:
-        for job in submitted.jobs:
-            services.claim_reply(job.message_id)
-            services.finish_reply(
-                job.message_id,
-                status=Message.Status.DONE,
-                content="action.x()",
-                delta_count=1,
-                stop_reason="stop",
-                token_count=3,
-                time_to_first_token_ms=5,
-                duration_ms=20,
-            )
+        answer_prompt(battle)
+    else:
+        services.submit_prompt(battle=battle, text="Add a meeting with Fred on Nov 11 at 5PM")
     return battle
 
 

@@ -8,32 +8,15 @@ import secrets
 from typing import Any
 
 import pytest
-from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
-from django.contrib.sessions.backends.db import SessionStore
 
-from arena_site.asgi import application
-from tests.conftest import cookie_headers
+from tests.conftest import fresh_network, open_battle_socket
 from votes.models import Battle, Message
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PROMPT = {"type": "prompt", "text": "Add a meeting with Fred on Nov 11 at 5PM"}
-
-
-def fresh_network() -> str:
-    return f"10.{secrets.randbelow(256)}.{secrets.randbelow(256)}"
-
-
-async def page(address: str) -> WebsocketCommunicator:
-    session = SessionStore()
-    await sync_to_async(session.create)()
-    communicator = WebsocketCommunicator(application, "/ws/battle/", headers=cookie_headers(session))
-    communicator.scope["client"] = (address, 40000)
-    connected, _ = await communicator.connect(timeout=10)
-    assert connected
-    return communicator
 
 
 async def first_frame_after_prompt(communicator: WebsocketCommunicator) -> dict[str, Any]:
@@ -55,7 +38,7 @@ def unserved_llms(demo_llms: Any) -> Any:
 async def test_one_networks_flood_cannot_queue_ahead_of_another_voter(settings: Any, unserved_llms: Any) -> None:
     settings.ARENA_REPLIES_PER_NETWORK = 4
     network_a, network_b = fresh_network(), fresh_network()
-    pages = [await page(f"{network_a}.{host}") for host in range(1, 4)]
+    pages = [await open_battle_socket(address=f"{network_a}.{host}") for host in range(1, 4)]
     # Two battles: four replies queued for network A, its cap.
     for communicator in pages[:2]:
         assert (await first_frame_after_prompt(communicator))["type"] == "battle"
@@ -69,7 +52,7 @@ async def test_one_networks_flood_cannot_queue_ahead_of_another_voter(settings: 
     assert "wait for one to finish" in refused["message"]
     assert await database_sync_to_async(Battle.objects.count)() == battles_before
     # Voter B, on another network, is queued at once: behind none of A's backlog beyond its cap.
-    voter_b = await page(f"{network_b}.1")
+    voter_b = await open_battle_socket(address=f"{network_b}.1")
     assert (await first_frame_after_prompt(voter_b))["type"] == "battle"
     # One of A's replies finishes (as a worker would end it): A has room for... one reply, not two.
     await database_sync_to_async(

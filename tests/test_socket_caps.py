@@ -11,18 +11,12 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.sessions.backends.db import SessionStore
 
-from arena_site.asgi import application
-from tests.conftest import cookie_headers
+from tests.conftest import fresh_network, new_session, open_battle_socket
 from votes import socket_caps
 from votes.consumers import TOO_MANY_SOCKETS
 from votes.services import voter_key_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def fresh_network() -> str:
-    """A /24 no other test (or earlier run) has used: 10.x.y.0/24."""
-    return f"10.{secrets.randbelow(256)}.{secrets.randbelow(256)}"
 
 
 @pytest.mark.parametrize(
@@ -55,10 +49,7 @@ def test_a_crashed_process_leaks_its_slots_only_until_they_expire(settings: Any)
 
 async def open_socket(session: SessionStore, address: str) -> tuple[WebsocketCommunicator, bool]:
     """A battle socket from ``address``; whether it was kept open (False: refused with 4429)."""
-    communicator = WebsocketCommunicator(application, "/ws/battle/", headers=cookie_headers(session))
-    communicator.scope["client"] = (address, 40000)
-    connected, _ = await communicator.connect(timeout=10)
-    assert connected  # Accepted, then refused with a frame the page can show.
+    communicator = await open_battle_socket(session, address=address)  # Accepted, then maybe refused.
     if await communicator.receive_nothing(timeout=0.3):
         return communicator, True
     frame = json.loads(await communicator.receive_from())
@@ -70,12 +61,6 @@ async def open_socket(session: SessionStore, address: str) -> tuple[WebsocketCom
     return communicator, False
 
 
-async def new_session() -> SessionStore:
-    session = SessionStore()
-    await sync_to_async(session.create)()
-    return session
-
-
 async def close_all(sockets: list[WebsocketCommunicator]) -> None:
     for communicator in sockets:
         await communicator.disconnect()
@@ -84,7 +69,7 @@ async def close_all(sockets: list[WebsocketCommunicator]) -> None:
 async def test_a_session_opens_its_cap_of_sockets_and_no_more(settings: Any) -> None:
     settings.ARENA_SOCKETS_PER_SESSION = 3
     settings.ARENA_SOCKETS_PER_NETWORK = 100
-    session, network = await new_session(), fresh_network()
+    session, network = await sync_to_async(new_session)(), fresh_network()
     sockets = []
     for host in range(3):
         communicator, kept = await open_socket(session, f"{network}.{host + 1}")
@@ -92,7 +77,7 @@ async def test_a_session_opens_its_cap_of_sockets_and_no_more(settings: Any) -> 
         sockets.append(communicator)
     # The fourth, even from another network, is refused; another voter is not.
     assert not (await open_socket(session, f"{fresh_network()}.1"))[1]
-    other, kept = await open_socket(await new_session(), f"{network}.9")
+    other, kept = await open_socket(await sync_to_async(new_session)(), f"{network}.9")
     assert kept
     # Closing one frees its slot.
     await sockets.pop().disconnect()
@@ -109,14 +94,14 @@ async def test_a_network_opens_its_cap_of_sockets_and_no_more(settings: Any) -> 
     network = fresh_network()
     sockets = []
     for host in range(4):
-        communicator, kept = await open_socket(await new_session(), f"{network}.{host + 1}")
+        communicator, kept = await open_socket(await sync_to_async(new_session)(), f"{network}.{host + 1}")
         assert kept
         sockets.append(communicator)
-    assert not (await open_socket(await new_session(), f"{network}.200"))[1]
-    other, kept = await open_socket(await new_session(), f"{fresh_network()}.1")  # Another network.
+    assert not (await open_socket(await sync_to_async(new_session)(), f"{network}.200"))[1]
+    other, kept = await open_socket(await sync_to_async(new_session)(), f"{fresh_network()}.1")  # Another network.
     assert kept
     await sockets.pop(0).disconnect()
-    communicator, kept = await open_socket(await new_session(), f"{network}.201")
+    communicator, kept = await open_socket(await sync_to_async(new_session)(), f"{network}.201")
     assert kept
     await close_all([*sockets, communicator, other])
 
@@ -124,7 +109,7 @@ async def test_a_network_opens_its_cap_of_sockets_and_no_more(settings: Any) -> 
 async def test_slots_are_counted_in_redis_for_every_process(settings: Any) -> None:
     """What another daphne process claimed (here: claimed directly in Redis) counts here too."""
     settings.ARENA_SOCKETS_PER_SESSION = 2
-    session, network = await new_session(), fresh_network()
+    session, network = await sync_to_async(new_session)(), fresh_network()
     claimed = await sync_to_async(socket_caps.claim)(
         "another-process!socket", session=voter_key_for(session.session_key), address=f"{network}.1"
     )

@@ -12,12 +12,12 @@ import sys
 from typing import Any
 
 import pytest
-from channels.testing import HttpCommunicator, WebsocketCommunicator
+from channels.testing import HttpCommunicator
 from django.contrib.sessions.backends.db import SessionStore
 from django.core.exceptions import ImproperlyConfigured
 
 from arena_site.asgi import build_application
-from tests.conftest import cookie_headers
+from tests.conftest import open_battle_socket
 from votes import rate_limits
 from votes.protocol import ArenaError
 
@@ -76,11 +76,12 @@ async def test_the_battle_socket_counts_the_forwarded_address_only_from_a_truste
     monkeypatch.setattr(rate_limits, "hit", refuse)
     proxy, client = fresh_address(), fresh_address()
     for trusted, expected in (([], proxy), ([proxy], client)):
-        headers = [*cookie_headers(voter_session), (b"x-forwarded-for", client.encode())]
-        communicator = WebsocketCommunicator(build_application(trusted), "/ws/battle/", headers=headers)
-        communicator.scope["client"] = (proxy, 40000)
-        connected, _ = await communicator.connect(timeout=10)
-        assert connected
+        communicator = await open_battle_socket(
+            voter_session,
+            address=proxy,
+            application=build_application(trusted),
+            extra_headers=[(b"x-forwarded-for", client.encode())],
+        )
         await communicator.send_to(text_data=json.dumps({"type": "prompt", "text": "Hi"}))
         frame = json.loads(await communicator.receive_from(timeout=10))
         assert frame["type"] == "error" and frame["code"] == "rate_limited", frame

@@ -14,8 +14,9 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from inference.models import LLM
+from tests.conftest import answer_prompt
 from votes import evaluation, evaluation_services, services
-from votes.models import Battle, EvaluationRun, Message, Task
+from votes.models import Battle, EvaluationRun, Task
 
 pytestmark = pytest.mark.django_db
 BUNDLED_TASKS = Path(settings.BASE_DIR) / "votes" / "fixtures" / "tasks.json"
@@ -138,21 +139,7 @@ def test_fix_episodes_withhold_a_correction_that_quotes_a_model_in_the_arena(
 def ended_battle_with(texts: dict[str, str]) -> Battle:
     """An anonymous battle between alpha and beta, replied, voted on and ended."""
     battle = services.start_battle(voter_key="voter")
-    submitted = services.submit_prompt(battle=battle, text="Add a meeting with Fred on Nov 11 at 5PM")
-    for job in submitted.jobs:
-        side = Message.objects.get(pk=job.message_id).side
-        services.claim_reply(job.message_id)
-        model = battle.model_a if side == "a" else battle.model_b
-        services.finish_reply(
-            job.message_id,
-            status=Message.Status.DONE,
-            content=texts[model.name],
-            delta_count=1,
-            stop_reason="stop",
-            token_count=5,
-            time_to_first_token_ms=5,
-            duration_ms=10,
-        )
+    answer_prompt(battle, replies=lambda reply: texts[(battle.model_a if reply.side == "a" else battle.model_b).name])
     services.cast_vote(battle=battle, choice="a")
     return services.end_battle(battle=battle)
 

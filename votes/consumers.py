@@ -66,6 +66,7 @@ class BattleConsumer(AsyncWebsocketConsumer):
     battle: Battle | None
     voter_key: str
     address: str | None
+    network_key: str
     group: str | None
     watching: asyncio.Task[None] | None
     holding_slots: asyncio.Task[None] | None
@@ -79,6 +80,7 @@ class BattleConsumer(AsyncWebsocketConsumer):
         # (arena_site.asgi.build_application).
         client = self.scope.get("client")
         self.address = str(client[0]) if client else None
+        self.network_key = services.network_key_for(self.address)  # The battles' voter network.
         await self.accept()
         session = self.scope.get("session")
         session_key = getattr(session, "session_key", None)
@@ -238,7 +240,7 @@ class BattleConsumer(AsyncWebsocketConsumer):
         await self.count("battle")
         battle = await in_thread(services.start_battle)(
             voter_key=self.voter_key,
-            network_key=services.network_key_for(self.address),
+            network_key=self.network_key,
             task=task,
             mode=frame.mode,
             models=frame.models,
@@ -254,9 +256,7 @@ class BattleConsumer(AsyncWebsocketConsumer):
         await in_thread(reply_caps.check)(self.address, replies=1 if frame.side else 2)
         if self.battle is None:  # A first prompt without a start frame: free chat.
             await self.count("battle")
-            battle = await in_thread(services.start_battle)(
-                voter_key=self.voter_key, network_key=services.network_key_for(self.address)
-            )
+            battle = await in_thread(services.start_battle)(voter_key=self.voter_key, network_key=self.network_key)
             await self.join(battle)
             await self.send_json({"type": "battle", "battle": battle.public_id})
         assert self.battle is not None and self.group is not None
