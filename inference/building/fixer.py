@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from inference.building.checkpoints import file_sha256, staged_preset, write_arena_metadata
-from inference.calendar_checker import check_reply
 from inference.calendar_data import (
     SYSTEM_PROMPT,
     EvalItem,
@@ -41,6 +40,7 @@ from inference.calendar_data import (
     Mixture,
     eval_corrections,
     eval_first_requests,
+    judge_reply,
     render_segments,
     training_examples,
 )
@@ -326,7 +326,7 @@ def evaluate_fixing(lm: Any, n: int = 100, seed: int = 0) -> FixingReport:
         for item in group:
             reply = replies[position]
             position += 1
-            if check_reply(reply, item.expected).verdict == "correct":
+            if judge_reply(reply, item.expected).verdict == "correct":
                 correct += 1
             elif len(examples.setdefault(name, [])) < 3:
                 examples[name].append((reply, item.expected))
