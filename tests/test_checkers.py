@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from inference.calendar_data import CHECKER_OPTIONS, eval_corrections, judge_reply
+from inference.building.calendar_data import CHECKER_OPTIONS, eval_corrections, judge_reply
 from votes.checkers import (
     CHATTER,
     EXTRA_ARGUMENT,

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from django.core.management import CommandError, call_command
 
-from inference.calendar_data import (
+from inference.building.calendar_data import (
     CORRECT,
     DEFAULT_YEAR,
     SYSTEM_PROMPT,
@@ -36,8 +36,7 @@ from inference.calendar_data import (
     render_segments,
     training_examples,
 )
-from inference.chat_templates import render_prompt, stop_strings
-from inference.demo_models import (
+from inference.building.demo_models import (
     TRAINED_MODEL_SPECS,
     EvaluationReport,
     _build_trained_lm,
@@ -51,6 +50,7 @@ from inference.demo_models import (
     train_demo_model,
     trained_models,
 )
+from inference.chat_templates import render_prompt, stop_strings
 from inference.registry import read_preset
 from votes.checkers import CHATTER, NO_CALL, WRONG_DATE, WRONG_TIME, find_calls, fold_constant
 
@@ -198,7 +198,7 @@ def test_training_forward_pass_with_shared_prefix_equals_full_forward(family: st
     import jax
     import keras
 
-    from inference.demo_models import _batches, forward_after_prefix, reply_loss
+    from inference.building.demo_models import _batches, forward_after_prefix, reply_loss
 
     spec = next(s for s in TRAINED_MODEL_SPECS if s.family == family)
     examples = training_examples(7, 200)

@@ -19,7 +19,7 @@ import pytest
 from django.core.management import call_command
 
 from inference.building import fixer
-from inference.calendar_data import eval_corrections, judge_reply, training_examples
+from inference.building.calendar_data import eval_corrections, judge_reply, training_examples
 from inference.management.commands.finetune_fixer import DEFAULT_WEIGHTS
 
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from inference.calendar_data import (
+from inference.building.calendar_data import (
     CORRECT,
     DEFAULT_MIXTURE,
     SYSTEM_PROMPT,
@@ -395,7 +395,7 @@ def iter_preset_files(directory: Path) -> Iterator[Path]:
 # === Trained demo models ======================================================================
 #
 # The random-weight presets above exercise the machinery; the presets below are real
-# contestants: small keras-hub models trained from scratch on inference.calendar_data, at three
+# contestants: small keras-hub models trained from scratch on inference.building.calendar_data, at three
 # quality levels, in three families. ``train_demo_models`` builds them reproducibly (seeded
 # data, tokenizers, initialisation and batch order) in minutes on two CPU cores.
 
@@ -1148,7 +1148,8 @@ def write_quality_summary(out_dir: Path, rows: list[tuple[TrainedModelSpec, Eval
         "# Trained demo models: measured quality",
         "",
         "Written by `python manage.py build_demo_models`; greedy decoding on held-out data of",
-        '`inference.calendar_data`, judged by `votes.checkers` with its `CHECKER_OPTIONS` (exact = verdict "correct").',
+        "`inference.building.calendar_data`, judged by `votes.checkers` with its `CHECKER_OPTIONS`",
+        '(exact = verdict "correct").',
         "",
         "| preset | family | quality | params | first requests | corrections fixed | follow-ups |",
         "|---|---|---|---|---|---|---|",
