@@ -41,7 +41,8 @@ is a **fact** part, named by the value (``date = 2024-11-11``; a date's year on 
 fix episode tells whether a corrected fact persists (the year in the calendar's turns 3 to 6,
 though their dates differ).
 
-Pure Python, no Django: the evaluation runner, the admin's validation and ``check_reply`` share it.
+Pure Python, no Django: the evaluation runner, the admin's validation, ``check_reply`` and the
+calendar models' training and evaluation (``inference.building.calendar_data``) share it.
 """
 
 from __future__ import annotations
