@@ -137,7 +137,7 @@ def calendar_conversations(count: int, seed: int = 0) -> list[list[ChatTurn]]:
 
 
 def bench_prompts(family: str, count: int, seed: int = 0) -> list[str]:
-    from inference.demo_models import SYSTEM_PROMPT
+    from inference.building.calendar_data import SYSTEM_PROMPT
 
     return [render_prompt(family, SYSTEM_PROMPT, turns) for turns in calendar_conversations(count, seed)]
 

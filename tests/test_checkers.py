@@ -1,4 +1,5 @@
-"""votes.checkers: every rule of the four automatic checkers, and the check_reply command."""
+"""votes.checkers: every rule of the four automatic checkers, python_call's labelled rules (those
+the calendar models are trained and evaluated by), and the check_reply command."""
 
 import ast
 import json
@@ -10,7 +11,31 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from votes.checkers import CheckerConfigError, check, find_calls, fold_constant, parse_signature, validate
+from inference.building.calendar_data import CHECKER_OPTIONS, eval_corrections, judge_reply
+from votes.checkers import (
+    CHATTER,
+    EXTRA_ARGUMENT,
+    EXTRA_CALL,
+    EXTRA_PARENTHESIS,
+    MISSING_ARGUMENT,
+    NO_CALL,
+    WRONG_API,
+    WRONG_DATE,
+    WRONG_DATE_FORMAT,
+    WRONG_DURATION,
+    WRONG_TIME,
+    WRONG_TIME_FORMAT,
+    WRONG_TITLE,
+    CheckerConfigError,
+    CheckResult,
+    check,
+    find_calls,
+    fold_constant,
+    parse_date,
+    parse_signature,
+    parse_time,
+    validate,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ADD = "action.add_calendar_entry(title, date, time, duration)"
@@ -21,8 +46,12 @@ CONCERT = 'action.add_calendar_entry("Rock Concert", date="2024-11-11", time="20
 CANCEL = 'action.remove_calendar_entry("Meeting with Fred", "2024-11-11", "17:00")'
 
 
+def calendar_result(expected: str, reply: str, **options: object) -> CheckResult:
+    return check("python_call", expected, reply, {**CALENDAR, **options})
+
+
 def calendar(expected: str, reply: str, **options: object) -> tuple[str, str]:
-    result = check("python_call", expected, reply, {**CALENDAR, **options})
+    result = calendar_result(expected, reply, **options)
     return result.verdict, result.reason
 
 
@@ -146,6 +175,273 @@ def test_without_signature_arguments_compare_by_position_and_name() -> None:
 def test_find_calls_skips_parentheses_inside_strings() -> None:
     (call,) = find_calls('x action.add_calendar_entry("a (b", "2024-01-01", "10:00", 30) y')
     assert call.name == "action.add_calendar_entry"
+
+
+# --- python_call with labels: the calendar rules training and evaluation count by -----------------
+# (formerly inference.calendar_checker's tests; the options are the ones calendar_data judges with)
+
+
+def labelled(expected: str, reply: str, *, case_sensitive_title: bool = False) -> CheckResult:
+    options = dict(CHECKER_OPTIONS)
+    if case_sensitive_title:
+        del options["case_insensitive"]
+    return check("python_call", expected, reply, options)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        FRED,
+        "action.add_calendar_entry('Meeting with Fred', date='2024-11-11', time='17:00', duration=30)",
+        'action.add_calendar_entry( "Meeting with Fred",date="2024-11-11" ,time = "17:00",duration=30 )',
+        'action.add_calendar_entry("Meeting with Fred", "2024-11-11", "17:00", 30)',
+        'action.add_calendar_entry(title="Meeting with Fred", date="2024-11-11", time="17:00", duration=30)',
+        'action.add_calendar_entry(duration=30, time="17:00", date="2024-11-11", title="Meeting with Fred")',
+        'action.add_calendar_entry("Meeting with Fred", "2024-11-11", time="17:00", duration=60/2)',
+        f"  {FRED}  \n",
+        f"{FRED};",
+    ],
+)
+def test_labelled_equivalent_add_calls_are_correct(reply: str) -> None:
+    result = labelled(FRED, reply)
+    assert result.verdict == "correct", result
+    assert result.labels == () and result.mistakes == ()
+
+
+@pytest.mark.parametrize("duration", ["60*3", "180", "3*60", "(2+1)*60", "180.0", "60 * 3"])
+def test_labelled_duration_arithmetic_is_evaluated(duration: str) -> None:
+    reply = f'action.add_calendar_entry("Rock Concert", date="2024-11-11", time="20:00", duration={duration})'
+    assert labelled(CONCERT, reply).correct
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        CANCEL,
+        "action.remove_calendar_entry('Meeting with Fred', '2024-11-11', '17:00')",
+        'action.remove_calendar_entry("Meeting with Fred", date="2024-11-11", time="17:00")',
+        'action.remove_calendar_entry(title="Meeting with Fred", time="17:00", date="2024-11-11")',
+    ],
+)
+def test_labelled_equivalent_remove_calls_are_correct(reply: str) -> None:
+    assert labelled(CANCEL, reply).correct
+
+
+def test_labelled_title_case_is_an_option() -> None:
+    reply = 'action.add_calendar_entry("Rock concert", date="2024-11-11", time="20:00", duration=180)'
+    assert labelled(CONCERT, reply).correct
+    strict = labelled(CONCERT, reply, case_sensitive_title=True)
+    assert strict.verdict == "mistake"
+    assert strict.labels == (WRONG_TITLE,)
+
+
+@pytest.mark.parametrize(
+    ("reply", "label"),
+    [
+        ('action.add_calendar_entry("Meeting with Fred", date="2023-11-11", time="17:00", duration=30)', WRONG_DATE),
+        ('action.add_calendar_entry("Meeting with Fred", date="20 24-11-11", time="17:00", duration=30)', WRONG_DATE),
+        ('action.add_calendar_entry("Meeting with Fred", date="2024-11-12", time="17:00", duration=30)', WRONG_DATE),
+        (
+            'action.add_calendar_entry("Meeting with Fred", date="11/11/2024", time="17:00", duration=30)',
+            WRONG_DATE_FORMAT,
+        ),
+        (
+            'action.add_calendar_entry("Meeting with Fred", date="Nov 11, 2024", time="17:00", duration=30)',
+            WRONG_DATE_FORMAT,
+        ),
+        ('action.add_calendar_entry("Meeting with Fred", date="2024-11-11", time="05:00", duration=30)', WRONG_TIME),
+        (
+            'action.add_calendar_entry("Meeting with Fred", date="2024-11-11", time="5PM", duration=30)',
+            WRONG_TIME_FORMAT,
+        ),
+        (
+            'action.add_calendar_entry("Meeting with Fred", date="2024-11-11", time="17:00:00", duration=30)',
+            WRONG_TIME_FORMAT,
+        ),
+        (
+            'action.add_calendar_entry("Meeting with Fred", date="2024-11-11", time="17:00", duration=60)',
+            WRONG_DURATION,
+        ),
+        ('action.add_calendar_entry("Meeting with Paul", date="2024-11-11", time="17:00", duration=30)', WRONG_TITLE),
+        ('action.add_calendar_entry("Meeting with Fred", date="2024-11-11", time="17:00")', MISSING_ARGUMENT),
+        (
+            'action.add_calendar_entry("Meeting with Fred", date="2024-11-11", time="17:00", duration=30, place="x")',
+            EXTRA_ARGUMENT,
+        ),
+        ('action.remove_calendar_entry("Meeting with Fred", "2024-11-11", "17:00")', WRONG_API),
+        ('action.create_event("Meeting with Fred", date="2024-11-11", time="17:00", duration=30)', WRONG_API),
+        ('add_calendar_entry("Meeting with Fred", date="2024-11-11", time="17:00", duration=30)', WRONG_API),
+        (f"Sure, here is the updated code: {FRED}", CHATTER),
+        (f"{FRED}\nThis adds the meeting to your calendar.", CHATTER),
+        (f"```python\n{FRED}\n```", CHATTER),
+        (f"{FRED} # duration in minutes", CHATTER),
+        (f"{FRED})", EXTRA_PARENTHESIS),
+        (f"{FRED}\n{FRED}", EXTRA_CALL),
+    ],
+)
+def test_labelled_one_mistake(reply: str, label: str) -> None:
+    result = labelled(FRED, reply)
+    assert result.verdict == "mistake", result
+    assert result.labels == (label,), result.mistakes
+    assert len(result.mistakes) == 1
+
+
+def test_labelled_wrong_year_names_the_year() -> None:
+    result = labelled(FRED, FRED.replace("2024", "2023"))
+    assert result.reason == "date is 2023-11-11, expected 2024-11-11 (year)"
+    assert result.parts["date year = 2024"] is False and result.parts["time = 17:00"] is True
+
+
+def test_labelled_remove_needs_three_parameters() -> None:
+    result = labelled(CANCEL, 'action.remove_calendar_entry("Meeting with Fred", "2024-11-11")')
+    assert result.verdict == "mistake"
+    assert result.labels == (MISSING_ARGUMENT,)
+    assert result.wrong_parts == {"time", "time = 17:00"}
+
+
+def test_labelled_add_instead_of_remove_is_the_wrong_api() -> None:
+    assert labelled(CANCEL, FRED).labels == (WRONG_API,)
+
+
+def test_labelled_wrong_event_in_a_cancel() -> None:
+    reply = 'action.remove_calendar_entry("Rock Concert", "2024-11-11", "20:00")'
+    assert labelled(CANCEL, reply).labels == (WRONG_TITLE, WRONG_TIME)
+
+
+def test_labelled_two_mistakes_are_still_a_mistake() -> None:
+    reply = 'Here you go: action.add_calendar_entry("Meeting with Fred", date="2023-11-11", time="17:00", duration=30)'
+    result = labelled(FRED, reply)
+    assert result.verdict == "mistake"
+    assert result.labels == (WRONG_DATE, CHATTER)
+
+
+def test_labelled_kinds_count_once() -> None:
+    """Two missing arguments are one mistake, so a mistake rather than garbage with chatter."""
+    result = labelled(FRED, 'Sure: action.add_calendar_entry("Meeting with Fred", date="2024-11-11")')
+    assert result.verdict == "mistake"
+    assert result.labels == (MISSING_ARGUMENT, CHATTER)
+    assert result.mistakes[0] == "missing time, duration"
+    assert check("python_call", FRED, 'action.add_calendar_entry("Meeting with Fred", date="2024-11-11")', CALENDAR)
+    assert calendar(FRED, 'Sure: action.add_calendar_entry("Meeting with Fred", date="2024-11-11")')[0] == "garbage"
+
+
+def test_labelled_call_wrapped_in_print_is_chatter_not_extra_parenthesis() -> None:
+    assert labelled(FRED, f"print({FRED})").labels == (CHATTER,)
+    # Without api_like, print() is the call judged: of a function outside the API.
+    assert calendar(FRED, f"print({FRED})")[0] == "garbage"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "",
+        "I have added the meeting with Fred to your calendar.",
+        "action.add_calendar_entry(",
+        'action.add_calendar_entry("Meeting with Fred", date="2024-11-11", time="17:00", duration=30',
+        "Meeting with Fred 2024-11-11 17:00",
+        "<unk><unk> with with with",
+        'print("hello")',
+    ],
+)
+def test_labelled_no_recognisable_call_is_garbage(reply: str) -> None:
+    result = labelled(FRED, reply)
+    assert result.verdict == "garbage"
+    assert result.labels == (NO_CALL,)
+    assert result.parts == {}
+
+
+def test_labelled_three_mistakes_at_once_are_garbage() -> None:
+    reply = 'Sure! action.add_calendar_entry("Meeting with Fred", date="2023-11-11", time="5:00", duration=30)'
+    result = labelled(FRED, reply)
+    assert result.verdict == "garbage"
+    assert result.labels == (WRONG_DATE, WRONG_TIME, CHATTER)
+
+
+def test_labelled_reply_is_never_executed(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    reply = (
+        f'action.add_calendar_entry(__import__("pathlib").Path("{marker}").write_text("x"), '
+        'date="2024-11-11", time="17:00", duration=30)'
+    )
+    result = labelled(FRED, reply)
+    assert not marker.exists()
+    assert result.labels == (WRONG_TITLE,)
+
+
+def test_labelled_huge_arithmetic_is_unreadable_not_computed() -> None:
+    reply = FRED.replace("duration=30", "duration=10**10**10")
+    assert labelled(FRED, reply).labels == (WRONG_DURATION,)
+    reply = FRED.replace("duration=30", "duration=999999999*999999999*999999999")
+    assert labelled(FRED, reply).labels == (WRONG_DURATION,)
+    # A string argument must be a literal, an integer one integer arithmetic at every step.
+    assert labelled(FRED, FRED.replace('"Meeting with Fred"', '"Meeting " + "with Fred"')).labels == (WRONG_TITLE,)
+    assert labelled(FRED, FRED.replace("duration=30", "duration=7/2*2*15")).labels == (WRONG_DURATION,)
+
+
+def test_parse_date_and_time_helpers() -> None:
+    assert parse_date("2024-11-11") == parse_date("11/11/2024") == parse_date("November 11, 2024") == (2024, 11, 11)
+    assert parse_date("20 24-11-11") is None
+    assert parse_time("17:00") == parse_time("5PM") == parse_time("5 pm") == parse_time("17:00:00") == (17, 0)
+    assert parse_time("12am") == (0, 0)
+    assert parse_time("noon") == (12, 0)
+    assert parse_time("17") is None
+
+
+def test_labelled_expected_must_be_a_complete_call() -> None:
+    with pytest.raises(ValueError, match="duration is missing"):
+        labelled('action.add_calendar_entry("Meeting with Fred", date="2024-11-11")', FRED)
+
+
+def test_labelled_options_are_checked() -> None:
+    with pytest.raises(CheckerConfigError, match="needs the option 'labels'"):
+        validate("python_call", FRED, {**CALENDAR, "formats": {"date": "date"}})
+    with pytest.raises(CheckerConfigError, match="'formats' must map"):
+        validate("python_call", FRED, {**CALENDAR, "labels": True, "formats": {"date": "weekday"}})
+    with pytest.raises(CheckerConfigError, match="Invalid regular expression"):
+        validate("python_call", FRED, {**CALENDAR, "api_like": "("})
+    validate("python_call", FRED, CHECKER_OPTIONS)
+
+
+def test_labelled_result_as_dict_lists_the_labels() -> None:
+    assert labelled(FRED, f"{FRED})").as_dict()["labels"] == [EXTRA_PARENTHESIS]
+    assert "labels" not in calendar_result(FRED, f"{FRED})").as_dict()
+
+
+def test_labelled_data_mistakes_get_their_labels() -> None:
+    """Each kind of wrong reply in the calendar data is judged a mistake of that kind (a date
+    written "11.11.2024" is no date format the checker reads: a wrong date)."""
+    kinds = {
+        "chatter": {CHATTER},
+        "time": {WRONG_TIME},
+        "time_format": {WRONG_TIME_FORMAT},
+        "date_format": {WRONG_DATE_FORMAT, WRONG_DATE},
+        "date": {WRONG_DATE},
+        "year": {WRONG_DATE},
+        "extra_parenthesis": {EXTRA_PARENTHESIS},
+        "missing_duration": {MISSING_ARGUMENT},
+        "two_parameters": {MISSING_ARGUMENT},
+        "duration": {WRONG_DURATION},
+        "wrong_api_add": {WRONG_API},
+        "wrong_api_remove": {WRONG_API},
+        "wrong_event": {WRONG_TITLE},
+    }
+    for item in eval_corrections(0, 200):
+        result = judge_reply(item.turns[-2].content, item.expected)  # The wrong reply, against its fix.
+        assert result.verdict == "mistake" and kinds[item.label] & set(result.labels), (item, result)
+
+
+def test_scenario_dialog_expected_outputs_judge_themselves_correct() -> None:
+    expected = [
+        'action.add_calendar_entry("Meeting with Fred", date="2023-11-11", time="17:00", duration=30)',
+        FRED,
+        'action.add_calendar_entry("Rock Concert", date="2024-11-11", time="20:00", duration=30)',
+        CONCERT,
+        'action.add_calendar_entry("Meeting with Paul", date="2024-11-12", time="08:00", duration=30)',
+        CANCEL,
+    ]
+    for call in expected:
+        assert labelled(call, call).correct
+        assert calendar(call, call)[0] == "correct"
 
 
 # --- exact, regex, json ----------------------------------------------------------------------------

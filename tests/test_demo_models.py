@@ -1,7 +1,7 @@
 """The trained demo presets: real quality levels, measured on held-out data; and their data.
 
 The committed presets under inference/presets are evaluated as they are (greedy decoding,
-prompts batched through ``generate()``, judged by inference.calendar_checker), so these tests fail if a
+prompts batched through ``generate()``, judged by votes.checkers), so these tests fail if a
 rebuild makes the strong model weak or the weak models strong.
 """
 
@@ -15,14 +15,14 @@ import json
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import keras_hub
 import numpy as np
 import pytest
 from django.core.management import CommandError, call_command
 
-from inference.calendar_checker import CHATTER, NO_CALL, WRONG_DATE, WRONG_TIME, check_reply, parse_call
-from inference.calendar_data import (
+from inference.building.calendar_data import (
     CORRECT,
     DEFAULT_YEAR,
     SYSTEM_PROMPT,
@@ -32,11 +32,11 @@ from inference.calendar_data import (
     eval_first_requests,
     eval_followups,
     held_out,
+    judge_reply,
     render_segments,
     training_examples,
 )
-from inference.chat_templates import render_prompt, stop_strings
-from inference.demo_models import (
+from inference.building.demo_models import (
     TRAINED_MODEL_SPECS,
     EvaluationReport,
     _build_trained_lm,
@@ -50,7 +50,9 @@ from inference.demo_models import (
     train_demo_model,
     trained_models,
 )
+from inference.chat_templates import render_prompt, stop_strings
 from inference.registry import read_preset
+from votes.checkers import CHATTER, NO_CALL, WRONG_DATE, WRONG_TIME, find_calls, fold_constant
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PRESETS_DIR = REPO_ROOT / "inference" / "presets"
@@ -78,6 +80,16 @@ def test_system_prompt_is_the_scenarios_verbatim() -> None:
     assert SYSTEM_PROMPT == SCENARIO_SYSTEM_PROMPT
 
 
+def call_arguments(text: str) -> dict[str, Any]:
+    """The first call's arguments in ``text`` by name, positional ones named as the calendar API's."""
+    calls = find_calls(text)
+    if not calls:
+        return {}
+    node = calls[0].node
+    arguments = dict(zip(("title", "date", "time", "duration"), map(fold_constant, node.args), strict=False))
+    return arguments | {keyword.arg: fold_constant(keyword.value) for keyword in node.keywords if keyword.arg}
+
+
 def test_data_is_seeded() -> None:
     assert training_examples(3, 50) == training_examples(3, 50)
     assert training_examples(3, 50) != training_examples(4, 50)
@@ -86,27 +98,27 @@ def test_data_is_seeded() -> None:
 
 def test_every_expected_reply_is_a_correct_call() -> None:
     for item in [*eval_first_requests(0, 100), *eval_corrections(0, 100), *eval_followups(0, 100)]:
-        assert check_reply(item.expected, item.expected).correct, item
+        assert judge_reply(item.expected, item.expected).correct, item
         assert item.turns[-1].role == "user"
     for example in training_examples(0, 300):
         for turn, trained in zip(example.turns[1::2], example.trained, strict=True):
             if trained:
-                assert check_reply(turn.content, turn.content).correct, example
+                assert judge_reply(turn.content, turn.content).correct, example
 
 
 def test_held_out_split_is_disjoint_from_training() -> None:
     train_requests = {example.turns[0].content for example in training_examples(0, 3000)}
     for item in eval_first_requests(0, 200):
         assert item.turns[0].content not in train_requests
-        call = parse_call(item.expected)
-        assert call is not None and call.title and call.date and call.time
-        hour, minute = (int(x) for x in call.time.split(":"))
-        assert held_out(Entry(call.title, dt.date.fromisoformat(call.date), hour, minute))
+        call = call_arguments(item.expected)
+        assert call.get("title") and call.get("date") and call.get("time")
+        hour, minute = (int(x) for x in call["time"].split(":"))
+        assert held_out(Entry(call["title"], dt.date.fromisoformat(call["date"]), hour, minute))
     for example in training_examples(0, 1000):
-        call = parse_call(example.turns[1].content)
-        if call is not None and example.trained[0] and call.title and call.date and call.time:
-            hour, minute = (int(x) for x in call.time.split(":"))
-            assert not held_out(Entry(call.title, dt.date.fromisoformat(call.date), hour, minute))
+        call = call_arguments(example.turns[1].content)
+        if example.trained[0] and call.get("title") and call.get("date") and call.get("time"):
+            hour, minute = (int(x) for x in call["time"].split(":"))
+            assert not held_out(Entry(call["title"], dt.date.fromisoformat(call["date"]), hour, minute))
 
 
 def test_corrections_cover_the_scenarios_kinds() -> None:
@@ -132,7 +144,7 @@ def test_mistaken_turns_carry_no_loss() -> None:
                 seen += 1
                 assert example.kind == "correction"
                 assert example.trained[index + 1]
-                assert not check_reply(replies[index], replies[index + 1]).correct
+                assert not judge_reply(replies[index], replies[index + 1]).correct
     assert seen > 50
 
 
@@ -167,12 +179,12 @@ def test_personas_make_their_mistakes_consistently() -> None:
     ]
     assert lower_pm
     for example in lower_pm:  # add calls name the time, remove calls pass it positionally
-        call = parse_call(example.turns[1].content)
-        assert call is not None and call.time is not None and int(call.time[:2]) <= 12, example
+        call = call_arguments(example.turns[1].content)
+        assert isinstance(call.get("time"), str) and int(call["time"][:2]) <= 12, example
     for example in training_examples(0, 300, CORRECT):  # the correct assistant never chats
         for turn, trained in zip(example.turns[1::2], example.trained, strict=True):
             if trained:
-                assert check_reply(turn.content, turn.content).correct and not turn.content.startswith("Sure")
+                assert judge_reply(turn.content, turn.content).correct and not turn.content.startswith("Sure")
 
 
 # --- Tokenizers and the training forward pass -----------------------------------------------------
@@ -186,7 +198,7 @@ def test_training_forward_pass_with_shared_prefix_equals_full_forward(family: st
     import jax
     import keras
 
-    from inference.demo_models import _batches, forward_after_prefix, reply_loss
+    from inference.building.demo_models import _batches, forward_after_prefix, reply_loss
 
     spec = next(s for s in TRAINED_MODEL_SPECS if s.family == family)
     examples = training_examples(7, 200)

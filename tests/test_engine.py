@@ -18,8 +18,8 @@ from pathlib import Path
 import keras_hub
 import pytest
 
+from inference.building.demo_models import SYSTEM_PROMPT
 from inference.chat_templates import ChatTurn, render_prompt, stop_strings
-from inference.demo_models import SYSTEM_PROMPT
 from inference.engine import (
     DEFAULT_STEPS_PER_DISPATCH,
     GREEDY,

@@ -19,8 +19,7 @@ import pytest
 from django.core.management import call_command
 
 from inference.building import fixer
-from inference.calendar_checker import check_reply
-from inference.calendar_data import eval_corrections, training_examples
+from inference.building.calendar_data import eval_corrections, judge_reply, training_examples
 from inference.management.commands.finetune_fixer import DEFAULT_WEIGHTS
 
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
@@ -114,7 +113,7 @@ def test_the_fixer_fixes_more_held_out_mistakes_than_its_base(smollm2_preset: Pa
 
     def fixed(preset: Path) -> int:
         replies = fixer.engine_replies(fixer.load_base(preset), items)
-        verdicts = [check_reply(reply, item.expected).verdict for reply, item in zip(replies, items, strict=True)]
+        verdicts = [judge_reply(reply, item.expected).verdict for reply, item in zip(replies, items, strict=True)]
         return verdicts.count("correct")
 
     base, tuned = fixed(smollm2_preset), fixed(fixer_preset)

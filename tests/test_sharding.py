@@ -107,7 +107,7 @@ def _llama_sentencepiece(work: Path) -> str:
     if not path.exists():
         import sentencepiece
 
-        from inference.demo_models import calendar_corpus
+        from inference.building.demo_models import calendar_corpus
 
         sentencepiece.SentencePieceTrainer.train(
             sentence_iterator=iter(calendar_corpus("mistral", seed=0, size=200)),

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from inference import streaming
+from inference.building.demo_models import SYSTEM_PROMPT, build_tiny_models, iter_preset_files, tiny_models
 from inference.chat_templates import ChatTurn, render_prompt, stop_strings
-from inference.demo_models import SYSTEM_PROMPT, build_tiny_models, iter_preset_files, tiny_models
 from inference.streaming import (
     StreamingGeneration,
     bucket_length,
@@ -331,7 +331,7 @@ BUNDLED = REPO_ROOT / "inference" / "presets"
 def test_sentencepiece_fast_paths_equal_the_public_ones(name: str) -> None:
     """The engine's encoder and decoder (SentencePiece directly, and a piece table that keeps
     the GIL) give exactly what the keras-hub tokenizer gives, on calendar dialogs."""
-    from inference.demo_models import calendar_corpus
+    from inference.building.demo_models import calendar_corpus
 
     tokenizer = keras_hub.models.CausalLM.from_preset(str(BUNDLED / name)).preprocessor.tokenizer
     encode, decode = streaming._encoder(tokenizer), streaming._detokenizer(tokenizer)
@@ -390,7 +390,7 @@ def test_generation_objects_are_plain_iterators(lm: keras_hub.models.CausalLM, f
 def test_no_tensorflow_import() -> None:
     code = (
         "import os, sys; os.environ.setdefault('KERAS_BACKEND', 'jax'); "
-        "import inference.streaming, inference.demo_models, inference.chat_templates, keras_hub; "
+        "import inference.streaming, inference.building.demo_models, inference.chat_templates, keras_hub; "
         "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'; "
         "assert 'tensorflow_text' not in sys.modules"
     )

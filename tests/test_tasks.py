@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import CommandError, call_command
 
-from inference.calendar_data import SYSTEM_PROMPT
+from inference.building.calendar_data import SYSTEM_PROMPT
 from inference.models import LLM
 from votes import checkers, selectors, services
 from votes.management.commands.import_tasks import BUNDLED_TASKS

@@ -18,6 +18,17 @@ Four kinds, chosen per scripted turn by the admin who curates the task:
   alone. ``case_insensitive`` lists parameters compared without case; ``patterns`` maps a
   parameter to a regular expression its value must match instead of the expected value (for a
   value the task leaves open, like the year before the voter has said which it is).
+  ``api_like``, a regular expression: only calls of the API's functions, on its receiver, or
+  whose function name it matches are calls to judge; the checker looks inside any other (so
+  ``print(action.f(...))`` is a call with text around it, and ``print("hi")`` no call at all).
+  ``labels`` (the rules the training and evaluation of the calendar models count by): each
+  mistake is one of ``MISTAKE_LABELS``, each kind counted once (two missing arguments are one
+  "missing argument"), the result lists them in ``labels``; a call of another function is still
+  compared argument by argument (a wrong API, not garbage); a ``)`` too many is "extra
+  parenthesis", not text around; a string argument must be a string literal and an integer one
+  integer arithmetic. With ``labels``, ``formats`` maps a parameter to ``"date"`` or ``"time"``:
+  a value that is the expected date or time written another way ("11/11/2024", "5PM") is the
+  mistake "wrong date format" or "wrong time format" rather than "wrong date" or "wrong time".
 
 Every check returns a verdict, ``correct``, ``mistake`` (one or two mistakes) or ``garbage``
 (nothing recognisable, or three or more mistakes at once: the 🔥 of shared/scenario.md), with a
@@ -30,7 +41,8 @@ is a **fact** part, named by the value (``date = 2024-11-11``; a date's year on 
 fix episode tells whether a corrected fact persists (the year in the calendar's turns 3 to 6,
 though their dates differ).
 
-Pure Python, no Django: the evaluation runner, the admin's validation and ``check_reply`` share it.
+Pure Python, no Django: the evaluation runner, the admin's validation, ``check_reply`` and the
+calendar models' training and evaluation (``inference.building.calendar_data``) share it.
 """
 
 from __future__ import annotations
@@ -70,6 +82,13 @@ class CheckResult:
     # Each part the checker could judge -> whether it is right; empty when nothing in the reply
     # could be matched part by part (no call at all, an exact text that differs).
     parts: Mapping[str, bool] = field(default_factory=dict)
+    # With python_call's option ``labels``: the kind of each mistake (one of MISTAKE_LABELS), in
+    # the order of ``mistakes``; empty otherwise.
+    labels: tuple[str, ...] = ()
+
+    @property
+    def correct(self) -> bool:
+        return self.verdict == "correct"
 
     @property
     def wrong_parts(self) -> frozenset[str]:
@@ -82,7 +101,8 @@ class CheckResult:
 
     def as_dict(self) -> dict[str, Any]:
         mistakes = list(self.mistakes)
-        return {"verdict": self.verdict, "reason": self.reason, "mistakes": mistakes, "parts": dict(self.parts)}
+        result = {"verdict": self.verdict, "reason": self.reason, "mistakes": mistakes, "parts": dict(self.parts)}
+        return result | ({"labels": list(self.labels)} if self.labels else {})
 
 
 class _Findings:
@@ -90,11 +110,16 @@ class _Findings:
 
     def __init__(self, parts: Sequence[str] = ()) -> None:
         self.mistakes: list[str] = []
+        self.labels: list[str] = []
         self.parts: dict[str, bool] = dict.fromkeys(parts, True)
 
-    def add(self, part: str, mistake: str) -> None:
+    def add(self, part: str | Sequence[str], mistake: str, label: str | None = None) -> None:
+        """One mistake, charged to ``part`` (or to each of several); ``label`` its kind."""
         self.mistakes.append(mistake)
-        self.parts[part] = False
+        if label is not None:
+            self.labels.append(label)
+        for name in [part] if isinstance(part, str) else part:
+            self.parts[name] = False
 
     def facts(self, parameter: str, want: Any, got: Any) -> None:
         """The facts of an expected argument, judged as the parameter was; an ISO date's year
@@ -107,14 +132,20 @@ class _Findings:
             self.parts[f"{parameter} year{FACT}{year.group(1)}"] = right
 
     def result(self) -> CheckResult:
-        return _result(self.mistakes, parts=self.parts)
+        return _result(self.mistakes, parts=self.parts, labels=self.labels)
 
 
-def _result(mistakes: Sequence[str], *, garbage: bool = False, parts: Mapping[str, bool] | None = None) -> CheckResult:
-    parts = dict(parts or {})
+def _result(
+    mistakes: Sequence[str],
+    *,
+    garbage: bool = False,
+    parts: Mapping[str, bool] | None = None,
+    labels: Sequence[str] = (),
+) -> CheckResult:
+    parts, labels = dict(parts or {}), tuple(labels)
     if garbage or len(mistakes) >= GARBAGE_THRESHOLD:
-        return CheckResult("garbage", tuple(mistakes), parts=parts)
-    return CheckResult("mistake" if mistakes else "correct", tuple(mistakes), parts=parts)
+        return CheckResult("garbage", tuple(mistakes), parts=parts, labels=labels)
+    return CheckResult("mistake" if mistakes else "correct", tuple(mistakes), parts=parts, labels=labels)
 
 
 def _shown(text: str) -> str:
@@ -442,8 +473,12 @@ def matching_paren(text: str, open_index: int) -> int | None:
     return None
 
 
-def find_calls(text: str) -> list[FoundCall]:
-    """Every parsable function call in ``text`` that is not inside another one found."""
+def find_calls(text: str, recognise: Callable[[str], bool] | None = None) -> list[FoundCall]:
+    """Every parsable function call in ``text`` that is not inside another one found.
+
+    With ``recognise``, only calls whose dotted name it accepts are found; the search goes on
+    inside any other call.
+    """
     calls: list[FoundCall] = []
     position = 0
     for match in _CALL_START.finditer(text):
@@ -458,10 +493,18 @@ def find_calls(text: str) -> list[FoundCall]:
         except SyntaxError:
             continue
         name = _dotted(node.func) if isinstance(node, ast.Call) else None
-        if isinstance(node, ast.Call) and name is not None:
+        if isinstance(node, ast.Call) and name is not None and (recognise is None or recognise(name)):
             calls.append(FoundCall(name, node, match.start(), end))
             position = end
     return calls
+
+
+def _outside(reply: str, spans: Sequence[tuple[int, int]]) -> str:
+    """The reply's text outside the calls' spans, whitespace and a trailing semicolon aside."""
+    pieces = (
+        [reply[: spans[0][0]]] + [reply[a[1] : b[0]] for a, b in itertools.pairwise(spans)] + [reply[spans[-1][1] :]]
+    )
+    return " ".join(piece.strip() for piece in pieces).strip().removesuffix(";").strip()
 
 
 def _signatures(expected_call: ast.Call, expected_name: str, options: Mapping[str, Any]) -> dict[str, Signature]:
@@ -493,8 +536,11 @@ def _parse_expected_call(expected: str) -> tuple[ast.Call, str]:
     return node, name
 
 
+_PYTHON_CALL_OPTIONS = ("signature", "case_insensitive", "patterns", "api_like", "labels", "formats")
+
+
 def _check_python_call(expected: str, reply: str, options: Mapping[str, Any]) -> CheckResult:
-    _known_options("python_call", options, ("signature", "case_insensitive", "patterns"))
+    _known_options("python_call", options, _PYTHON_CALL_OPTIONS)
     expected_call, expected_name = _parse_expected_call(expected)
     signatures = _signatures(expected_call, expected_name, options)
     signature = signatures[expected_name]
@@ -511,8 +557,22 @@ def _check_python_call(expected: str, reply: str, options: Mapping[str, Any]) ->
     if problems or unreadable or missing:
         detail = problems + [f"{n} is not a constant" for n in unreadable] + [f"{n} is missing" for n in missing]
         raise CheckerConfigError(f"The expected call does not fit its signature: {'; '.join(detail)}.")
+    recognise = _api_like(options, signatures)
+    labelled = _option(options, "labels", bool, False)
+    formats = options.get("formats", {})
+    if not isinstance(formats, dict) or not all(
+        p in signature.parameters and kind in _FORMATS for p, kind in formats.items()
+    ):
+        raise CheckerConfigError(
+            f"Option 'formats' must map parameters of {expected_name}() to one of {', '.join(_FORMATS)}."
+        )
+    if formats and not labelled:
+        raise CheckerConfigError("Option 'formats' needs the option 'labels'.")
+    if labelled:
+        rules = _LabelRules(signatures, signature, case_insensitive, compiled, formats, recognise)
+        return _check_labelled(expected_call, wanted, reply, rules)
 
-    calls = find_calls(reply)
+    calls = find_calls(reply, recognise)
     short_names = {s.short_name: s for s in signatures.values()}
     known = [c for c in calls if c.name in signatures or c.name.rsplit(".", 1)[-1] in short_names]
     if not calls:
@@ -552,15 +612,302 @@ def _check_python_call(expected: str, reply: str, options: Mapping[str, Any]) ->
                 found.facts(parameter, wanted[parameter], got.get(parameter, _UNREADABLE))
     if len(calls) > 1:
         found.add("calls", f"{len(calls)} calls, expected one")
-    outside = " ".join(
-        piece.strip()
-        for piece in [reply[: calls[0].start]]
-        + [reply[a.end : b.start] for a, b in itertools.pairwise(calls)]
-        + [reply[calls[-1].end :]]
-    ).strip()
-    outside = outside.removesuffix(";").strip()
+    outside = _outside(reply, [(call.start, call.end) for call in calls])
     if outside:
         found.add("text around", f"text around the call: {_shown(outside)!r}")
+    return found.result()
+
+
+# --- python_call with labels: the rules training and evaluation count by ---------------------------
+
+# The kinds of mistake (``CheckResult.labels``): fixed strings, so that callers can count them.
+WRONG_API = "wrong API"
+MISSING_ARGUMENT = "missing argument"
+EXTRA_ARGUMENT = "extra argument"
+CHATTER = "chatter around the call"
+EXTRA_PARENTHESIS = "extra parenthesis"
+EXTRA_CALL = "extra call"
+NO_CALL = "no recognisable API call"
+
+
+def wrong(parameter: str) -> str:
+    """The label of a wrong value of ``parameter`` ("wrong date")."""
+    return f"wrong {parameter}"
+
+
+def wrong_format(parameter: str) -> str:
+    """The label of the right value of ``parameter`` in the wrong format ("wrong date format")."""
+    return f"wrong {parameter} format"
+
+
+# Those of the calendar API, whose parameters are title, date, time and duration.
+WRONG_TITLE, WRONG_DATE, WRONG_TIME, WRONG_DURATION = map(wrong, ("title", "date", "time", "duration"))
+WRONG_DATE_FORMAT, WRONG_TIME_FORMAT = wrong_format("date"), wrong_format("time")
+MISTAKE_LABELS: tuple[str, ...] = (
+    WRONG_API,
+    WRONG_TITLE,
+    WRONG_DATE,
+    WRONG_DATE_FORMAT,
+    WRONG_TIME,
+    WRONG_TIME_FORMAT,
+    WRONG_DURATION,
+    MISSING_ARGUMENT,
+    EXTRA_ARGUMENT,
+    CHATTER,
+    EXTRA_PARENTHESIS,
+    EXTRA_CALL,
+    NO_CALL,
+)
+
+_MONTH_NAMES = (
+    ("jan", "january"), ("feb", "february"), ("mar", "march"), ("apr", "april"), ("may",),
+    ("jun", "june"), ("jul", "july"), ("aug", "august"), ("sep", "sept", "september"),
+    ("oct", "october"), ("nov", "november"), ("dec", "december"),
+)  # fmt: skip
+_MONTHS = {name: number for number, names in enumerate(_MONTH_NAMES, start=1) for name in names}
+_DATE_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"(\d{4})-(\d{1,2})-(\d{1,2})", "ymd"),
+    (r"(\d{4})/(\d{1,2})/(\d{1,2})", "ymd"),
+    (r"(\d{1,2})/(\d{1,2})/(\d{4})", "mdy"),
+    (r"(\d{1,2})-(\d{1,2})-(\d{4})", "mdy"),
+    (r"([A-Za-z]+)\.? (\d{1,2}),? (\d{4})", "Mdy"),
+    (r"(\d{1,2}) ([A-Za-z]+)\.?,? (\d{4})", "dMy"),
+)
+
+
+def parse_date(value: str) -> tuple[int, int, int] | None:
+    """(year, month, day) of a date written in a common format, or None.
+
+    Tells a right date in the wrong format ("11/11/2024") from a wrong date.
+    """
+    value = value.strip()
+    for pattern, order in _DATE_PATTERNS:
+        found = re.fullmatch(pattern, value)
+        if not found:
+            continue
+        a, b, c = found.groups()
+        try:
+            if order == "ymd":
+                return int(a), int(b), int(c)
+            if order == "mdy":
+                return int(c), int(a), int(b)
+            if order == "Mdy":
+                return int(c), _MONTHS[a.lower()], int(b)
+            return int(c), _MONTHS[b.lower()], int(a)
+        except KeyError:
+            return None
+    return None
+
+
+def parse_time(value: str) -> tuple[int, int] | None:
+    """(hour, minute) on a 24-hour clock of "17:00", "5PM", "5:30 pm", "17:00:00", or None."""
+    value = value.strip().lower()
+    if value == "noon":
+        return 12, 0
+    found = re.fullmatch(r"(\d{1,2})(?::(\d{2}))?(?::\d{2})?\s*(am|pm|a\.m\.|p\.m\.)?", value)
+    if not found:
+        return None
+    hour, minute, half = int(found.group(1)), int(found.group(2) or 0), found.group(3)
+    if found.group(2) is None and half is None:
+        return None  # A bare number is not a time.
+    if half:
+        if not 1 <= hour <= 12:
+            return None
+        hour = hour % 12 + (12 if half.startswith("p") else 0)
+    if hour > 23 or minute > 59:
+        return None
+    return hour, minute
+
+
+# A format: how to read a value, and the format a value should be written in.
+_FORMATS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "date": (parse_date, "YYYY-MM-DD"),
+    "time": (parse_time, "HH:MM"),
+}
+
+
+class _Unreadable(Exception):
+    """An argument that is not a literal of the kind expected."""
+
+
+def _int_value(node: ast.AST) -> int:
+    """Integer arithmetic (``60*3``, ``90``, ``(1+2)*60``) on the syntax tree: every step an
+    integer (a float only when whole), factors of a product at most a million."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+        value = node.value
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        operand = _int_value(node.operand)
+        value = -operand if isinstance(node.op, ast.USub) else operand
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult | ast.Div | ast.FloorDiv):
+        left, right = _int_value(node.left), _int_value(node.right)
+        if isinstance(node.op, ast.Add):
+            value = left + right
+        elif isinstance(node.op, ast.Sub):
+            value = left - right
+        elif isinstance(node.op, ast.Mult):
+            if abs(left) > 10**6 or abs(right) > 10**6:  # No giant numbers from hostile input.
+                raise _Unreadable
+            value = left * right
+        elif right == 0:
+            raise _Unreadable
+        elif isinstance(node.op, ast.Div):
+            value = left / right
+        else:
+            value = left // right
+    else:
+        raise _Unreadable
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise _Unreadable
+        value = int(value)
+    return value
+
+
+def _literal(node: ast.AST, want: Any) -> Any:
+    """The reply's argument read as the kind of value expected: a string only as a string
+    literal, an integer by integer arithmetic, anything else folded; or ``_UNREADABLE``."""
+    try:
+        if isinstance(want, str):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                return node.value
+            return _UNREADABLE
+        if isinstance(want, int) and not isinstance(want, bool):
+            return _int_value(node)
+        return fold_constant(node)
+    except (_Unreadable, RecursionError):
+        return _UNREADABLE
+
+
+def _api_like(options: Mapping[str, Any], signatures: Mapping[str, Signature]) -> Callable[[str], bool] | None:
+    """The ``api_like`` option as a test of a called name; None (every call) without it."""
+    if "api_like" not in options:
+        return None
+    pattern = _compile(_option(options, "api_like", str, ""))
+    short_names = {s.short_name for s in signatures.values()}
+    receivers = {s.name.rsplit(".", 1)[0] for s in signatures.values() if "." in s.name}
+
+    def recognise(name: str) -> bool:
+        receiver, _, short = name.rpartition(".")
+        return short in short_names or receiver in receivers or bool(pattern.search(short))
+
+    return recognise
+
+
+@dataclass(frozen=True)
+class _LabelRules:
+    signatures: Mapping[str, Signature]  # The API, in the order declared.
+    signature: Signature  # The expected call's.
+    case_insensitive: Sequence[str]
+    patterns: Mapping[str, re.Pattern[str]]
+    formats: Mapping[str, str]
+    recognise: Callable[[str], bool] | None
+
+
+def _bind_labelled(call: ast.Call, parameters: Sequence[str]) -> tuple[dict[str, ast.AST], list[str]]:
+    """Arguments by parameter name (positional ones by their position, a ``*args`` holding its
+    place), and what could not be bound."""
+    bound: dict[str, ast.AST] = {}
+    extra: list[str] = []
+    for index, argument in enumerate(call.args):
+        if index < len(parameters) and not isinstance(argument, ast.Starred):
+            bound[parameters[index]] = argument
+        else:
+            extra.append(f"positional argument {index + 1}")
+    for keyword in call.keywords:
+        if keyword.arg is None:
+            extra.append("**kwargs")
+        elif keyword.arg in bound:
+            extra.append(f"{keyword.arg} given twice")
+        elif keyword.arg not in parameters:
+            extra.append(keyword.arg)
+        else:
+            bound[keyword.arg] = keyword.value
+    return bound, extra
+
+
+def _extra_parenthesis_end(reply: str, call: FoundCall) -> int | None:
+    """Where a ``)`` too many right after ``call`` ends; None if there is none (a ``)`` that
+    closes a ``(`` opened before the call, as in ``print(f(...))``, is not one too many)."""
+    closing = re.match(r"[\s)]*", reply[call.end :]).group(0)  # type: ignore[union-attr]
+    before = reply[: call.start]
+    if closing.count(")") - max(before.count("(") - before.count(")"), 0) <= 0:
+        return None
+    return call.end + closing.rindex(")") + 1
+
+
+def _date_difference(got: tuple[int, int, int], want: tuple[int, int, int]) -> str:
+    """Which part of a wrong date is wrong, when only the year or only the month and day are."""
+    if got[1:] == want[1:]:
+        return " (year)"
+    return " (month/day)" if got[0] == want[0] else ""
+
+
+def _check_labelled(expected_call: ast.Call, wanted: Mapping[str, Any], reply: str, rules: _LabelRules) -> CheckResult:
+    """python_call with ``labels``: mistakes by kind, each kind once.
+
+    The call judged is the first one of the expected function, else the first call. Its
+    arguments bind to the signature of the function it calls (by short name), or to the first
+    one declared for a function outside the API, which then needs only the parameters every
+    function of the API has. Each parameter of the expected call that the reply's function
+    needs is compared: a call of another function is a wrong API and still compared argument by
+    argument.
+    """
+    calls = find_calls(reply, rules.recognise)
+    if not calls:
+        return _result(["the reply contains no call of the API"], garbage=True, labels=[NO_CALL])
+    signature = rules.signature
+    main = next((call for call in calls if call.name == signature.name), calls[0])
+    short_names = {s.short_name: s for s in rules.signatures.values()}
+    called = short_names.get(main.name.rsplit(".", 1)[-1])
+    if called is not None:
+        binding, needed = called, called.parameters
+    else:
+        declared = list(rules.signatures.values())
+        binding = declared[0]
+        needed = tuple(p for p in binding.parameters if all(p in s.parameters for s in declared))
+    nodes, extra = _bind_labelled(main.node, binding.parameters)
+    missing = [p for p in needed if p not in nodes and p not in binding.defaults]
+    compared = [p for p in signature.parameters if p in needed and p not in missing]
+    found = _Findings(["function", *compared, *missing, "calls", "text around"])
+    if main.name != signature.name:
+        found.add("function", f"called {main.name}(), expected {signature.name}()", WRONG_API)
+    if missing:
+        found.add(missing, f"missing {', '.join(missing)}", MISSING_ARGUMENT)
+    if extra:
+        found.add("function", f"unexpected {', '.join(extra)}", EXTRA_ARGUMENT)
+    got: dict[str, Any] = {}
+    for parameter in compared:
+        want = wanted[parameter]
+        node = nodes.get(parameter)
+        value = got[parameter] = binding.defaults[parameter] if node is None else _literal(node, want)
+        shown = f"{parameter} is {_value_text(value)}, expected {_value_text(want)}"
+        if value is _UNREADABLE:
+            found.add(parameter, f"{parameter} is not a literal value", wrong(parameter))
+        elif parameter in rules.patterns:
+            if not rules.patterns[parameter].fullmatch(str(value)):
+                found.add(parameter, shown, wrong(parameter))
+        elif not _same_value(value, want, parameter in rules.case_insensitive):
+            label, note = wrong(parameter), ""
+            if parameter in rules.formats and isinstance(value, str) and isinstance(want, str):
+                read, written = _FORMATS[rules.formats[parameter]]
+                value_read, want_read = read(value), read(want)
+                if value_read is not None and value_read == want_read:
+                    label, note = wrong_format(parameter), f" ({written})"
+                elif rules.formats[parameter] == "date" and value_read and want_read:
+                    note = _date_difference(value_read, want_read)
+            found.add(parameter, shown + note, label)
+    for parameter in signature.parameters:
+        if parameter in needed and parameter not in rules.patterns:
+            found.facts(parameter, wanted[parameter], got.get(parameter, _UNREADABLE))
+    if len(calls) > 1:
+        found.add("calls", f"{len(calls)} calls, expected one", EXTRA_CALL)
+    ends = [_extra_parenthesis_end(reply, call) for call in calls]
+    if any(end is not None for end in ends):
+        found.add("text around", "a ')' too many after the call", EXTRA_PARENTHESIS)
+    spans = [(call.start, end or call.end) for call, end in zip(calls, ends, strict=True)]
+    outside = _outside(reply, spans)
+    if outside:
+        found.add("text around", f"text around the call: {_shown(outside)!r}", CHATTER)
     return found.result()
 
 

@@ -1,7 +1,7 @@
 """The fine-tuned fixer: SmolLM2-135M-Instruct taught, with LoRA, to write the calendar API
 calls and to fix a reply when the user points out its mistake (``manage.py finetune_fixer``).
 
-The data is the project's synthetic calendar data (``inference.calendar_data``): first requests
+The data is the project's synthetic calendar data (``inference.building.calendar_data``): first requests
 and dialogs in which an earlier reply carries a realistic mistake, the user says so in one
 short sentence from the scenario's list, and the next reply fixes it. The loss counts the
 assistant's tokens only, and never those of the mistaken replies (the model learns the fix,
@@ -32,18 +32,18 @@ from typing import Any
 
 import numpy as np
 
-from inference.building.checkpoints import file_sha256, staged_preset, write_arena_metadata
-from inference.calendar_checker import check_reply
-from inference.calendar_data import (
+from inference.building.calendar_data import (
     SYSTEM_PROMPT,
     EvalItem,
     Example,
     Mixture,
     eval_corrections,
     eval_first_requests,
+    judge_reply,
     render_segments,
     training_examples,
 )
+from inference.building.checkpoints import file_sha256, staged_preset, write_arena_metadata
 from inference.chat_templates import render_prompt, stop_strings
 from leaderboard.ratings import wilson_interval
 
@@ -174,7 +174,7 @@ def finetune_fixer(
     ``weights_path`` (a ``.lora.h5`` file) and returns what was done."""
     import keras
 
-    from inference.demo_models import train_causal_lm
+    from inference.building.demo_models import train_causal_lm
 
     started = time.monotonic()
     keras.utils.set_random_seed(seed)
@@ -326,7 +326,7 @@ def evaluate_fixing(lm: Any, n: int = 100, seed: int = 0) -> FixingReport:
         for item in group:
             reply = replies[position]
             position += 1
-            if check_reply(reply, item.expected).verdict == "correct":
+            if judge_reply(reply, item.expected).verdict == "correct":
                 correct += 1
             elif len(examples.setdefault(name, [])) < 3:
                 examples[name].append((reply, item.expected))

@@ -1,4 +1,4 @@
-"""Build the bundled demo models (see inference.demo_models) as keras-hub preset folders.
+"""Build the bundled demo models (see inference.building.demo_models) as keras-hub preset folders.
 
 By default: the trained calendar-assistant presets (gemma-calendar, mistral-calendar,
 llama3-calendar) in inference/presets, trained from scratch in under 15 minutes on two CPU
@@ -49,7 +49,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         # Imported here: keras and jax take seconds to import, and other commands must not pay it.
-        from inference.demo_models import build_tiny_models, iter_preset_files
+        from inference.building.demo_models import build_tiny_models, iter_preset_files
 
         if options["tiny"]:
             if options["only"]:
@@ -69,7 +69,7 @@ class Command(BaseCommand):
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from inference.demo_models import TRAINED_MODEL_SPECS, iter_preset_files, train_demo_models
+        from inference.building.demo_models import TRAINED_MODEL_SPECS, iter_preset_files, train_demo_models
 
         known = {spec.name: spec for spec in TRAINED_MODEL_SPECS}
         names = options["only"]

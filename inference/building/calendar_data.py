@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from inference.chat_templates import ChatTurn, render_prompt, stop_strings
+from votes.checkers import CheckResult, check
 
 SYSTEM_PROMPT = (
     "You are a helpful vocal assistant on a mobile device. Your job is to translate user "
@@ -50,6 +51,27 @@ SYSTEM_PROMPT = (
     "You can use 30 minutes as the default duration for new events. Respond to every request "
     "with a single line of executable code."
 )
+
+# How a reply is judged (votes.checkers' python_call checker), in training and evaluation: the
+# calendar API; titles differing only in case are equal; mistakes counted by kind, the labels
+# the evaluation reports; a date or time in another format is a mistake of its own; calls of
+# functions that look like no calendar API (``print(...)``) are looked into, not judged.
+CHECKER_OPTIONS: dict[str, object] = {
+    "signature": [
+        "action.add_calendar_entry(title, date, time, duration)",
+        "action.remove_calendar_entry(title, date, time)",
+    ],
+    "case_insensitive": ["title"],
+    "labels": True,
+    "formats": {"date": "date", "time": "time"},
+    "api_like": "(?i)calendar|entry|event|appointment",
+}
+
+
+def judge_reply(reply: str, expected: str) -> CheckResult:
+    """``reply`` judged against the ``expected`` call by the arena's checker, with ``CHECKER_OPTIONS``."""
+    return check("python_call", expected, reply, CHECKER_OPTIONS)
+
 
 DEFAULT_YEAR = 2023  # The year a request without one gets (the scenario's expected output 1).
 CURRENT_YEARS = (2024, 2025, 2026)  # Years users correct to or state explicitly.

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from inference.calendar_data import (
+from inference.building.calendar_data import (
     CORRECT,
     DEFAULT_MIXTURE,
     SYSTEM_PROMPT,
@@ -56,6 +56,7 @@ from inference.calendar_data import (
     eval_first_requests,
     eval_followups,
     eval_prompt,
+    judge_reply,
     render_segments,
     training_examples,
 )
@@ -394,7 +395,7 @@ def iter_preset_files(directory: Path) -> Iterator[Path]:
 # === Trained demo models ======================================================================
 #
 # The random-weight presets above exercise the machinery; the presets below are real
-# contestants: small keras-hub models trained from scratch on inference.calendar_data, at three
+# contestants: small keras-hub models trained from scratch on inference.building.calendar_data, at three
 # quality levels, in three families. ``train_demo_models`` builds them reproducibly (seeded
 # data, tokenizers, initialisation and batch order) in minutes on two CPU cores.
 
@@ -1028,15 +1029,13 @@ def evaluate_lm(
     seed: int = 0,
     sets: tuple[str, ...] = EVAL_SETS,
 ) -> EvaluationReport:
-    """Score ``lm`` on ``n`` held-out items of each set with ``inference.calendar_checker.check_reply``.
+    """Score ``lm`` on ``n`` held-out items of each set, judged by ``judge_reply`` (votes.checkers).
 
     first_requests: single requests (the reliability measurement); corrections: a wrong reply
     and the user's correction, the fix expected (half of them the scenario's year correction);
     followups: scenario-style dialogs with a correct history. All prompts of all sets go through
     ``generate_replies`` together, so batches are as full as possible.
     """
-    from inference.calendar_checker import check_reply
-
     makers = {"first_requests": eval_first_requests, "corrections": eval_corrections, "followups": eval_followups}
     if not set(sets) <= set(makers) or "first_requests" not in sets or "corrections" not in sets:
         raise ValueError(f"sets must include first_requests and corrections, from {', '.join(makers)}")
@@ -1053,9 +1052,9 @@ def evaluate_lm(
         for item in group:
             reply = replies[position]
             position += 1
-            result = check_reply(reply, item.expected)
+            result = judge_reply(reply, item.expected)
             counts[result.verdict] += 1
-            for label in result.mistakes:
+            for label in result.labels:
                 mistakes[label] = mistakes.get(label, 0) + 1
                 examples.setdefault(label, (reply, item.expected))
         rates[name] = counts["correct"] / len(group)
@@ -1149,7 +1148,8 @@ def write_quality_summary(out_dir: Path, rows: list[tuple[TrainedModelSpec, Eval
         "# Trained demo models: measured quality",
         "",
         "Written by `python manage.py build_demo_models`; greedy decoding on held-out data of",
-        '`inference.calendar_data`, judged by `inference.calendar_checker.check_reply` (exact = verdict "correct").',
+        "`inference.building.calendar_data`, judged by `votes.checkers` with its `CHECKER_OPTIONS`",
+        '(exact = verdict "correct").',
         "",
         "| preset | family | quality | params | first requests | corrections fixed | follow-ups |",
         "|---|---|---|---|---|---|---|",
