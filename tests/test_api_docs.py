@@ -37,6 +37,26 @@ def test_schema_has_no_duplicate_keys(client: Client) -> None:
 
 
 @pytest.mark.django_db
+def test_the_schema_carries_the_key_scheme(client: Client) -> None:
+    """ninja's APIKeyHeader puts the researcher key in the document: the operations that need one
+    require it, the others take it or none (an empty requirement), and a 429 names Retry-After."""
+    schema = client.get("/api/v1/openapi.json").json()
+    (scheme,) = schema["components"]["securitySchemes"].values()
+    assert {key: scheme[key] for key in ("type", "in", "name")} == {
+        "type": "apiKey",
+        "in": "header",
+        "name": "X-API-Key",
+    }
+    (name,) = schema["components"]["securitySchemes"]
+    operations = {path: methods["get"] for path, methods in schema["paths"].items()}
+    keyed = {path for path, operation in operations.items() if operation["security"] == [{name: []}]}
+    assert keyed == {"/api/v1/episodes", "/api/v1/battles", "/api/v1/battles/{battle_id}", "/api/v1/dumps/{day}/{name}"}
+    for path, operation in operations.items():
+        assert path in keyed or operation["security"] == [{name: []}, {}], path
+        assert "Retry-After" in operation["responses"]["429"]["headers"], path
+
+
+@pytest.mark.django_db
 def test_the_old_redoc_address_leads_to_the_docs(client: Client) -> None:
     response = client.get("/api/v1/redoc")
     assert (response.status_code, response["Location"]) == (301, "/api/v1/docs")

@@ -6,14 +6,18 @@ import gzip
 import hashlib
 import io
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
+from django.test import RequestFactory
 from django.utils import timezone
 
+from arena_site.api_common import ADDRESS_THROTTLE, SlidingWindowThrottle
 from inference.models import LLM
 from leaderboard import services as leaderboard_services
 from votes import services
@@ -348,6 +352,41 @@ def test_unknown_and_revoked_keys_spend_the_address_budget(client, settings) -> 
     for guess in (token, "guess-2", None):  # Then the address is over its budget, whatever it sends.
         headers = {"HTTP_X_API_KEY": guess} if guess else {}
         assert client.get("/api/v1/models", REMOTE_ADDR=address, **headers).status_code == 429
+
+
+def test_the_throttle_window_slides_and_a_429_says_when_to_retry(client, settings, monkeypatch) -> None:
+    """A full budget just before a minute ends and more just after do not pass twice the budget:
+    what was sent before the boundary still counts after it. The 429 says when to come back."""
+    settings.ARENA_API_ANON_PER_MINUTE = 3
+    boundary = 60 * 30_000_000.0
+    now = [boundary - 1]
+    monkeypatch.setattr(SlidingWindowThrottle, "timer", staticmethod(lambda: now[0]))
+    address = "198.19.8.8"
+    for _ in range(3):
+        assert client.get("/api/v1/models", REMOTE_ADDR=address).status_code == 200
+    now[0] = boundary + 1
+    refused = client.get("/api/v1/models", REMOTE_ADDR=address)
+    assert refused.status_code == 429 and 1 <= int(refused["Retry-After"]) <= 60
+    assert refused.json()["detail"] == f"Too many requests: at most 3 a minute; retry in {refused['Retry-After']} s."
+    now[0] = boundary + 61  # The burst has slid out of the last minute.
+    assert client.get("/api/v1/models", REMOTE_ADDR=address).status_code == 200
+
+
+def test_requests_arriving_together_are_each_counted(settings, monkeypatch) -> None:
+    """An atomic count in the cache: requests at the same moment (several web processes) cannot
+    all read the same count and pass. (ninja's own throttle, which reads a list of times and writes
+    it back, let 80 of these 80 requests through against a budget of 20.)"""
+    settings.ARENA_API_ANON_PER_MINUTE = 20
+    monkeypatch.setattr(SlidingWindowThrottle, "timer", staticmethod(lambda: 60 * 30_000_010.0 + 5))
+    request = RequestFactory().get("/api/v1/models", REMOTE_ADDR="198.19.9.9")
+    start = threading.Barrier(16)
+
+    def burst(_: int) -> int:
+        start.wait()
+        return sum(ADDRESS_THROTTLE.allow_request(request) for _ in range(5))
+
+    with ThreadPoolExecutor(16) as pool:
+        assert sum(pool.map(burst, range(16))) == 20
 
 
 def test_the_vote_dump_rated_by_rate_battles_is_the_sites_leaderboard(client, arena, key_header, tmp_path) -> None:

@@ -83,8 +83,11 @@ def keyed_hash(kind: str, value: str) -> str:
     return digest.hexdigest()[:32]
 
 
-def counter_key(action: str, kind: str, value: str, window: int) -> str:
-    return f"arena:rate:{action}:{kind}:{keyed_hash(kind, value)}:{window}"
+def counter_key(action: str, kind: str, value: str, window: int | None) -> str:
+    """The cache key of a window's count (``window``: its number), or, with None, what ``spend``
+    appends the window number to."""
+    counter = f"arena:rate:{action}:{kind}:{keyed_hash(kind, value)}"
+    return counter if window is None else f"{counter}:{window}"
 
 
 def hit(action: str, *, session: str, address: str | None, now: float | None = None) -> None:
@@ -94,37 +97,49 @@ def hit(action: str, *, session: str, address: str | None, now: float | None = N
     """
     limit = limits()[action]
     now = time.time() if now is None else now
-    window = int(now // limit.window_s)
-    into = now / limit.window_s - window  # How far into its window ``now`` is, 0..1.
     budgets = [("session", session, limit.per_session)]
     if address:
         budgets.append(("address", address, limit.per_address))
     for kind, value, budget in budgets:
         if budget == 0:
             continue
-        key = counter_key(action, kind, value, window)
-        # Kept two windows: the next window reads it as its previous one.
-        cache.add(key, 0, timeout=2 * limit.window_s + 1)
-        try:
-            count = cache.incr(key)
-        except ValueError:  # Expired between add and incr: start the window again.
-            cache.set(key, 1, timeout=2 * limit.window_s + 1)
-            count = 1
-        previous = cache.get(counter_key(action, kind, value, window - 1)) or 0
-        if previous * (1 - into) + count > budget:
+        wait = spend(counter_key(action, kind, value, window=None), budget, limit.window_s, now)
+        if wait is not None:
             who = "this page" if kind == "session" else "your network"
-            wait = _retry_after(limit, into, count, previous, budget)
             raise ArenaError("rate_limited", f"Too many {_WHAT[action]} from {who}; try again in {wait} s.")
 
 
-def _retry_after(limit: Limit, into: float, count: int, previous: int, budget: int) -> int:
+def spend(counter: str, budget: int, window_s: int, now: float | None = None) -> int | None:
+    """Count one against ``budget`` over a sliding window of ``window_s`` seconds, in the cache
+    under ``counter:<window number>``: None while within it, else the seconds until one more
+    fits. A refused one still counts. The count is an atomic increment, so concurrent requests
+    (several web processes on one Redis) cannot slip past it. Also the research API's throttle
+    (arena_site.api_common)."""
+    now = time.time() if now is None else now
+    window = int(now // window_s)
+    into = now / window_s - window  # How far into its window ``now`` is, 0..1.
+    key = f"{counter}:{window}"
+    # Kept two windows: the next window reads it as its previous one.
+    cache.add(key, 0, timeout=2 * window_s + 1)
+    try:
+        count = cache.incr(key)
+    except ValueError:  # Expired between add and incr: start the window again.
+        cache.set(key, 1, timeout=2 * window_s + 1)
+        count = 1
+    previous = cache.get(f"{counter}:{window - 1}") or 0
+    if previous * (1 - into) + count > budget:
+        return _retry_after(window_s, into, count, previous, budget)
+    return None
+
+
+def _retry_after(window_s: int, into: float, count: int, previous: int, budget: int) -> int:
     """Seconds until one more action fits: until enough of the previous window has slid out, or,
     where this window alone holds the budget, until the next window's previous weighs little."""
     if count <= budget and previous:
         # previous * (1 - into') + count <= budget, at into' = 1 - (budget - count) / previous.
-        wait = (1 - (budget - count) / previous - into) * limit.window_s
+        wait = (1 - (budget - count) / previous - into) * window_s
     else:
         # This window alone is over: in the next, its count weighs count * (1 - into'') and
         # fits once into'' = 1 - budget / count.
-        wait = (1 - into) * limit.window_s + (1 - budget / count) * limit.window_s
+        wait = (1 - into) * window_s + (1 - budget / count) * window_s
     return max(1, int(wait) + 1)

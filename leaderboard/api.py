@@ -1,0 +1,80 @@
+"""The research API's leaderboard (mounted by arena_site.api at /api/v1/leaderboard)."""
+
+from datetime import datetime
+from typing import Any
+
+from django.http import HttpRequest
+from ninja import Field, Router, Schema
+from ninja.errors import HttpError
+
+from arena_site.api_common import ERRORS, Error
+from leaderboard import selectors as leaderboard_selectors
+
+router = Router()
+
+
+class LeaderboardRow(Schema):
+    """A model's row: vote boards give votes, Elo and fix rates; the fix-ability board
+    ("fixing") gives episodes, fixed, and the raw fix rate with its Wilson interval."""
+
+    model: str
+    rating: float
+    lower: float
+    upper: float
+    rank: int
+    provisional: bool
+    votes: int | None = None
+    elo: float | None = None
+    fix_rate: dict[str, Any] | float | None = None
+    checker_fix_rate: dict[str, Any] | None = None
+    episodes: int | None = None
+    fixed: int | None = None
+    fix_lower: float | None = None
+    fix_upper: float | None = None
+
+
+class Leaderboard(Schema):
+    refresh_id: int
+    refreshed: datetime
+    category: str
+    title: str
+    method: str
+    votes: int
+    excluded: dict[str, int]
+    rows: list[LeaderboardRow]
+    style_control: bool = Field(description="Whether rows are the style-controlled ratings (overall, ?style=true).")
+    style_coefficients: dict[str, dict[str, float]] = Field(
+        description="With style control: each style coefficient {value, lower, upper}, log-odds per unit of difference."
+    )
+    unrated: list[str] = Field(description="Models without a vote in this category: not yet rated, not ranked.")
+    categories: list[str]
+
+
+@router.get("", response={200: Leaderboard, 404: Error, **ERRORS}, tags=["leaderboard"])
+def leaderboard(
+    request: HttpRequest, category: str = "overall", refresh: int | None = None, style: bool = False
+) -> Any:
+    """The latest leaderboard of a category, or the one of an earlier refresh (``refresh``);
+    ``style``: the overall board with style control (ratings at equal length and markdown, and
+    the style coefficients)."""
+    found = leaderboard_selectors.refresh_by_id(refresh) if refresh else leaderboard_selectors.latest_refresh()
+    if found is None:
+        raise HttpError(404, "No such leaderboard refresh." if refresh else "No leaderboard has been computed yet.")
+    snapshots = {snapshot.category: snapshot for snapshot in found.snapshots.all()}
+    snapshot = snapshots.get(category)
+    if snapshot is None:
+        raise HttpError(404, f"No category {category!r}; known: {', '.join(snapshots)}.")
+    return {
+        "refresh_id": found.pk,
+        "refreshed": found.created,
+        "category": category,
+        "title": snapshot.title,
+        "method": snapshot.method,
+        "votes": snapshot.votes,
+        "excluded": snapshot.excluded,
+        "rows": snapshot.style_rows if style and snapshot.style_rows else snapshot.rows,
+        "style_control": bool(style and snapshot.style_rows),
+        "style_coefficients": snapshot.style_coefficients if style else {},
+        "unrated": snapshot.unrated,
+        "categories": list(snapshots),
+    }
