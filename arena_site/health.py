@@ -3,7 +3,9 @@
 ``/healthz`` is answered by the outermost middleware, before Django validates the Host header
 and before the HTTPS redirect: a probe comes by address (``127.0.0.1:8000``), not by the site's
 name, so with a real ``ALLOWED_HOSTS`` (and ``HTTPS=1``) it would otherwise get a 400 (or a
-redirect) from a healthy server. It reveals nothing but "ok".
+redirect) from a healthy server. It reveals nothing but "ok". The other probes come the same
+way and are answered here too: readiness (``/readyz``, arena_site.readiness) and Prometheus's
+scrape (``/metrics``, arena_site.metrics).
 """
 
 from collections.abc import Callable
@@ -11,6 +13,7 @@ from collections.abc import Callable
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
 
+from arena_site import metrics, readiness
 from arena_site.unavailable import OUTAGES, database_unavailable
 
 PATH = "/healthz"
@@ -30,6 +33,11 @@ class HealthCheckMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.path_info == PATH and request.method in ("GET", "HEAD"):
-            return healthz(request)
+        if request.method in ("GET", "HEAD"):
+            if request.path_info == PATH:
+                return healthz(request)
+            if request.path_info == readiness.PATH:
+                return readiness.readyz(request)
+            if request.path_info == metrics.PATH:
+                return metrics.metrics_view(request)
         return self.get_response(request)
