@@ -8,8 +8,9 @@ way and are answered here too: readiness (``/readyz``, arena_site.readiness) and
 scrape (``/metrics``, arena_site.metrics).
 """
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
+from asgiref.sync import markcoroutinefunction, sync_to_async
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
 
@@ -29,15 +30,23 @@ def healthz(request: HttpRequest) -> HttpResponse:
 
 
 class HealthCheckMiddleware:
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
+    """Async: a readiness check waiting on a service that does not answer (up to its timeout)
+    waits on the event loop, never on the thread every synchronous view of this process shares
+    under daphne, and a scrape is rendered on a thread of its own."""
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    sync_capable = False
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Awaitable[HttpResponse]]) -> None:
+        self.get_response = get_response
+        markcoroutinefunction(self)
+
+    async def __call__(self, request: HttpRequest) -> HttpResponse:
         if request.method in ("GET", "HEAD"):
             if request.path_info == PATH:
-                return healthz(request)
+                return await sync_to_async(healthz)(request)  # On the thread that owns its connection.
             if request.path_info == readiness.PATH:
-                return readiness.readyz(request)
+                return await readiness.readyz(request)
             if request.path_info == metrics.PATH:
-                return metrics.metrics_view(request)
-        return self.get_response(request)
+                return await sync_to_async(metrics.metrics_view, thread_sensitive=False)(request)
+        return await self.get_response(request)

@@ -17,10 +17,8 @@ check and HTTPS redirect a probe by address must not (arena_site.health answers 
 import asyncio
 import dataclasses
 import datetime
-from typing import Any
 
 import redis.asyncio
-from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from health_check.base import HealthCheck
@@ -66,19 +64,12 @@ def checks() -> dict[str, HealthCheck]:
     return found
 
 
-async def _results(named: dict[str, HealthCheck]) -> dict[str, Any]:
+async def readyz(request: HttpRequest) -> JsonResponse:
+    named = checks()
     results = await asyncio.gather(*(check.get_result() for check in named.values()))
-    return {name: result.error for name, result in zip(named, results, strict=True)}
-
-
-def readyz(request: HttpRequest) -> JsonResponse:
-    errors = async_to_sync(_results)(checks())
-    failed = {name: str(error) for name, error in errors.items() if error is not None}
+    failed = {name: str(result.error) for name, result in zip(named, results, strict=True) if result.error}
     response = JsonResponse(
-        {
-            "status": "unavailable" if failed else "ok",
-            "checks": {name: failed.get(name, "ok") for name in errors},
-        },
+        {"status": "unavailable" if failed else "ok", "checks": {name: failed.get(name, "ok") for name in named}},
         status=503 if failed else 200,
     )
     response["Cache-Control"] = "no-store"
