@@ -82,4 +82,6 @@ def test_compose_exposes_metrics_and_readiness_but_scrapes_nothing() -> None:
     multiproc = services["worker"]["environment"]["PROMETHEUS_MULTIPROC_DIR"]
     assert any(mount.split(":")[0] == multiproc for mount in services["worker"]["tmpfs"])
     assert "PROMETHEUS_MULTIPROC_DIR" not in services["inference"]["environment"]  # A thread pool.
+    # Its health check's own process would leave files there every 30 s.
+    assert "env -u PROMETHEUS_MULTIPROC_DIR " in services["worker"]["healthcheck"]["test"][1]
     assert "LOG_FORMAT" in compose["x-arena"]["environment"]
