@@ -18,6 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from arena_site.celery import app as celery_app
 from leaderboard import services as leaderboard_services
 from tests.test_generation_failures import LONG_PROMPT
+from tests.test_worker_lost import make_reply
+from votes import services as votes_services
+from votes.models import Message
 from votes.testing.stack import Stack, database_url, free_port
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -138,6 +141,23 @@ async def test_failed_replies_are_counted_by_cause(connect_battle, demo_llms, ce
     assert value(after, too_long, cause="generation_error") == value(before, too_long, cause="generation_error")
     failed = sum(value(after, "arena_replies_total", model=llm.name, status="failed") for llm in demo_llms)
     assert failed == sum(value(before, "arena_replies_total", model=llm.name, status="failed") for llm in demo_llms) + 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_replies_failed_outside_the_worker_are_counted_by_cause(demo_llms, settings) -> None:
+    """Failed by the stall check (beat, or a page's connect) and at once by a worker's error."""
+    settings.ARENA_REPLY_STALL_SECONDS = 30
+    settings.ARENA_REPLY_QUEUE_SECONDS = 300
+    make_reply(demo_llms, Message.Status.STREAMING, 31)
+    make_reply(demo_llms, Message.Status.PENDING, 301)
+    broken = make_reply(demo_llms, Message.Status.STREAMING, 1)
+    before = scrape()
+    assert len(votes_services.fail_stalled_replies()) == 2
+    assert votes_services.fail_reply(broken.pk, votes_services.WORKER_ERROR) is not None
+    after = scrape()
+    for cause in ("worker_lost", "not_picked_up", "worker_error"):
+        failed = "arena_replies_failed_total"
+        assert value(after, failed, cause=cause) == value(before, failed, cause=cause) + 1, cause
 
 
 @pytest.mark.django_db(transaction=True)
