@@ -116,6 +116,9 @@ INSTALLED_APPS = [
     "ninja",
     "axes",
     "csp",
+    # Prometheus: the web tier's request, response and latency metrics (its middleware below);
+    # /metrics itself is answered by arena_site.health.
+    "django_prometheus",
     "inference",
     "votes",
     "leaderboard",
@@ -124,6 +127,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # Outermost: answers /healthz before the Host check and the HTTPS redirect (arena_site.health).
     "arena_site.health.HealthCheckMiddleware",
+    # django-prometheus times what lies between its two middlewares: every request but the probes
+    # (/healthz, /readyz, /metrics, answered above).
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",
     # Outside WhiteNoise, so that the static files it serves are compressed too.
@@ -135,6 +141,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Responses by status and view (a view's name, never its path: no battle id in a label).
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
     # Innermost, so it sees the views' exceptions first: a database outage becomes a clear 503.
     "arena_site.unavailable.DatabaseUnavailableMiddleware",
     # Last, as django-axes asks: it answers a locked-out login.
@@ -296,12 +304,58 @@ ARENA_PRESETS_DIR = Path(os.environ.get("ARENA_PRESETS_DIR", BASE_DIR / "inferen
 # Real checkpoints imported by `manage.py import_checkpoint` (hundreds of MB each: never committed).
 ARENA_IMPORTED_PRESETS_DIR = Path(os.environ.get("ARENA_IMPORTED_PRESETS_DIR", VAR_DIR / "presets"))
 
+# Logs go to stderr, as plain text or (LOG_FORMAT=json) one JSON object a line, for a log
+# collector: "time", "level", "logger", "message", and "exc_info" with a traceback.
+LOG_FORMAT = os.environ.get("LOG_FORMAT", "text").strip().lower() or "text"
+if LOG_FORMAT not in ("text", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT: {LOG_FORMAT!r} is neither 'text' nor 'json'.")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {
+        "json": {
+            "()": "pythonjsonlogger.json.JsonFormatter",
+            "fmt": "%(levelname)s %(name)s %(message)s",
+            "rename_fields": {"levelname": "level", "name": "logger"},
+            "timestamp": "time",  # ISO 8601, UTC
+        },
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", **({"formatter": "json"} if LOG_FORMAT == "json" else {})}
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
 }
+# Celery workers replace the root logger's handlers with their own (plain text) unless told not
+# to: with JSON logs they keep the one above.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = LOG_FORMAT != "json"
+
+# --- Operations: metrics and readiness (docs/operations.md) ----------------------------------------
+# Who may read /metrics (web tier): these networks, asked directly (a request relayed by a
+# proxy, one with X-Forwarded-For or Forwarded, is refused whatever its peer). By default
+# loopback and the private ranges, where Prometheus runs beside the site; "none": nobody.
+ARENA_METRICS_ALLOWED = [
+    entry.strip()
+    for entry in (
+        os.environ.get("ARENA_METRICS_ALLOWED")
+        or "127.0.0.0/8,::1/128,10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7"
+    ).split(",")
+    if entry.strip()
+]
+if [entry.lower() for entry in ARENA_METRICS_ALLOWED] == ["none"]:
+    ARENA_METRICS_ALLOWED = []
+for _network in ARENA_METRICS_ALLOWED:
+    try:
+        ipaddress.ip_network(_network, strict=False)
+    except ValueError as _exc:
+        raise ImproperlyConfigured(
+            f"ARENA_METRICS_ALLOWED: {_network!r} is not an IP address or network (e.g. 10.0.0.0/8)."
+        ) from _exc
+# Celery workers and inference hosts have no web server: with a port here each serves its own
+# metrics on http://ADDRESS:PORT/metrics (arena_site.metrics). 0, the default: none.
+ARENA_METRICS_PORT = int(os.environ.get("ARENA_METRICS_PORT", "0"))
+ARENA_METRICS_ADDRESS = os.environ.get("ARENA_METRICS_ADDRESS", "0.0.0.0")
+# Seconds each readiness check (/readyz: database, cache, Redis, broker) may take.
+ARENA_READINESS_TIMEOUT_SECONDS = float(os.environ.get("ARENA_READINESS_TIMEOUT_SECONDS", "3"))
 
 # --- Inference -----------------------------------------------------------------------------------
 # Decode slots per model engine: how many replies of one model share a decode batch.

@@ -72,6 +72,12 @@ def _start_engine(spec: ModelSpec) -> Engine:
     return engine
 
 
+def running_engines() -> dict[str, Engine]:
+    """The engines of this process by model name (inference.metrics reads their slots)."""
+    with _lock:
+        return {name: engine for name, (_, engine) in _engines.items()}
+
+
 def warm_up(spec: ModelSpec) -> Engine:
     """Load the model and compile every shape its engine will use, before taking traffic."""
     engine = engine_for(spec)

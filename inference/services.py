@@ -15,6 +15,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import DatabaseError, connections
 
+from inference import metrics
 from inference.hosting import ModelSpec
 from inference.models import LLM, parse_mesh_shape
 from inference.pacing import Pace
@@ -32,6 +33,8 @@ logger = logging.getLogger(__name__)
 TOO_LONG = "The conversation is too long for these models; start a new battle."
 NOT_GENERATED = "This reply could not be generated."
 TIMED_OUT = "This reply took too long and was stopped."
+# The cause each message is counted under (inference.metrics: arena_replies_failed_total).
+FAILURE_CAUSES = {TOO_LONG: metrics.TOO_LONG, NOT_GENERATED: metrics.GENERATION_ERROR, TIMED_OUT: metrics.TIMED_OUT}
 
 
 def resolve_preset(preset: str) -> str:
@@ -373,6 +376,7 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
             watchdog.cancel()
 
     stats = request.stats
+    metrics.record_generation(model.name, stats)
     if batcher.stop_requested:
         _finish(
             context,
@@ -430,6 +434,9 @@ def _finish(
     if not saved:
         logger.warning("Reply %s was failed as stalled before it finished; its end is dropped", context.message_id)
         return
+    metrics.record_reply(context.model.name, status)
+    if status == Message.Status.FAILED:
+        metrics.record_failure(FAILURE_CAUSES.get(error or "", metrics.GENERATION_ERROR))
     frame = end_frame(
         context.side,
         context.turn,
@@ -467,4 +474,5 @@ def generate_text(model: LLM, system_prompt: str | None, conversation: list[tupl
     except ValueError as error:  # The conversation is never empty: it does not fit the context.
         raise ContextOverflow(str(error)) from error
     text = request.result(timeout=settings.ARENA_GENERATION_TIMEOUT_SECONDS)
+    metrics.record_generation(model.name, request.stats)
     return without_family_prefix_text(model.family, text).strip()  # As a battle shows it.

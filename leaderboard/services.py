@@ -11,11 +11,25 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Max, Q
 from django.utils import timezone
+from prometheus_client import Histogram
 
 from leaderboard import anomaly, board, fixing, ratings, selectors, tally
 from leaderboard.models import LeaderboardRefresh, LeaderboardSnapshot, VoteTallyState
 from votes import services as votes_services
 from votes.models import Battle, FlaggedNetwork, FlaggedVoter, FlagSource, Task, Vote
+
+# Seconds per refresh, and per stage of it (Stopwatch's stages); recorded by the process that ran
+# it (the default Celery worker from beat, or the web tier when no refresh exists yet).
+REFRESH_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+REFRESH_SECONDS = Histogram(
+    "arena_leaderboard_refresh_seconds", "Duration of each leaderboard refresh.", buckets=REFRESH_BUCKETS
+)
+REFRESH_STAGE_SECONDS = Histogram(
+    "arena_leaderboard_refresh_stage_seconds",
+    "Duration of each stage of a leaderboard refresh.",
+    ["stage"],
+    buckets=REFRESH_BUCKETS,
+)
 
 
 class Stopwatch:
@@ -157,6 +171,13 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0, recount: bo
     refresh.seconds = time.perf_counter() - started
     refresh.stages = {stage: round(seconds, 4) for stage, seconds in stopwatch.seconds.items()}
     refresh.save(update_fields=["seconds", "stages"])
+
+    def record() -> None:  # Once committed: a refresh rolled back is no refresh.
+        REFRESH_SECONDS.observe(refresh.seconds)
+        for stage, seconds in stopwatch.seconds.items():
+            REFRESH_STAGE_SECONDS.labels(stage=stage).observe(seconds)
+
+    transaction.on_commit(record)
     return refresh
 
 

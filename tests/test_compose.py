@@ -65,3 +65,23 @@ def test_the_web_health_check_passes_with_a_real_allowed_hosts(tmp_path: Path) -
         assert refused.value.code == 400
     finally:
         stack.stop()
+
+
+def test_compose_exposes_metrics_and_readiness_but_scrapes_nothing() -> None:
+    """Operators' endpoints (docs/operations.md): the web tier's /metrics and /readyz on its port,
+    each worker's metrics on a port of its own within the compose network; no Prometheus."""
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    services = compose["services"]
+    assert not any("prometheus" in str(service.get("image", "")) for service in services.values())
+    for name in ("worker", "inference"):
+        environment = services[name]["environment"]
+        assert environment["ARENA_METRICS_PORT"].endswith(":-9100}"), name
+        assert services[name]["expose"] == ["9100"], name
+        assert "ports" not in services[name], name  # Not published on the host.
+    # The prefork pool's processes add their values up in a directory that starts empty.
+    multiproc = services["worker"]["environment"]["PROMETHEUS_MULTIPROC_DIR"]
+    assert any(mount.split(":")[0] == multiproc for mount in services["worker"]["tmpfs"])
+    assert "PROMETHEUS_MULTIPROC_DIR" not in services["inference"]["environment"]  # A thread pool.
+    # Its health check's own process would leave files there every 30 s.
+    assert "env -u PROMETHEUS_MULTIPROC_DIR " in services["worker"]["healthcheck"]["test"][1]
+    assert "LOG_FORMAT" in compose["x-arena"]["environment"]

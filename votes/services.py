@@ -18,7 +18,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from arena_site import networks
-from inference import pacing
+from inference import metrics, pacing
 from inference.models import LLM
 from leaderboard import style
 from votes import pairing, selectors
@@ -47,6 +47,13 @@ WORKER_LOST = "The model server stopped while writing this reply. Retry it, or v
 NOT_PICKED_UP = "No model server took this reply in time. Retry it, or vote."
 WORKER_ERROR = "The model server hit an error while writing this reply. Retry it, or vote."
 NOT_QUEUED = "The model servers can't be reached right now. Retry this reply in a moment, or vote."
+# The cause each is counted under (arena_replies_failed_total).
+FAILURE_CAUSES = {
+    WORKER_LOST: metrics.WORKER_LOST,
+    NOT_PICKED_UP: metrics.NOT_PICKED_UP,
+    WORKER_ERROR: metrics.WORKER_ERROR,
+    NOT_QUEUED: metrics.NOT_QUEUED,
+}
 
 
 @dataclass(frozen=True)
@@ -614,6 +621,8 @@ def _fail(reply: Message, error: str) -> FailedReply:
     reply.stop_reason = "error"
     reply.model_chars_per_s = None  # An earlier attempt's speed is not this one's.
     reply.save(update_fields=["status", "stop_reason", "error", "model_chars_per_s"])
+    cause = FAILURE_CAUSES.get(error, metrics.WORKER_ERROR)
+    transaction.on_commit(lambda: metrics.record_failure(cause))  # Counted once it is saved.
     logger.warning("Reply %s/%s turn %s failed: %s", reply.battle.public_id, reply.side, reply.turn, error)
     return FailedReply(
         battle_public_id=reply.battle.public_id,
