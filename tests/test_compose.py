@@ -1,6 +1,7 @@
 """compose.yaml is valid against the compose-spec schema, runs every service the design names, and
 its health checks pass on a real deployment's settings."""
 
+import json
 import subprocess
 import sys
 import urllib.error
@@ -46,8 +47,9 @@ def test_compose_services_and_health_checks() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_the_web_health_check_passes_with_a_real_allowed_hosts(tmp_path: Path) -> None:
     """compose's own health-check command, run against daphne serving a real site name over
-    HTTPS: the probe comes by address, and is answered before the Host check and the redirect.
-    Any other page asked for by address is refused (400), as it should be."""
+    HTTPS: the probe comes by address, and is answered before the Host check and the redirect, as
+    are readiness (a load balancer's probe) and the metrics (Prometheus's scrape). Any other page
+    asked for by address is refused (400), as it should be."""
     probe = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["web"]["healthcheck"]["test"]
     assert probe[:3] == ["CMD", "python", "-c"] and "http://127.0.0.1:8000/healthz" in probe[3]
     stack = Stack(
@@ -60,6 +62,10 @@ def test_the_web_health_check_passes_with_a_real_allowed_hosts(tmp_path: Path) -
         _, url = stack.start_web()
         checked = subprocess.run([sys.executable, "-c", probe[3].replace("http://127.0.0.1:8000", url)], timeout=30)
         assert checked.returncode == 0
+        with urllib.request.urlopen(f"{url}/readyz", timeout=30) as response:
+            assert response.status == 200 and json.loads(response.read())["status"] == "ok"
+        with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+            assert response.status == 200 and b"arena_replies_failed_total" in response.read()
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"{url}/leaderboard/", timeout=10)
         assert refused.value.code == 400

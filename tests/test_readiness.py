@@ -1,19 +1,16 @@
 """/readyz: 200 while the database, the cache, Redis and the broker all answer; 503 naming the
-one that does not (a real closed port, not a mock of the check); answered by address, before
-the Host check and the HTTPS redirect, as a load balancer's probe comes."""
+one that does not (a real closed port, not a mock of the check). That it is answered by address,
+before the Host check and the HTTPS redirect, as a load balancer's probe comes, is tested with
+compose's own probe (tests/test_compose.py)."""
 
 import json
-import urllib.request
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
-from django.db import connection
 from django.test import Client
 
 from tests.test_database_outage import database_down
-from votes.testing.stack import Stack, database_url, free_port
+from votes.testing.stack import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -62,20 +59,3 @@ def test_a_database_that_does_not_answer_is_named() -> None:
 def test_the_embedded_arena_has_no_redis_or_broker_to_check(embedded_mode: None, settings: Any) -> None:
     settings.REDIS_URL = ""
     assert readyz() == (200, {"status": "ok", "checks": {"database": "ok", "cache": "ok"}})
-
-
-def test_readiness_is_answered_by_address_with_a_real_site_name(tmp_path: Path) -> None:
-    """daphne serving a real site name over HTTPS, asked by address as a balancer asks."""
-    stack = Stack(
-        database_url=database_url(connection.settings_dict),
-        redis_url=settings.REDIS_URL,
-        log_dir=tmp_path,
-        env={"ALLOWED_HOSTS": "arena.example.org", "HTTPS": "1"},
-    )
-    try:
-        _, url = stack.start_web()
-        with urllib.request.urlopen(f"{url}/readyz", timeout=30) as response:
-            assert response.status == 200
-            assert json.loads(response.read())["status"] == "ok"
-    finally:
-        stack.stop()
