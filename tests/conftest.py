@@ -1,5 +1,6 @@
 """Shared fixtures: the real PostgreSQL and Redis of this machine, a real Celery worker, voters."""
 
+import gc
 import json
 import os
 import secrets
@@ -33,6 +34,14 @@ PRESETS_DIR = Path(settings.BASE_DIR) / "tests" / "fixtures" / "presets"
 BATTLE_PRESETS = ("tiny-gemma", "tiny-llama3")
 FRAME_TIMEOUT = 120  # seconds; the first reply includes loading and compiling the model
 CHROMIUM = os.environ.get("ARENA_CHROMIUM", "/usr/bin/chromium")
+
+# This process loads and drops dozens of models and traces thousands of JAX functions, so the
+# objects that outlive a young collection number in the hundreds of thousands, then a million:
+# each full collection walks them all (about a second by the end). One full pass per 100 middle
+# ones instead of 10: over test_bench_engine, test_checkpoint_import and test_demo_models, 13
+# full passes took 9 s instead of 54 taking 23 s. Young garbage is collected as before; what
+# asgi.py froze at import is never walked.
+gc.set_threshold(700, 10, 100)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -58,8 +58,14 @@ def live_url(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: py
         database_url=database_url(connection.settings_dict),
         redis_url=settings.REDIS_URL,
         log_dir=tmp_path_factory.mktemp("browser-stack"),
-        # A slow pace, so that both panes are seen streaming.
-        env={"ARENA_STREAM_CHARS_PER_S": "12", "ARENA_STREAM_FIRST_TEXT_SECONDS": "0.2"},
+        # A slow pace, so that both panes are seen streaming (a reply of the tests' models, about
+        # 100 characters, streams for 5 s). A short hold: a side whose other side no worker
+        # takes (the retry test) waits 3 s for it, not the default 20.
+        env={
+            "ARENA_STREAM_CHARS_PER_S": "20",
+            "ARENA_STREAM_FIRST_TEXT_SECONDS": "0.2",
+            "ARENA_STREAM_HOLD_SECONDS": "3",
+        },
     )
     try:
         stack.start_worker("browser-worker", [f"{QUEUE_PREFIX}.{name}" for name in BATTLE_PRESETS])
