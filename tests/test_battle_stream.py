@@ -24,6 +24,7 @@ async def test_prompt_streams_both_sides_complete_and_in_order(connect_battle, d
         "turn": 0,
         "text": "Add a meeting with Fred on Nov 11 at 5PM",
         "sides": ["a", "b"],
+        "corrects": [],  # A prompt to both sides is never a voter's correction.
     }
     frames = await client.receive_both_ends()
 

@@ -71,7 +71,8 @@ async def test_task_battle_one_side_correction_ratings_votes_and_reveal(
     history_b = await database_sync_to_async(side_history)(battle_id, "b")
     await client.send({"type": "prompt", "text": CORRECTION, "side": "a"})
     prompt = await client.receive()
-    assert prompt == {"type": "prompt", "turn": 1, "text": CORRECTION, "sides": ["a"]}
+    # A scripted correction to side A alone: its answer can be 🥦 should A's reply be judged wrong.
+    assert prompt == {"type": "prompt", "turn": 1, "text": CORRECTION, "sides": ["a"], "corrects": ["a"]}
     frames = await client.receive_until(lambda f: f["type"] == "end")
     assert frames[-1]["side"] == "a" and frames[-1]["turn"] == 1
     assert all(f.get("side") == "a" for f in frames)
@@ -114,6 +115,66 @@ async def test_task_battle_one_side_correction_ratings_votes_and_reveal(
     assert revealed["turns"][1]["sides"] == ["a"] and "b" not in revealed["turns"][1]["replies"]
     await client.send({"type": "rate", "side": "a", "turn": 0, "rating": "correct"})
     assert (await client.receive())["code"] == "battle_closed"
+
+
+async def test_only_a_prompt_to_one_side_after_its_mistake_is_a_correction(
+    connect_battle, demo_llms, celery_worker
+) -> None:
+    """Free chat, as a voter tried it: 🍄 on one side, then a new question to both sides. That is
+    no correction and its answer no fix (🥦 refused, no episode, no "preference after
+    correction"); a correction sent to that side alone afterwards is exactly one episode."""
+    from leaderboard.selectors import AFTER_CORRECTION, in_category
+
+    client = await connect_battle()
+    await client.send({"type": "prompt", "text": "Add a meeting with Fred on Nov 11 at 5PM"})
+    battle_id = (await client.receive())["battle"]
+    assert (await client.receive())["corrects"] == []
+    await client.receive_both_ends()
+    await client.send({"type": "rate", "side": "a", "turn": 0, "rating": "mistake"})
+    assert (await client.receive())["type"] == "rated"
+    await client.send({"type": "vote", "choice": "b"})
+    assert (await client.receive())["stage"] == "first_try"
+
+    await client.send({"type": "prompt", "text": "Explain photosynthesis in two sentences."})
+    assert await client.receive() == {
+        "type": "prompt",
+        "turn": 1,
+        "text": "Explain photosynthesis in two sentences.",
+        "sides": ["a", "b"],
+        "corrects": [],
+    }
+    await client.receive_both_ends()
+    await client.send({"type": "rate", "side": "a", "turn": 1, "rating": "fixed"})
+    assert (await client.receive())["code"] == "not_a_fix"
+    await client.send({"type": "rate", "side": "a", "turn": 1, "rating": "mistake"})
+    assert (await client.receive())["type"] == "rated"
+    battle = await database_sync_to_async(Battle.objects.get)(public_id=battle_id)
+    ours = Battle.objects.filter(pk=battle.pk)
+    assert await database_sync_to_async(selectors.fix_episodes)(ours) == []
+
+    # Now the voter tells side A alone what it got wrong, while B waits.
+    await client.send({"type": "prompt", "text": "That's wrong, try again.", "side": "a"})
+    prompt = await client.receive()
+    assert (prompt["sides"], prompt["corrects"]) == (["a"], ["a"])
+    await client.receive_until(lambda f: f["type"] == "end")
+    await client.send({"type": "rate", "side": "a", "turn": 2, "rating": "fixed"})
+    assert (await client.receive())["rating"] == "fixed"
+    await client.send({"type": "vote", "choice": "a"})
+    assert (await client.receive())["stage"] == "after_fix"
+    await client.send({"type": "end"})
+    state = await client.receive()
+    assert [turn["corrects"] for turn in state["turns"]] == [[], [], ["a"]]
+
+    def episodes_and_votes() -> tuple[list[tuple], list[str]]:
+        services.record_fix_episodes(battle_ids=[battle.pk])
+        stored = battle.fix_episodes.values_list("side", "wrong_turn", "attempt", "source", "correction", "fixed")
+        after = in_category(Vote.objects.filter(battle=battle), AFTER_CORRECTION).values_list("stage", flat=True)
+        return list(stored), list(after)
+
+    assert await database_sync_to_async(episodes_and_votes)() == (
+        [("a", 1, 1, "voter", "That's wrong, try again.", True)],
+        ["after_fix"],
+    )
 
 
 async def test_checks_are_hidden_until_the_end(connect_battle, demo_llms, celery_worker, calendar_task) -> None:

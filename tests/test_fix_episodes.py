@@ -47,11 +47,18 @@ def pair(db) -> tuple[LLM, LLM]:
     return tuple(LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}") for name in ("fixer", "stubborn"))
 
 
-def battle_with(pair, side_a: list[tuple], side_b: list[tuple] = (), task: Task | None = None) -> Battle:
-    """Each side's turns: (prompt, script_turn, rating, verdict) of the prompt and its reply."""
-    battle = Battle.objects.create(model_a=pair[0], model_b=pair[1], voter_key="v", task=task, state="ended")
+def battle_with(pair, side_a: list[tuple | None], side_b: list[tuple | None] = (), task: Task | None = None) -> Battle:
+    """Each side's turns: (prompt, script_turn, rating, verdict) of the prompt and its reply, or
+    None where the side got no prompt (the other side's prompt went to it alone)."""
+    snapshot = task.snapshot() if task is not None else {}
+    battle = Battle.objects.create(
+        model_a=pair[0], model_b=pair[1], voter_key="v", task=task, state="ended", **snapshot
+    )
     for side, turns in (("a", side_a), ("b", side_b)):
-        for turn, (prompt, script_turn, rating, verdict) in enumerate(turns):
+        for turn, entry in enumerate(turns):
+            if entry is None:
+                continue
+            prompt, script_turn, rating, verdict = entry
             Message.objects.create(
                 battle=battle, side=side, turn=turn, role="user", content=prompt, script_turn=script_turn
             )
@@ -74,17 +81,28 @@ def test_a_voter_correction_after_a_wrong_reply_is_an_episode(pair) -> None:
     battle_with(
         pair,
         [("Add a meeting", None, "mistake", ""), ("The time is wrong.", None, "correct", "")],  # ✓ counts as fixed.
-        [("Add a meeting", None, "correct", ""), ("And tomorrow?", None, "correct", "")],  # Nothing was wrong.
+        [("Add a meeting", None, "correct", "")],  # Nothing was wrong; it waited.
     )
     assert episodes() == [("a", 0, 1, "voter", POINTING, True)]
+
+
+@pytest.mark.django_db
+def test_a_prompt_to_both_sides_is_no_correction(pair) -> None:
+    """A new question to both sides after a 🍄 is not a correction, and its answer no fix."""
+    battle_with(
+        pair,
+        [("Add a meeting", None, "mistake", ""), ("Explain photosynthesis in two sentences.", None, "correct", "")],
+        [("Add a meeting", None, "correct", ""), ("Explain photosynthesis in two sentences.", None, "correct", "")],
+    )
+    assert episodes() == []
 
 
 @pytest.mark.django_db
 def test_checker_verdicts_judge_and_unjudged_replies_give_no_outcome(pair) -> None:
     battle_with(
         pair,
-        [("q", None, "", "garbage"), ("Try again.", None, "", "mistake")],  # Wrong, corrected, still wrong.
-        [("q", None, "garbage", ""), ("Try again.", None, "", "")],  # The reply was never judged.
+        [("q", None, "", "garbage"), ("Try again.", None, "", "mistake"), None],  # Wrong, corrected, still wrong.
+        [("q", None, "garbage", ""), None, ("Try again.", None, "", "")],  # The reply was never judged.
     )
     assert episodes() == [("a", 0, 1, "voter", GENERIC, False)]
 
@@ -148,9 +166,14 @@ def checked_calendar_battle(pair, sides: dict[str, list[tuple[str, int | None, s
 
     call_command("import_tasks", verbosity=0)
     task = Task.objects.get(slug="calendar")
-    battle = Battle.objects.create(model_a=pair[0], model_b=pair[1], voter_key="v", task=task, state="ended")
+    battle = Battle.objects.create(
+        model_a=pair[0], model_b=pair[1], voter_key="v", task=task, state="ended", **task.snapshot()
+    )
     for side, turns in sides.items():
-        for turn, (prompt, script_turn, reply, rating) in enumerate(turns):
+        for turn, entry in enumerate(turns):
+            if entry is None:
+                continue
+            prompt, script_turn, reply, rating = entry
             Message.objects.create(
                 battle=battle, side=side, turn=turn, role="user", content=prompt, script_turn=script_turn
             )
@@ -183,10 +206,11 @@ def test_regression_persistence_and_turns_to_fix_field_by_field(pair) -> None:
                 ("Add a rock concert", 2, CONCERT.format(year=2024, time="20:00", minutes=30), ""),
             ],
             # Fixes the time but breaks the duration (a regression, not fixed); the voter's
-            # correction fixes it: two corrections for one mistake.
+            # correction, to this side alone while A waits, fixes it: two corrections for one mistake.
             "b": [
                 ("Add a meeting with Fred", 0, FRED.format(year=2023, time="5PM"), ""),
                 (year, 1, FRED.format(year=2024, time="17:00").replace("30)", "60)"), ""),
+                None,
                 ("Use the default duration.", None, FRED.format(year=2024, time="17:00"), "fixed"),
             ],
         },
@@ -230,8 +254,8 @@ def test_refresh_stores_the_episodes_and_rates_fixing_on_them(client, pair) -> N
     for _ in range(3):
         battle_with(
             pair,
-            [("q", None, "mistake", ""), ("Wrong date.", None, "fixed", "")],
-            [("q", None, "mistake", ""), ("Wrong date.", None, "mistake", "")],
+            [("q", None, "mistake", ""), ("Wrong date.", None, "fixed", ""), None],
+            [("q", None, "mistake", ""), None, ("Wrong date.", None, "mistake", "")],
         )
     leaderboard_services.refresh_leaderboard(rounds=10)
     assert FixEpisode.objects.count() == 6

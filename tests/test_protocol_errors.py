@@ -97,7 +97,13 @@ async def test_a_prompt_after_malformed_ones_starts_the_battle(connect_battle, d
     text = "Add \u202eFred\u202c on Nov 11 \x07\x1b[31m at 5PM \U0001f600"
     await client.send({"type": "prompt", "text": text})
     assert (await client.receive(timeout=10))["type"] == "battle"
-    assert (await client.receive(timeout=10)) == {"type": "prompt", "turn": 0, "text": text, "sides": ["a", "b"]}
+    assert (await client.receive(timeout=10)) == {
+        "type": "prompt",
+        "turn": 0,
+        "text": text,
+        "sides": ["a", "b"],
+        "corrects": [],
+    }
     prompts = Message.objects.filter(role=Message.Role.USER).values_list("content", flat=True)
     assert await database_sync_to_async(list)(prompts) == [text, text]
 

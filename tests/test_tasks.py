@@ -221,3 +221,61 @@ def test_arena_page_offers_the_active_tasks(client) -> None:
     html = client.get("/").content.decode()
     assert 'data-task="calendar"' in html and "Calendar assistant" in html
     assert 'data-task="csv-header"' not in html
+
+
+def test_a_battle_keeps_what_its_models_were_given_when_its_task_is_edited(admin_client) -> None:
+    """An admin edits a task after a battle on it (the browser sends its text with CR LF): the
+    text is stored as typed with LF line endings, and the battle (what its models were given, how
+    its prompts are matched, its research export) is unchanged."""
+    from votes import research
+    from votes.models import Battle, Vote
+
+    for name in ("m", "n"):
+        LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}")
+    services.import_tasks(bundled())
+    task = Task.objects.get(slug="calendar")
+    battle = services.start_battle(voter_key="v", task=task)
+    Vote.objects.create(battle=battle, stage="first_try", choice="a", after_turn=0)
+    Battle.objects.filter(pk=battle.pk).update(state="ended")
+    exported = research.vote_record(Vote.objects.get())
+    assert exported["system_prompt"] == SYSTEM_PROMPT and "\r" not in SYSTEM_PROMPT
+    assert [turn["prompt"] for turn in exported["script"]] == [prompt for prompt, _ in SCENARIO]
+
+    turns = list(task.turns.order_by("position"))
+    data = {
+        "slug": task.slug,
+        "title": task.title,
+        "category": task.category,
+        "system_prompt": "Only call the API.\r\nNever chat.\r\n",
+        "context": "[]",
+        "active": "on",
+        "notes": "Edited\r\nby an admin.",
+        "turns-TOTAL_FORMS": str(len(turns)),
+        "turns-INITIAL_FORMS": str(len(turns)),
+        "turns-MIN_NUM_FORMS": "0",
+        "turns-MAX_NUM_FORMS": "1000",
+    }
+    for index, turn in enumerate(turns):
+        data |= turn_form(
+            index,
+            id=str(turn.pk),
+            task=str(task.pk),
+            position=str(turn.position),
+            prompt=turn.prompt if index else "Add Fred\r\non Monday.",
+            expected_output=turn.expected_output,
+            checker=turn.checker,
+            checker_options=json.dumps(turn.checker_options),
+            **({"corrects_previous": "on"} if turn.corrects_previous else {}),
+        )
+    response = admin_client.post(f"/admin/votes/task/{task.pk}/change/", data)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    task.refresh_from_db()
+    assert task.system_prompt == "Only call the API.\nNever chat.\n"  # As typed, ends kept, LF.
+    assert task.notes == "Edited\nby an admin."
+    assert task.turns.get(position=0).prompt == "Add Fred\non Monday."
+
+    battle.refresh_from_db()
+    assert research.vote_record(Vote.objects.get()) == exported
+    assert battle.system_prompt == SYSTEM_PROMPT and battle.script[0]["prompt"] == SCENARIO[0][0]
+    # A new battle gets the task as it is now.
+    assert services.start_battle(voter_key="w", task=task).system_prompt == "Only call the API.\nNever chat.\n"

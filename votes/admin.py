@@ -10,6 +10,7 @@ from django.shortcuts import get_object_or_404, render
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
+from arena_site.admin_text import TypedTextAdmin, TypedTextField
 from inference.models import LLM
 from votes import evaluation_services, selectors, services
 from votes.models import (
@@ -27,7 +28,7 @@ from votes.models import (
 )
 
 
-class TaskTurnInline(admin.StackedInline):
+class TaskTurnInline(TypedTextAdmin, admin.StackedInline):
     model = TaskTurn
     extra = 0
     ordering = ("position",)
@@ -37,7 +38,7 @@ class TaskTurnInline(admin.StackedInline):
 class PromoteEpisodeForm(forms.Form):
     slug = forms.SlugField(max_length=60)
     title = forms.CharField(max_length=200)
-    expected_output = forms.CharField(widget=forms.Textarea, help_text="The reply that fixes the mistake.")
+    expected_output = TypedTextField(widget=forms.Textarea, help_text="The reply that fixes the mistake.")
     checker = forms.ChoiceField(choices=TaskTurn.Checker.choices)
     checker_options = forms.JSONField(required=False, initial=dict)
     active = forms.BooleanField(required=False, initial=True, help_text="Offer it to voters at once.")
@@ -49,7 +50,7 @@ class TaskImportForm(forms.Form):
 
 
 @admin.register(Task)
-class TaskAdmin(admin.ModelAdmin):
+class TaskAdmin(TypedTextAdmin, admin.ModelAdmin):
     list_display = ("title", "slug", "category", "active", "turn_count", "updated")
     list_filter = ("active", "category")
     search_fields = ("title", "slug", "system_prompt", "notes")
@@ -116,7 +117,7 @@ class TaskAdmin(admin.ModelAdmin):
         return render(request, "admin/votes/task/import.html", context)
 
 
-class MessageInline(admin.TabularInline):
+class MessageInline(TypedTextAdmin, admin.TabularInline):
     model = Message
     extra = 0
     fields = (
@@ -135,7 +136,7 @@ class MessageInline(admin.TabularInline):
     can_delete = False
 
 
-class VoteInline(admin.TabularInline):
+class VoteInline(TypedTextAdmin, admin.TabularInline):
     model = Vote
     extra = 0
     fields = ("stage", "choice", "after_turn", "created")
@@ -144,11 +145,21 @@ class VoteInline(admin.TabularInline):
 
 
 @admin.register(Battle)
-class BattleAdmin(admin.ModelAdmin):
+class BattleAdmin(TypedTextAdmin, admin.ModelAdmin):
     list_display = ("public_id", "task", "model_a", "model_b", "state", "excluded", "created")
     list_filter = ("state", "excluded", "task", "model_a", "model_b")
     search_fields = ("public_id", "excluded_reason")
-    readonly_fields = ("public_id", "voter_key", "network_key", "created", "ended")
+    # What its models were given stays as it was (Battle.system_prompt, context, script).
+    readonly_fields = (
+        "public_id",
+        "voter_key",
+        "network_key",
+        "created",
+        "ended",
+        "system_prompt",
+        "context",
+        "script",
+    )
     inlines = [VoteInline, MessageInline]
     actions = ["flag_voters"]
 
@@ -165,7 +176,7 @@ class BattleAdmin(admin.ModelAdmin):
 
 
 @admin.register(FlaggedVoter)
-class FlaggedVoterAdmin(admin.ModelAdmin):
+class FlaggedVoterAdmin(TypedTextAdmin, admin.ModelAdmin):
     """Review flags: clearing one puts the voter's votes back into the leaderboard (from its
     next refresh) and keeps the anomaly detection from flagging that voter again."""
 
@@ -187,7 +198,7 @@ class FlaggedVoterAdmin(admin.ModelAdmin):
 
 
 @admin.register(FlaggedNetwork)
-class FlaggedNetworkAdmin(admin.ModelAdmin):
+class FlaggedNetworkAdmin(TypedTextAdmin, admin.ModelAdmin):
     """Review network flags: clearing one clears the flags of the voters flagged for voting from
     it (their votes count again from the next refresh), and the detection leaves it alone."""
 
@@ -215,7 +226,7 @@ class FlaggedNetworkAdmin(admin.ModelAdmin):
 
 
 @admin.register(Message)
-class MessageAdmin(admin.ModelAdmin):
+class MessageAdmin(TypedTextAdmin, admin.ModelAdmin):
     list_display = ("battle", "turn", "side", "role", "status", "rating", "check_verdict", "token_count")
     list_filter = ("role", "status", "side", "rating", "check_verdict")
     search_fields = ("battle__public_id", "content")
@@ -223,13 +234,13 @@ class MessageAdmin(admin.ModelAdmin):
 
 
 @admin.register(Vote)
-class VoteAdmin(admin.ModelAdmin):
+class VoteAdmin(TypedTextAdmin, admin.ModelAdmin):
     list_display = ("battle", "stage", "choice", "created")
     list_filter = ("stage", "choice")
     raw_id_fields = ("battle",)
 
 
-class EvaluationReplyInline(admin.TabularInline):
+class EvaluationReplyInline(TypedTextAdmin, admin.TabularInline):
     model = EvaluationReply
     extra = 0
     fields = ("model", "part", "attempt", "turn", "try_number", "prompt", "reply", "rating", "reason")
@@ -238,7 +249,7 @@ class EvaluationReplyInline(admin.TabularInline):
 
 
 @admin.register(EvaluationRun)
-class EvaluationRunAdmin(admin.ModelAdmin):
+class EvaluationRunAdmin(TypedTextAdmin, admin.ModelAdmin):
     list_display = ("pk", "task", "status", "progress", "total", "created", "finished")
     list_filter = ("status", "task")
     readonly_fields = ("status", "progress", "total", "error", "created", "finished")
@@ -246,7 +257,7 @@ class EvaluationRunAdmin(admin.ModelAdmin):
 
 
 @admin.register(ResearcherKey)
-class ResearcherKeyAdmin(admin.ModelAdmin):
+class ResearcherKeyAdmin(TypedTextAdmin, admin.ModelAdmin):
     """Keys are issued here: the token is shown once, on creation; revoke by ticking "revoked"."""
 
     list_display = ("name", "prefix", "revoked", "created", "last_used")
@@ -275,7 +286,7 @@ class ResearcherKeyAdmin(admin.ModelAdmin):
 
 
 @admin.register(FixEpisode)
-class FixEpisodeAdmin(admin.ModelAdmin):
+class FixEpisodeAdmin(TypedTextAdmin, admin.ModelAdmin):
     """Fix episodes, as the last leaderboard refresh recorded them; a live one can be promoted
     into a curated task (the dynamic benchmark: it grows from real mistakes)."""
 

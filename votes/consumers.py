@@ -264,7 +264,15 @@ class BattleConsumer(AsyncWebsocketConsumer):
         submitted = await in_thread(services.submit_prompt)(battle=self.battle, text=frame.text, side=frame.side)
         await in_thread(reply_caps.record, database=False)(self.address, [job.message_id for job in submitted.jobs])
         sides = [submitted.side] if submitted.side else ["a", "b"]
-        await self.publish({"type": "prompt", "turn": submitted.turn, "text": submitted.text, "sides": sides})
+        await self.publish(
+            {
+                "type": "prompt",
+                "turn": submitted.turn,
+                "text": submitted.text,
+                "sides": sides,
+                "corrects": list(submitted.corrects),
+            }
+        )
         await self.enqueue(submitted.jobs)
 
     async def enqueue(self, jobs: Sequence[GenerationJob]) -> None:

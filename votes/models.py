@@ -98,6 +98,15 @@ class Task(models.Model):
         """The context as (role, content) pairs, as generation takes a conversation."""
         return [(item["role"], item["content"]) for item in self.context]
 
+    def snapshot(self) -> dict[str, Any]:
+        """What a battle on this task keeps of it (Battle.system_prompt, context, script): what
+        its models are given and how their replies are judged, whatever the task becomes."""
+        return {
+            "system_prompt": self.system_prompt,
+            "context": self.context,
+            "script": [turn.as_script() for turn in self.turns.order_by("position")],
+        }
+
 
 class TaskTurn(models.Model):
     """One scripted step: the user's prompt, the expected reply and how to check a reply."""
@@ -145,9 +154,22 @@ class TaskTurn(models.Model):
 
     def check_reply(self, reply: str) -> checkers.CheckResult | None:
         """The automatic verdict on a reply to this turn, or None when the turn has no check."""
-        if self.checker == self.Checker.NONE:
-            return None
-        return checkers.check(self.checker, self.expected_output, reply, self.checker_options or {})
+        return check_scripted(self.as_script(), reply)
+
+    def as_script(self) -> dict[str, Any]:
+        """The turn as a battle's script keeps it (Battle.script)."""
+        return {field: getattr(self, field) for field in SCRIPT_FIELDS}
+
+
+SCRIPT_FIELDS = ("prompt", "expected_output", "checker", "checker_options", "corrects_previous")
+
+
+def check_scripted(turn: dict[str, Any], reply: str) -> checkers.CheckResult | None:
+    """The automatic verdict on a reply to a scripted turn (``TaskTurn.as_script``), or None when
+    the turn has no check."""
+    if turn["checker"] == TaskTurn.Checker.NONE:
+        return None
+    return checkers.check(turn["checker"], turn["expected_output"], reply, turn["checker_options"] or {})
 
 
 class Battle(models.Model):
@@ -237,6 +259,25 @@ class Battle(models.Model):
         help_text="The probability this pair had of being drawn (votes.pairing): the leaderboard weighs its "
         "votes by the inverse. Empty: drawn before it was recorded.",
     )
+    # What the battle's models were given: the task as it was when the battle started (the
+    # database's defaults too: battles written by COPY, the leaderboard benchmark's, get them).
+    system_prompt = models.TextField(
+        blank=True, default="", db_default="", help_text="The task's system prompt as this battle's models got it."
+    )
+    context = models.JSONField(
+        default=list,
+        db_default=models.Value([], output_field=models.JSONField()),
+        blank=True,
+        help_text="The task's context conversation as this battle's models got it.",
+    )
+    script = models.JSONField(
+        default=list,
+        db_default=models.Value([], output_field=models.JSONField()),
+        blank=True,
+        help_text="The task's scripted turns when the battle started (prompt, expected output, checker, its "
+        "options, whether it corrects the previous reply): what its prompts are matched and its replies "
+        "checked against, whatever the task becomes.",
+    )
     # The database's default too: battles written by COPY (the leaderboard benchmark) get it.
     tallied = models.BooleanField(
         default=False,
@@ -288,6 +329,17 @@ class Battle(models.Model):
         if self.mode == self.Mode.DIRECT:
             return {Side.A: self.model_a.name}
         return {Side.A: self.model_a.name, Side.B: self.model_b.name}
+
+    def scripted_turn(self, position: int | None) -> dict[str, Any] | None:
+        """The battle's scripted turn at ``position`` (Task.snapshot), None if it has none there."""
+        if position is None or not 0 <= position < len(self.script):
+            return None
+        return self.script[position]
+
+    @property
+    def scripted_corrections(self) -> frozenset[int]:
+        """The positions of the scripted turns marked as corrections."""
+        return frozenset(position for position, turn in enumerate(self.script) if turn.get("corrects_previous"))
 
     def exclude(self, reason: str) -> None:
         """Keep the battle's votes out of the leaderboard; the first reason found is kept."""

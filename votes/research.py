@@ -21,6 +21,7 @@ from inference.models import LLM
 from leaderboard import style
 from leaderboard.selectors import counted_votes, every_counted_vote, in_category, voter_flag_reason
 from votes.models import Battle, FixEpisode, Message, Vote
+from votes.selectors import research_script
 
 WINNERS = {"a": "model_a", "b": "model_b", "tie": "tie", "both_bad": "tie (bothbad)"}
 
@@ -202,7 +203,8 @@ def vote_record(vote: Vote, *, with_exclusion: bool = False) -> dict[str, Any]:
         "ratings_b": seen["ratings"]["b"],
         "task": battle.task.slug if battle.task else None,
         "task_category": battle.task.category if battle.task else None,
-        "system_prompt": battle.task.system_prompt if battle.task else None,
+        "system_prompt": battle.system_prompt if battle.task_id else None,
+        "script": research_script(battle),
     }
     if with_exclusion:
         reason = exclusion_reason(vote)
@@ -264,6 +266,7 @@ CSV_FIELDS = (
     "ratings_a",
     "ratings_b",
     "system_prompt",
+    "script",
     "excluded",
     "excluded_reason",
 )

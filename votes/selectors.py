@@ -3,7 +3,7 @@
 import functools
 import itertools
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,10 +11,19 @@ from django.db.models import Count, FloatField, OuterRef, Q, QuerySet, Subquery,
 from django.db.models.functions import Cast, Coalesce, Length, Now
 
 from inference.models import LLM
-from leaderboard import fixing, style
-from votes import evaluation, feedback
+from leaderboard import style
+from votes import corrections, evaluation, feedback
 from votes.checkers import CheckerConfigError
-from votes.models import Battle, EvaluationRun, FixEpisode, Message, Rating, Task, TaskTurn, Verdict, Vote
+from votes.models import (
+    Battle,
+    EvaluationRun,
+    FixEpisode,
+    Message,
+    Task,
+    TaskTurn,
+    Vote,
+    check_scripted,
+)
 from votes.pairing import Candidate
 
 
@@ -112,17 +121,32 @@ def battle_state(battle: Battle) -> dict[str, Any]:
     ended = battle.is_ended
     votes = list(battle.votes.all())
     turns: dict[int, dict[str, Any]] = {}
+    scripted: dict[tuple[int, str], int | None] = {}
     for message in Message.objects.filter(battle=battle).order_by("turn", "side", "role"):
-        turn = turns.setdefault(message.turn, {"turn": message.turn, "prompt": "", "sides": [], "replies": {}})
+        turn = turns.setdefault(
+            message.turn, {"turn": message.turn, "prompt": "", "sides": [], "corrects": [], "replies": {}}
+        )
         if message.role == Message.Role.USER:
             turn["prompt"] = message.content
             turn["sides"].append(message.side)
+            scripted[message.turn, message.side] = message.script_turn
             continue
         turn["replies"][message.side] = reply_state(message, reveal=ended)
+    for turn in turns.values():
+        # The sides on which this prompt corrects the reply before, should that be judged wrong:
+        # only there does the page offer 🥦 on its answer (votes.corrections).
+        turn["corrects"] = [
+            side
+            for side in turn["sides"]
+            if corrections.may_correct(
+                corrections.Prompt(turn["prompt"], scripted[turn["turn"], side], len(turn["sides"]) == 1),
+                battle.scripted_corrections,
+            )
+        ]
     return {
         "type": "state",
         "battle": battle.public_id,
-        "task": task_summary(battle.task) if battle.task_id else None,
+        "task": battle_task_summary(battle) if battle.task_id else None,
         "turns": [turns[index] for index in sorted(turns)],
         "votes": {vote.stage: vote.choice for vote in votes},
         "first_try_turn": next((vote.after_turn for vote in votes if vote.stage == "first_try"), None),
@@ -189,6 +213,15 @@ def task_summary(task: Task) -> dict[str, Any]:
         "system_prompt": task.system_prompt,
         "context": task.context,
         "suggestions": [turn.prompt for turn in task.turns.order_by("position")],
+    }
+
+
+def battle_task_summary(battle: Battle) -> dict[str, Any]:
+    """``task_summary`` of a battle's task as its models were given it (Battle.script)."""
+    return task_summary(battle.task) | {
+        "system_prompt": battle.system_prompt,
+        "context": battle.context,
+        "suggestions": [turn["prompt"] for turn in battle.script],
     }
 
 
@@ -281,8 +314,9 @@ def generation_context(message_id: int) -> GenerationContext | None:
     # Within a turn the user message comes first ("user" > "assistant", hence -role); the reply
     # being generated is left out.
     conversation = [(m.role, m.content) for m in history if m.pk != reply.pk]
-    if reply.battle.task is not None:  # A promoted mistake: handed to the model as its own.
-        conversation = reply.battle.task.context_conversation() + conversation
+    battle = reply.battle
+    if battle.task_id is not None:  # A promoted mistake: handed to the model as its own.
+        conversation = [(item["role"], item["content"]) for item in battle.context] + conversation
     partner = (
         Message.objects.filter(battle=reply.battle, turn=reply.turn, role=Message.Role.ASSISTANT)
         .exclude(side=reply.side)
@@ -296,7 +330,7 @@ def generation_context(message_id: int) -> GenerationContext | None:
         turn=reply.turn,
         model=reply.battle.model_on(reply.side),
         seed=reply.seed or 0,
-        system_prompt=reply.battle.task.system_prompt if reply.battle.task else None,
+        system_prompt=battle.system_prompt if battle.task_id is not None else None,
         conversation=conversation,
         pace_chars_per_s=reply.battle.pace_chars_per_s,
         partner_reply_id=partner,
@@ -436,7 +470,8 @@ def research_battle(battle: Battle) -> dict[str, Any]:
         "model_b": battle.model_b.name,
         "judge": judge_id(battle.voter_key),
         "task": battle.task.slug if battle.task else None,
-        "system_prompt": battle.task.system_prompt if battle.task else None,
+        "system_prompt": battle.system_prompt if battle.task_id else None,
+        "script": research_script(battle),
         "created": battle.created.isoformat(),
         "ended": battle.ended.isoformat() if battle.ended else None,
         "mode": battle.mode,
@@ -448,6 +483,16 @@ def research_battle(battle: Battle) -> dict[str, Any]:
         ],
         "turns": state["turns"],
     }
+
+
+def research_script(battle: Battle) -> list[dict[str, Any]] | None:
+    """The scripted turns a task battle's models were given (Battle.script), for researchers:
+    each prompt, its expected output and whether it corrects the previous reply. None: free chat."""
+    if battle.task_id is None:
+        return None
+    return [
+        {key: turn.get(key) for key in ("prompt", "expected_output", "corrects_previous")} for turn in battle.script
+    ]
 
 
 def recent_evaluation_runs(limit: int) -> list[EvaluationRun]:
@@ -483,29 +528,14 @@ def research_evaluation(run: EvaluationRun, *, reveal_texts: bool = False) -> di
     }
 
 
-WRONG_VERDICTS = (Verdict.MISTAKE, Verdict.GARBAGE)
-WRONG_RATINGS = (Rating.MISTAKE, Rating.GARBAGE)
-FIXED_RATINGS = (Rating.FIXED, Rating.CORRECT)
-
-
 def fix_episodes(battles: QuerySet[Battle] | None = None) -> list[FixEpisode]:
-    """The fix episodes of ended battles (or of ``battles``), unsaved.
-
-    An episode is a reply judged wrong (checker verdict 🍄/🔥, or the voter's 🍄/🔥), the next
-    prompt sent to that side when it is a correction (a voter's prompt after a wrong reply, or a
-    scripted prompt marked ``corrects_previous``), and the reply to it, judged: fixed when the
-    checker says correct or the voter rated it 🥦 or ✓. When that reply is wrong too and the next
-    prompt corrects it again, the next episode is the mistake's next attempt; every attempt at
-    one mistake carries the turns it took to fix (``fixing.turns_to_fix``). Where the checker
-    judged both replies part by part: whether the answer broke a part that was right
-    (``regression``) and whether what it fixed stayed right in the side's later turns
-    (``persisted``).
-    """
+    """The fix episodes of ended battles (or of ``battles``), unsaved: what votes.corrections
+    finds in each side's messages, judged against the battle's own script (Battle.script)."""
     battles = Battle.objects.filter(state=Battle.State.ENDED) if battles is None else battles
-    corrections = {(turn.task_id, turn.position): turn for turn in TaskTurn.objects.filter(corrects_previous=True)}
+    scripts = {pk: Battle(script=script) for pk, script in battles.values_list("pk", "script")}
     rows = (
         Message.objects.filter(battle__in=battles)
-        .order_by("battle_id", "side", "turn", "role")
+        .order_by("battle_id")
         .values_list(
             "battle_id",
             "battle__task_id",
@@ -522,96 +552,42 @@ def fix_episodes(battles: QuerySet[Battle] | None = None) -> list[FixEpisode]:
         )
     )
     found: list[FixEpisode] = []
-    for (battle_id, side), messages in itertools.groupby(rows, key=lambda row: (row[0], row[4])):
-        prompts: dict[int, tuple[str, int | None]] = {}
-        replies: dict[int, Reply] = {}
-        task_id = model_id = None
-        for _, task, model_a, model_b, _, turn, role, content, script_turn, rating, verdict, parts in messages:
-            task_id, model_id = task, model_a if side == "a" else model_b
-            if role == Message.Role.USER:
-                prompts[turn] = (content, script_turn)
-            else:
-                replies[turn] = Reply(script_turn, rating, verdict, parts or {}, content)
-        found += _side_episodes(battle_id, side, task_id, model_id, prompts, replies, corrections)
+    for battle_id, battle_rows in itertools.groupby(rows.iterator(chunk_size=2000), key=lambda row: row[0]):
+        battle_rows = list(battle_rows)
+        _, task_id, model_a, model_b = battle_rows[0][:4]
+        battle = scripts[battle_id]
+        messages = [
+            corrections.Message(side, turn, role, content, script_turn, rating, verdict, parts)
+            for _, _, _, _, side, turn, role, content, script_turn, rating, verdict, parts in battle_rows
+        ]
+        by_side = corrections.battle_episodes(messages, battle.scripted_corrections, _scripted_parts(battle))
+        for side, episodes in by_side.items():
+            found += [
+                FixEpisode(
+                    battle_id=battle_id,
+                    side=side,
+                    task_id=task_id,
+                    model_id=model_a if side == "a" else model_b,
+                    **episode.row(),
+                )
+                for episode in episodes
+            ]
     return found
 
 
-@dataclass(frozen=True)
-class Reply:
-    """A reply as fix episodes read it."""
-
-    script_turn: int | None
-    rating: str
-    verdict: str
-    parts: dict[str, bool]
-    content: str
+def _scripted_parts(battle: Battle) -> Callable[[int, str], dict[str, bool]]:
+    """A reply judged part by part by one of the battle's scripted turns ({}: no checker)."""
+    return lambda position, reply: _checked_parts_of(battle.scripted_turn(position), reply)
 
 
-def _side_episodes(
-    battle_id: int,
-    side: str,
-    task_id: int | None,
-    model_id: int | None,
-    prompts: dict[int, tuple[str, int | None]],
-    replies: dict[int, Reply],
-    corrections: dict[tuple[int | None, int], TaskTurn],
-) -> list[FixEpisode]:
-    turns = sorted(replies)
-    episodes: list[FixEpisode] = []
-    chain: list[FixEpisode] = []  # The attempts at the mistake being corrected.
-
-    def close_chain() -> None:
-        taken = fixing.turns_to_fix([episode.fixed for episode in chain])
-        for episode in chain:
-            episode.turns_to_fix = taken
-        chain.clear()
-
-    for turn, following in itertools.pairwise([*turns, None]):
-        wrong = replies[turn]
-        script_turn, rating, verdict, parts = wrong.script_turn, wrong.rating, wrong.verdict, wrong.parts
-        if not (verdict in WRONG_VERDICTS or rating in WRONG_RATINGS) or following is None:
-            close_chain()
-            continue
-        correction, prompt_script_turn = prompts.get(following, ("", None))
-        scripted = prompt_script_turn is not None
-        correcting = corrections.get((task_id, prompt_script_turn)) if scripted else None
-        if scripted and correcting is None:
-            close_chain()
-            continue
-        answer = replies[following]
-        next_rating, next_verdict, next_parts = answer.rating, answer.verdict, answer.parts
-        if not (next_rating or next_verdict):
-            continue  # The reply to the correction was never judged: no outcome.
-        if correcting is not None:
-            # The wrong reply as the correction's turn judges it, as its answer is judged: a
-            # value its own turn left open (the year, before "The current year is 2024.") is
-            # then a fact it got wrong.
-            parts = _checked_parts_of(correcting, wrong.content) or parts
-        fixed = next_verdict == Verdict.CORRECT or next_rating in FIXED_RATINGS
-        later = [replies[t].parts for t in turns if t > following]
-        episode = FixEpisode(
-            battle_id=battle_id,
-            model_id=model_id,
-            task_id=task_id,
-            side=side,
-            wrong_turn=turn,
-            script_turn=script_turn,
-            attempt=len(chain) + 1,
-            correction=correction,
-            source=FixEpisode.Source.SCRIPTED if scripted else FixEpisode.Source.VOTER,
-            specificity=feedback.specificity(correction),
-            fixed=fixed,
-            regression=fixing.regressed(parts, next_parts),
-            persisted=fixing.persisted(fixing.fixed_parts(parts, next_parts), later) if fixed else None,
-            voter_fixed=next_rating in FIXED_RATINGS if rating in WRONG_RATINGS and next_rating else None,
-            checker_fixed=next_verdict == Verdict.CORRECT if verdict in WRONG_VERDICTS and next_verdict else None,
-        )
-        episodes.append(episode)
-        chain.append(episode)
-        if fixed:
-            close_chain()
-    close_chain()
-    return episodes
+def correction_prompt(reply: Message) -> corrections.Prompt:
+    """The prompt a reply answers, as votes.corrections reads it (empty if it has none)."""
+    prompts = Message.objects.filter(battle_id=reply.battle_id, turn=reply.turn, role=Message.Role.USER)
+    sides = {message.side: message for message in prompts}
+    own = sides.get(reply.side)
+    if own is None:
+        return corrections.Prompt("", None, False)
+    return corrections.Prompt(own.content, own.script_turn, set(sides) == {reply.side})
 
 
 def episode_history(episode: FixEpisode) -> list[Message]:
@@ -689,13 +665,13 @@ def evaluation_fix_episodes() -> list[FixEpisode]:
 
 def _checked_parts(turns: list[TaskTurn], record: evaluation.Record) -> dict[str, bool]:
     """An evaluation reply judged part by part by its scripted turn's checker ({}: no checker)."""
-    return _checked_parts_of(turns[record.turn], record.reply) if record.turn < len(turns) else {}
+    return _checked_parts_of(turns[record.turn].as_script(), record.reply) if record.turn < len(turns) else {}
 
 
-def _checked_parts_of(turn: TaskTurn, reply: str) -> dict[str, bool]:
-    """A reply judged part by part by a scripted turn's checker ({}: no checker)."""
+def _checked_parts_of(turn: dict[str, Any] | None, reply: str) -> dict[str, bool]:
+    """A reply judged part by part by a scripted turn (``TaskTurn.as_script``; {}: no checker)."""
     try:
-        result = turn.check_reply(reply)
+        result = check_scripted(turn, reply) if turn is not None else None
     except CheckerConfigError:
         return {}
     return dict(result.parts) if result is not None else {}

@@ -21,7 +21,7 @@ from arena_site import networks
 from inference import metrics, pacing
 from inference.models import LLM
 from leaderboard import style
-from votes import pairing, selectors
+from votes import corrections, pairing, selectors
 from votes.checkers import CheckerConfigError
 from votes.leaks import find_identity_leak
 from votes.models import (
@@ -34,6 +34,7 @@ from votes.models import (
     Task,
     TaskTurn,
     Vote,
+    check_scripted,
     new_public_id,
 )
 from votes.protocol import ArenaError, end_frame
@@ -92,6 +93,7 @@ class SubmittedPrompt:
     text: str
     jobs: list[GenerationJob]
     side: str | None = None  # None: both sides.
+    corrects: tuple[str, ...] = ()  # The sides on which it corrects a reply judged wrong (votes.corrections).
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ def start_battle(
             model_a=model_a,
             model_b=model_b,
             task=task,
+            **(task.snapshot() if task is not None else {}),
             voter_key=voter_key,
             network_key=network_key,
             mode=mode,
@@ -181,6 +184,7 @@ def start_battle(
         model_a_id=id_a,
         model_b_id=id_b,
         task=task,
+        **(task.snapshot() if task is not None else {}),
         voter_key=voter_key,
         network_key=network_key,
         pace_chars_per_s=battle_pace(id_a, id_b),
@@ -233,7 +237,7 @@ def _script_turns(battle: Battle, side: str, text: str) -> tuple[int | None, int
     """For a prompt on one side of a task battle: the scripted turn it is (the side's next one,
     sent as written) and the one its reply is checked against (that one, or, for a correction,
     the scripted turn it corrects)."""
-    if battle.task is None:
+    if battle.task_id is None:
         return None, None
     last = (
         Message.objects.filter(battle=battle, side=side, role=Message.Role.USER, script_turn__isnull=False)
@@ -242,8 +246,8 @@ def _script_turns(battle: Battle, side: str, text: str) -> tuple[int | None, int
         .first()
     )
     position = 0 if last is None else last + 1
-    scripted = TaskTurn.objects.filter(task=battle.task, position=position).values_list("prompt", flat=True).first()
-    if scripted is not None and scripted.strip() == text.strip():
+    scripted = battle.scripted_turn(position)
+    if scripted is not None and scripted["prompt"].strip() == text.strip():
         return position, position
     return None, last
 
@@ -286,14 +290,18 @@ def submit_prompt(*, battle: Battle, text: str, side: str | None = None) -> Subm
         raise ArenaError("both_sides_first", "The first prompt goes to both sides.")
     elif turn > 0 and not battle.votes.filter(stage=Vote.Stage.FIRST_TRY).exists():
         raise ArenaError("vote_first", "Say which side did better on the first try before going on.")
-    jobs = []
-    for target in SIDES if side is None else (side,):
+    jobs, corrects = [], []
+    targets = SIDES if side is None else (side,)
+    for target in targets:
         script_turn, checked_turn = _script_turns(battle, target, text)
         Message.objects.create(
             battle=battle, side=target, turn=turn, role=Message.Role.USER, content=text, script_turn=script_turn
         )
         jobs.append(_new_reply(battle, target, turn, checked_turn))
-    return SubmittedPrompt(turn=turn, text=text, jobs=jobs, side=side)
+        prompt = corrections.Prompt(text, script_turn, one_side=len(targets) == 1)
+        if corrections.may_correct(prompt, battle.scripted_corrections):
+            corrects.append(target)
+    return SubmittedPrompt(turn=turn, text=text, jobs=jobs, side=side, corrects=tuple(corrects))
 
 
 @transaction.atomic
@@ -340,10 +348,17 @@ def _previous_reply(reply: Message) -> Message | None:
 
 
 def _answers_a_correction(reply: Message) -> bool:
-    """Whether the side's reply before this one was wrong (rated or checked so): 🥦 then fits."""
+    """Whether the reply answers a correction (votes.corrections): the side's reply before it
+    was judged wrong (rated or checked so), and its prompt went to that side alone or is a
+    scripted correction. 🥦 then fits."""
     previous = _previous_reply(reply)
-    wrong = (Rating.MISTAKE, Rating.GARBAGE)
-    return previous is not None and (previous.rating in wrong or previous.check_verdict in wrong)
+    if previous is None:
+        return False
+    return corrections.is_correction(
+        selectors.correction_prompt(reply),
+        corrections.judged_wrong(previous.rating, previous.check_verdict),
+        reply.battle.scripted_corrections,
+    )
 
 
 @transaction.atomic
@@ -711,12 +726,12 @@ def review_reply(reply: Message) -> None:
     A leak keeps the battle's votes but excludes them from the leaderboard, with the reason.
     """
     battle = reply.battle
-    if battle.task_id is not None and reply.script_turn is not None and reply.status != Message.Status.FAILED:
-        turn = TaskTurn.objects.filter(task_id=battle.task_id, position=reply.script_turn).first()
+    turn = battle.scripted_turn(reply.script_turn) if battle.task_id is not None else None
+    if turn is not None and reply.status != Message.Status.FAILED:
         try:
-            result = turn.check_reply(reply.content) if turn is not None else None
+            result = check_scripted(turn, reply.content)
         except CheckerConfigError:  # Admin validation refuses these; a bad turn must not lose the reply.
-            logger.exception("Task turn %s cannot be checked", turn)
+            logger.exception("Scripted turn %s of battle %s cannot be checked", reply.script_turn, battle)
             result = None
         if result is not None:
             reply.check_verdict = result.verdict

@@ -142,7 +142,9 @@
     return { element: element, textNode: textNode, who: who };
   }
 
-  function addReply(turn, side, reply) {
+  // corrects: the prompt it answers corrects this side's reply before, should that be judged
+  // wrong (sent to this side alone, or a scripted correction): only then can it be 🥦.
+  function addReply(turn, side, reply, corrects) {
     const view = addMessage(side, "assistant", "");
     const badge = document.createElement("span");
     badge.className = "reply-status";
@@ -152,6 +154,7 @@
       element: view.element, textNode: view.textNode, badge: badge, text: reply.text || "",
       seq: reply.seq || 0, status: reply.status, rating: reply.rating || null, turn: turn, side: side,
       ratingBar: null, stats: null, retry: null, verdict: reply.check ? reply.check.verdict : null,
+      corrects: Boolean(corrects),
     };
     replies[turn + ":" + side] = entry;
     lastTurnOf[side] = Math.max(lastTurnOf[side], turn);
@@ -245,9 +248,10 @@
     showRating(entry);
   }
 
-  // Whether the side's reply before this one was wrong (rated or checked so): only then can
-  // this one be 🥦, as the server rules.
+  // Whether this reply answers a correction: its prompt corrects (see addReply) and the side's
+  // reply before was judged wrong (rated or checked so). Only then can it be 🥦, as the server rules.
   function answersACorrection(entry) {
+    if (!entry.corrects) { return false; }
     let previous = null;
     Object.keys(replies).forEach(function (key) {
       const other = replies[key];
@@ -453,7 +457,9 @@
       turn.sides.forEach(function (side) {
         addMessage(side, "user", turn.prompt);
         countScripted(side, turn.prompt);
-        if (turn.replies[side]) { addReply(turn.turn, side, turn.replies[side]); }
+        if (turn.replies[side]) {
+          addReply(turn.turn, side, turn.replies[side], (turn.corrects || []).indexOf(side) >= 0);
+        }
       });
     });
     votes = Object.assign({}, state.votes || {});
@@ -514,7 +520,7 @@
         frame.sides.forEach(function (side) {
           addMessage(side, "user", frame.text);
           countScripted(side, frame.text);
-          addReply(frame.turn, side, { text: "", seq: 0, status: "pending" });
+          addReply(frame.turn, side, { text: "", seq: 0, status: "pending" }, (frame.corrects || []).indexOf(side) >= 0);
         });
         break;
       case "delta": {
