@@ -28,7 +28,9 @@ def episode() -> FixEpisode:
     call_command("import_tasks", verbosity=0)
     calendar = Task.objects.get(slug="calendar")
     models = [LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}") for name in ("m1", "m2")]
-    battle = Battle.objects.create(model_a=models[0], model_b=models[1], voter_key="v", task=calendar, state="ended")
+    battle = Battle.objects.create(
+        model_a=models[0], model_b=models[1], voter_key="v", task=calendar, state="ended", **calendar.snapshot()
+    )
     for turn, (prompt, reply) in enumerate(
         [("Add a meeting with Fred on Nov 11 at 5PM", WRONG), ("The current year is 2024.", RIGHT)]
     ):

@@ -120,18 +120,20 @@ def test_fix_rates_by_voters_and_checker(models) -> None:
     # fixed, and a reply after a correct one (no mistake to fix) not counted at all.
     strong, weak, idle = models
     battle = make_battle(strong, weak, "a", after_fix="a")
-    replies = [
+    replies = [  # Turn 0 to both sides; then a correction to A alone, then one to B alone.
         ("a", 0, "mistake", "mistake"),
         ("a", 1, "fixed", "correct"),
         ("b", 0, "garbage", "garbage"),
-        ("b", 1, "correct", "mistake"),
+        ("b", 2, "correct", "mistake"),
     ]
     for side, turn, rating, verdict in replies:
+        Message.objects.create(battle=battle, side=side, turn=turn, role="user", content="Wrong.")
         Message.objects.create(
             battle=battle, side=side, turn=turn, role="assistant", rating=rating, check_verdict=verdict
         )
     untouched = make_battle(idle, weak, "a")
     for turn, rating in ((0, "correct"), (1, "mistake")):
+        Message.objects.create(battle=untouched, side="a", turn=turn, role="user", content="Next question.")
         Message.objects.create(battle=untouched, side="a", turn=turn, role="assistant", rating=rating)
     voter_services.record_fix_episodes()
     rates = selectors.fix_rates(["strong", "weak", "idle"])
