@@ -2,19 +2,46 @@
 
 A fix episode is one reply judged wrong, the correction sent to that side, and the reply to it:
 fixed or not. Raw fix rates reward a model whose corrections happened to be easy (a wrong year
-is easier to fix than a wrong weekday computed from a date), so the rating is a logistic
-regression of "fixed" on a model effect plus a difficulty effect per task turn:
+is easier to fix than a wrong weekday computed from a date), that were told the answer
+("prescriptive") rather than only that they were wrong ("generic"), or that were on a first
+attempt rather than a third, so the rating is a logistic regression of "fixed" on
 
-    logit P(fixed) = ability[model] + difficulty[task, turn]
+    logit P(fixed) = ability[model] + difficulty[prompt] + kind[correction's kind] + attempt[1, 2, 3+]
 
-fitted by Newton's method on the counts per (model, task turn), with a weak ridge (``RIDGE``:
-a normal prior of standard deviation about 3 on the log-odds) that keeps a model that fixed
-everything, or nothing, finite. The abilities are reported as contrasts with their mean, on the
-Elo scale of the other boards (1000 + 400·log10 of the odds ratio to the average model: 400
+- ``difficulty`` in a task is one coefficient per scripted turn: every battle of the task sends
+  that turn's prompt. In free chat each battle's prompts are its own, so its difficulty is one
+  coefficient per battle, a nuisance eliminated by conditioning on it: only the episodes of two
+  different models in one battle, one fixed and one not, say anything about the two models
+  (the probability that it is this one that fixed is ``sigmoid(difference of the rest)``,
+  whatever the battle's difficulty). This pairwise conditional likelihood is consistent for
+  any distribution of the prompts' difficulties, including one that depends on the models
+  (below); a free-chat episode alone in its battle counts in the raw rate only.
+- ``kind``: generic / points at the error / gives the right value (``votes.feedback``), the
+  generic one the reference; ``attempt``: the first correction of a mistake the reference.
+
+Selection: an episode exists only after a wrong reply, and a model that is rarely wrong is
+wrong on harder prompts. Within a free-chat battle both sides answered the same prompt, so the
+conditional comparison holds the prompt's difficulty fixed; in a task, the scripted turn does.
+What stays is a difficulty that varies inside one task turn and drives both the first try and
+the fix: its bias is measured in tests/test_fix_ability.py and stated in docs/statistics.md,
+and the board shows each model's rate of wrong replies beside its fix-ability.
+
+The difficulty, kind and attempt coefficients carry a weak ridge (``RIDGE``: a normal prior of
+standard deviation about 3 on the log-odds), the abilities none (only their common level, which
+the data do not identify, is pinned). A model that never fixed a correction (or fixed every
+one) has no finite maximum-likelihood ability: it is left out of the fit, which is then exactly
+the fit of the others (its episodes carry no information about them), and gets the
+Jeffreys-penalised estimate of its own ability given the others' fit (the maximum of the
+log-likelihood plus half the log of the Fisher information, which depends on no penalty weight)
+and a likelihood-ratio interval open on the side the data cannot bound (``lower`` None:
+"no fix observed"). A model with no episode the regression can compare is shown unrated.
+
+The abilities are reported as contrasts with the mean of the models with a finite estimate, on
+the Elo scale of the other boards (1000 + 400·log10 of the odds ratio to the average model: 400
 points above is ten times the odds of fixing the same correction). Their intervals are sandwich
 (Huber-White) intervals clustered by battle: the episodes of one battle share a voter and a
-conversation, so they are not independent. Beside the rating: the raw fix rate with its Wilson
-interval, and the number of episodes.
+conversation, so they are not independent (for the pairwise likelihood this is its Godambe
+variance). Beside the rating: the raw fix rate with its Wilson interval, and the episodes.
 """
 
 from __future__ import annotations
@@ -24,11 +51,18 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from leaderboard.ratings import BASE_RATING, ELO_SCALE, _z, ranks_from_intervals, wilson_interval
+from votes import feedback
 from votes.checkers import is_fact
 
-RIDGE = 0.1  # Penalty on every coefficient: a prior N(0, 1/0.1) on the log-odds.
+RIDGE = 0.1  # Penalty on the difficulty, kind and attempt coefficients: a prior N(0, 1/0.1).
+ABILITY_RIDGE = 1e-6  # Numerical only: pins the abilities' common level, which the data leave free.
+FREE_CHAT = "free chat"  # The task name of free-chat episodes: difficulty per battle, conditioned out.
+KINDS = feedback.KINDS  # Kinds of correction; the first (generic) is the reference.
+ATTEMPTS = 3  # Attempts 1, 2 and 3-or-later: the first the reference.
+NO_FIX, NO_FAILURE, NO_COMPARISON = "no fix observed", "no failure observed", "no comparable episode"
 _TO_RATING = ELO_SCALE / np.log(10.0)
 
 
@@ -37,10 +71,12 @@ class Episode:
     """One correction of one model's wrong reply, and whether the reply to it fixed it."""
 
     model: str
-    task: str
+    task: str  # FREE_CHAT for free chat.
     turn: int
     fixed: bool
     battle: str | None = None  # Episodes of one battle form a cluster; None: its own.
+    specificity: str = feedback.GENERIC  # The correction's kind (KINDS).
+    attempt: int = 1  # 1 for the first correction of this mistake, 2 for the next, ...
 
 
 Parts = Mapping[str, bool]  # A checker's judgement part by part (votes.checkers.CheckResult.parts).
@@ -79,52 +115,29 @@ def turns_to_fix(fixed_by_attempt: Sequence[bool]) -> int | None:
 @dataclass(frozen=True)
 class FixAbility:
     model: str
-    rating: float  # Elo scale, the models' mean at 1000.
-    lower: float
-    upper: float
-    rank: int  # 1 + the models whose interval lies wholly above this one's.
+    rating: float | None  # Elo scale, the mean of the models with a finite estimate at 1000; None: unrated.
+    lower: float | None  # None: open-ended (``open_ended`` says why).
+    upper: float | None
+    rank: int | None  # 1 + the models whose interval lies wholly above this one's.
     fix_rate: float  # Raw share of episodes fixed...
     fix_lower: float  # ...and its Wilson interval.
     fix_upper: float
     episodes: int
     fixed: int
+    open_ended: str = ""  # NO_FIX, NO_FAILURE or NO_COMPARISON; empty: an estimate with a closed interval.
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _fit(
-    model_index: np.ndarray, cell_index: np.ndarray, trials: np.ndarray, successes: np.ndarray, n_params: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Penalised logistic regression on aggregated cells, each the sum of two coefficients
-    (``model_index`` and ``cell_index`` into one parameter vector); returns the coefficients and
-    the Hessian of the penalised negative log-likelihood at them."""
-    theta = np.zeros(n_params)
-    for _ in range(100):
-        p = 1.0 / (1.0 + np.exp(-(theta[model_index] + theta[cell_index])))
-        residual = successes - trials * p
-        gradient = -RIDGE * theta
-        np.add.at(gradient, model_index, residual)
-        np.add.at(gradient, cell_index, residual)
-        weight = trials * p * (1.0 - p)
-        hessian = RIDGE * np.eye(n_params)
-        np.add.at(hessian, (model_index, model_index), weight)
-        np.add.at(hessian, (cell_index, cell_index), weight)
-        np.add.at(hessian, (model_index, cell_index), weight)
-        np.add.at(hessian, (cell_index, model_index), weight)
-        step = np.linalg.solve(hessian, gradient)
-        theta += step
-        if np.max(np.abs(step)) < 1e-10:
-            break
-    return theta, hessian
-
-
 @dataclass(frozen=True)
 class EpisodeCounts:
     """Episodes as arrays, counted where they share everything: per row its model (a code into
-    ``models``), its difficulty cell (into ``cells``: task and turn), whether it was fixed, how
-    many episodes it counts, and its cluster: rows of one battle share a code; -1: each of the
-    row's episodes is a cluster of its own (a battle with one episode, or no battle)."""
+    ``models``), its difficulty cell (into ``cells``: task and turn; FREE_CHAT cells are free
+    chat), whether it was fixed, how many episodes it counts, its cluster (rows of one battle
+    share a code; -1: each of the row's episodes is a cluster of its own, a battle with one
+    episode or no battle), the correction's kind (a code into ``KINDS``; None: all generic) and
+    the attempt (None: all first)."""
 
     models: list[str]
     cells: list[tuple[str, int]]
@@ -133,6 +146,8 @@ class EpisodeCounts:
     fixed: np.ndarray
     count: np.ndarray
     cluster: np.ndarray
+    kind: np.ndarray | None = None
+    attempt: np.ndarray | None = None
 
     @classmethod
     def from_episodes(cls, episodes: Iterable[Episode]) -> EpisodeCounts:
@@ -153,7 +168,167 @@ class EpisodeCounts:
                 [-1 if e.battle is None else clusters.setdefault(e.battle, len(clusters)) for e in episodes],
                 dtype=np.intp,
             ),
+            np.array([KINDS.index(e.specificity) for e in episodes], dtype=np.intp),
+            np.array([e.attempt for e in episodes], dtype=np.intp),
         )
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The regression's rows: each a design (up to ``cols.shape[1]`` coefficients ``coefs`` on
+    parameters ``cols``), its trials, successes, cluster (-1: each trial its own), and the models
+    it compares (``winner``: the model of a full row, or the fixed one of a pair; ``loser``: -1 for
+    a full row, else the pair's unfixed one)."""
+
+    cols: np.ndarray
+    coefs: np.ndarray
+    trials: np.ndarray
+    successes: np.ndarray
+    cluster: np.ndarray
+    winner: np.ndarray
+    loser: np.ndarray
+
+    def take(self, keep: np.ndarray) -> _Rows:
+        return _Rows(*(getattr(self, name)[keep] for name in self.__dataclass_fields__))
+
+
+def _rows(table: EpisodeCounts) -> tuple[_Rows, int]:
+    """Full rows (task episodes, one coefficient per task turn) and pair rows (two models'
+    free-chat episodes in one battle, one fixed: the design of the fixed one minus the other's,
+    a success), and the number of parameters: abilities, task turns, kinds but the first,
+    attempts but the first."""
+    n_models = len(table.models)
+    free = np.array([task == FREE_CHAT for task, _ in table.cells], dtype=bool)
+    cell_param = np.where(free, 0, n_models + np.cumsum(~free) - 1)
+    first_kind = n_models + int((~free).sum())
+    n_params = first_kind + len(KINDS) - 1 + ATTEMPTS - 1
+    n = len(table.model)
+    kind = np.zeros(n, dtype=np.intp) if table.kind is None else np.asarray(table.kind, dtype=np.intp)
+    attempt = np.ones(n, dtype=np.intp) if table.attempt is None else np.minimum(table.attempt, ATTEMPTS)
+    cols = np.stack(
+        [
+            table.model,
+            cell_param[table.cell],
+            np.where(kind > 0, first_kind + kind - 1, 0),
+            np.where(attempt > 1, first_kind + len(KINDS) - 1 + attempt - 2, 0),
+        ],
+        axis=1,
+    ).astype(np.intp)
+    coefs = np.stack([np.ones(n), (~free[table.cell]).astype(float), kind > 0, attempt > 1], axis=1).astype(float)
+    is_free = free[table.cell]
+    full = np.flatnonzero(~is_free)
+
+    # Pairs: every fixed free-chat row against every unfixed one of another model in its battle.
+    pooled = np.flatnonzero(is_free & (table.cluster >= 0))
+    order = pooled[np.argsort(table.cluster[pooled], kind="stable")]
+    cluster = table.cluster[order]
+    starts = np.flatnonzero(np.r_[True, cluster[1:] != cluster[:-1]]) if len(order) else np.zeros(0, np.intp)
+    sizes = np.diff(np.r_[starts, len(order)])
+    group = np.repeat(np.arange(len(starts)), sizes)
+    reps = sizes[group]
+    left = np.repeat(np.arange(len(order)), reps)
+    right = starts[group[left]] + np.arange(len(left)) - np.repeat(np.cumsum(reps) - reps, reps)
+    i, j = order[left], order[right]
+    keep = (table.fixed[i] == 1) & (table.fixed[j] == 0) & (table.model[i] != table.model[j])
+    i, j = i[keep], j[keep]
+    pair_trials = table.count[i] * table.count[j]
+    width = cols.shape[1]
+    rows = _Rows(
+        cols=np.concatenate(
+            [np.concatenate([cols[full], np.zeros_like(cols[full])], axis=1), np.concatenate([cols[i], cols[j]], 1)]
+        ).reshape(-1, 2 * width),
+        coefs=np.concatenate(
+            [
+                np.concatenate([coefs[full], np.zeros_like(coefs[full])], axis=1),
+                np.concatenate([coefs[i], -coefs[j]], 1),
+            ]
+        ).reshape(-1, 2 * width),
+        trials=np.concatenate([table.count[full], pair_trials]),
+        successes=np.concatenate([table.count[full] * table.fixed[full], pair_trials]),
+        cluster=np.concatenate([table.cluster[full], table.cluster[i]]).astype(np.intp),
+        winner=np.concatenate([table.model[full], table.model[i]]).astype(np.intp),
+        loser=np.concatenate([np.full(len(full), -1), table.model[j]]).astype(np.intp),
+    )
+    return rows, n_params
+
+
+def _active_models(rows: _Rows, n_models: int) -> np.ndarray:
+    """Which models have a finite maximum-likelihood ability: left out, one after another, those
+    whose rows among the models kept show no fix, or no failure, or are none."""
+    active = np.ones(n_models, dtype=bool)
+    full = rows.loser < 0
+    while True:
+        use = active[rows.winner] & (full | active[np.maximum(rows.loser, 0)])
+        wins = np.bincount(rows.winner[use], rows.successes[use], minlength=n_models)
+        losses = np.bincount(rows.winner[use & full], (rows.trials - rows.successes)[use & full], minlength=n_models)
+        losses += np.bincount(rows.loser[use & ~full], rows.trials[use & ~full], minlength=n_models)
+        out = active & ((wins == 0) | (losses == 0))
+        if not out.any():
+            return active
+        active &= ~out
+
+
+def _design_matrix(cols: np.ndarray, coefs: np.ndarray, n_params: int) -> np.ndarray:
+    matrix = np.zeros((len(cols), n_params))
+    np.add.at(matrix, (np.repeat(np.arange(len(cols)), cols.shape[1]), cols.ravel()), coefs.ravel())
+    return matrix
+
+
+def _fit(
+    design: np.ndarray, trials: np.ndarray, successes: np.ndarray, penalty: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Penalised logistic regression (Newton's method) on aggregated rows; returns the
+    coefficients and the Hessian of the penalised negative log-likelihood at them."""
+    theta = np.zeros(design.shape[1])
+    hessian = np.diag(penalty)
+    for _ in range(100):
+        p = 1.0 / (1.0 + np.exp(-(design @ theta)))
+        gradient = design.T @ (successes - trials * p) - penalty * theta
+        hessian = design.T @ (design * (trials * p * (1.0 - p))[:, None]) + np.diag(penalty)
+        step = np.linalg.solve(hessian, gradient)
+        theta += step
+        if np.max(np.abs(step)) < 1e-10:
+            break
+    return theta, hessian
+
+
+def _log_likelihood(
+    ability: float, sign: np.ndarray, offset: np.ndarray, trials: np.ndarray, successes: np.ndarray
+) -> float:
+    eta = sign * ability + offset
+    return float(np.sum(successes * eta - trials * np.logaddexp(0.0, eta)))
+
+
+def _jeffreys(
+    sign: np.ndarray, offset: np.ndarray, trials: np.ndarray, successes: np.ndarray, no_fix: bool, z: float
+) -> tuple[float, float]:
+    """One model's ability given the others' fit (its rows' offsets): the maximum of the
+    log-likelihood plus half the log of the Fisher information, and the likelihood-ratio bound
+    on the side the data do bound (the log-likelihood's supremum, 0, is at the open end)."""
+
+    def penalised(a: float) -> float:
+        p = 1.0 / (1.0 + np.exp(-(sign * a + offset)))
+        information = float(np.sum(trials * p * (1.0 - p)))
+        return _log_likelihood(a, sign, offset, trials, successes) + 0.5 * np.log(max(information, 1e-300))
+
+    low, high = -40.0, 40.0
+    ratio = (np.sqrt(5.0) - 1.0) / 2.0
+    for _ in range(80):  # Golden-section search.
+        a, b = high - ratio * (high - low), low + ratio * (high - low)
+        if penalised(a) < penalised(b):
+            low = a
+        else:
+            high = b
+    estimate = (low + high) / 2.0
+    low, high = -60.0, 60.0
+    for _ in range(80):  # Bisection: the log-likelihood falls monotonically from the open end.
+        middle = (low + high) / 2.0
+        inside = _log_likelihood(middle, sign, offset, trials, successes) > -z * z / 2.0
+        if inside == no_fix:
+            low = middle
+        else:
+            high = middle
+    return estimate, (low + high) / 2.0
 
 
 def rate_fixes(episodes: Iterable[Episode] | EpisodeCounts, *, level: float = 0.95) -> list[FixAbility]:
@@ -161,62 +336,113 @@ def rate_fixes(episodes: Iterable[Episode] | EpisodeCounts, *, level: float = 0.
     table = episodes if isinstance(episodes, EpisodeCounts) else EpisodeCounts.from_episodes(episodes)
     if not table.count.sum():
         return []
+    with threadpool_limits(limits=1, user_api="blas"):  # It runs beside the refresh's other stages.
+        return _rate(table, level)
+
+
+def _rate(table: EpisodeCounts, level: float) -> list[FixAbility]:
     models = table.models
     n_models = len(models)
-    n_params = n_models + len(table.cells)
-    rows, columns, fixed, count = table.model, n_models + table.cell, table.fixed, table.count
+    rows, n_params = _rows(table)
+    active = _active_models(rows, n_models)
+    used = active[rows.winner] & ((rows.loser < 0) | active[np.maximum(rows.loser, 0)])
+    fitted = rows.take(used)
 
-    # The fit needs only the counts per (model, task turn).
-    keys, inverse = np.unique(rows * n_params + columns, return_inverse=True)
-    trials = np.bincount(inverse, weights=count)
-    successes = np.bincount(inverse, weights=count * fixed)
-    theta, hessian = _fit(keys // n_params, keys % n_params, trials, successes, n_params)
+    # The fit needs only the counts per distinct design.
+    keys, inverse = np.unique(
+        np.concatenate([fitted.cols, fitted.coefs.astype(np.intp)], axis=1), axis=0, return_inverse=True
+    )
+    inverse = inverse.reshape(-1)
+    width = fitted.cols.shape[1]
+    design = _design_matrix(keys[:, :width], keys[:, width:].astype(float), n_params)
+    trials = np.bincount(inverse, fitted.trials, minlength=len(keys))
+    successes = np.bincount(inverse, fitted.successes, minlength=len(keys))
+    penalty = np.full(n_params, RIDGE)
+    penalty[:n_models] = np.where(active, ABILITY_RIDGE, 1.0)
+    theta, hessian = _fit(design, trials, successes, penalty)
 
     # Sandwich covariance, clustered by battle: the meat sums each cluster's score first. A row
     # of c episodes that are each their own cluster adds c times its score's outer product, as
     # one cluster of score sqrt(c) times it would.
-    p = 1.0 / (1.0 + np.exp(-(theta[rows] + theta[columns])))
-    alone = table.cluster < 0
-    shared = int(table.cluster.max(initial=-1)) + 1
-    cluster = np.where(alone, shared + np.cumsum(alone) - 1, table.cluster)
-    residual = (fixed - p) * np.where(alone, np.sqrt(count), count)
+    eta = np.sum(theta[fitted.cols] * fitted.coefs, axis=1)
+    p = 1.0 / (1.0 + np.exp(-eta))
+    alone = fitted.cluster < 0
+    shared = int(fitted.cluster.max(initial=-1)) + 1
+    cluster = np.where(alone, shared + np.cumsum(alone) - 1, fitted.cluster)
+    residual = np.where(
+        alone,
+        (fitted.successes / np.maximum(fitted.trials, 1) - p) * np.sqrt(fitted.trials),
+        fitted.successes - fitted.trials * p,
+    )
     n_clusters = shared + int(alone.sum())
     scores = np.bincount(
-        np.concatenate([cluster * n_params + rows, cluster * n_params + columns]),
-        np.concatenate([residual, residual]),
+        (cluster[:, None] * n_params + fitted.cols).ravel(),
+        (fitted.coefs * residual[:, None]).ravel(),
         minlength=n_clusters * n_params,
     ).reshape(n_clusters, n_params)
     bread = np.linalg.inv(hessian)
     covariance = bread @ (scores.T @ scores) @ bread
-    # Contrasts with the models' mean: the only thing the data identifies about the abilities.
+
+    # Contrasts with the mean of the models with a finite estimate.
+    n_active = max(int(active.sum()), 1)
     contrast = np.zeros((n_models, n_params))
-    contrast[:, :n_models] = np.eye(n_models) - 1.0 / n_models
+    contrast[:, :n_models] = np.eye(n_models) - active / n_active
     ability = contrast @ theta
     spread = np.sqrt(np.maximum(np.diag(contrast @ covariance @ contrast.T), 0.0))
-    half = _z(level) * spread
-    rating = BASE_RATING + _TO_RATING * ability
-    lower, upper = rating - _TO_RATING * half, rating + _TO_RATING * half
-    ranks = ranks_from_intervals(lower, upper)
-    counts = np.bincount(rows, weights=count, minlength=n_models)
-    fixes = np.bincount(rows, weights=count * fixed, minlength=n_models)
+    z = _z(level)
+    lower, upper = ability - z * spread, ability + z * spread
+    notes = [""] * n_models
+    center = float(theta[:n_models][active].mean()) if active.any() else 0.0
+    for model in np.flatnonzero(~active):
+        # Its rows against the models kept: the sign of its ability and the rest of the design.
+        own = ((rows.winner == model) & ((rows.loser < 0) | active[np.maximum(rows.loser, 0)])) | (
+            (rows.loser == model) & active[rows.winner]
+        )
+        mine = rows.take(own)
+        sign = np.sum(np.where(mine.cols == model, mine.coefs, 0.0), axis=1)
+        offset = np.sum(np.where(mine.cols == model, 0.0, theta[mine.cols] * mine.coefs), axis=1)
+        fixes_seen = float(mine.successes[sign > 0].sum())
+        if (
+            not own.any()
+            or fixes_seen + float((mine.trials - mine.successes)[sign > 0].sum() + mine.trials[sign < 0].sum()) == 0
+        ):
+            notes[model] = NO_COMPARISON
+            ability[model], lower[model], upper[model] = np.nan, -np.inf, np.inf
+            continue
+        no_fix = fixes_seen == 0
+        estimate, bound = _jeffreys(sign, offset, mine.trials, mine.successes, no_fix, z)
+        ability[model] = estimate - center
+        lower[model], upper[model] = (-np.inf, bound - center) if no_fix else (bound - center, np.inf)
+        notes[model] = NO_FIX if no_fix else NO_FAILURE
+
+    rated = ~np.isnan(ability)
+    ranks = np.zeros(n_models, dtype=int)
+    ranks[rated] = ranks_from_intervals(lower[rated], upper[rated])
+    counts = np.bincount(table.model, weights=table.count, minlength=n_models)
+    fixes = np.bincount(table.model, weights=table.count * table.fixed, minlength=n_models)
+
+    def on_scale(value: float) -> float | None:
+        return round(float(BASE_RATING + _TO_RATING * value), 1) if np.isfinite(value) else None
+
     results = []
     for i, name in enumerate(models):
         wilson = wilson_interval(fixes[i], counts[i], level)
         results.append(
             FixAbility(
                 model=name,
-                rating=round(float(rating[i]), 1),
-                lower=round(float(lower[i]), 1),
-                upper=round(float(upper[i]), 1),
-                rank=int(ranks[i]),
+                rating=on_scale(ability[i]),
+                lower=on_scale(lower[i]),
+                upper=on_scale(upper[i]),
+                rank=int(ranks[i]) if rated[i] else None,
                 fix_rate=round(float(fixes[i] / counts[i]), 4),
                 fix_lower=round(wilson[0], 4),
                 fix_upper=round(wilson[1], 4),
                 episodes=int(counts[i]),
                 fixed=int(fixes[i]),
+                open_ended=notes[i],
             )
         )
-    return sorted(results, key=lambda row: (-row.rating, row.model))
+    return sorted(results, key=lambda row: (row.rating is None, -(row.rating or 0.0), row.model))
 
 
 def episodes_from_records(records: Sequence[Any]) -> list[Episode]:
