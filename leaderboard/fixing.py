@@ -261,7 +261,7 @@ def _active_models(rows: _Rows, n_models: int) -> np.ndarray:
         use = active[rows.winner] & (full | active[np.maximum(rows.loser, 0)])
         wins = np.bincount(rows.winner[use], rows.successes[use], minlength=n_models)
         losses = np.bincount(rows.winner[use & full], (rows.trials - rows.successes)[use & full], minlength=n_models)
-        losses += np.bincount(rows.loser[use & ~full], rows.trials[use & ~full], minlength=n_models)
+        losses = losses + np.bincount(rows.loser[use & ~full], rows.trials[use & ~full], minlength=n_models)
         out = active & ((wins == 0) | (losses == 0))
         if not out.any():
             return active
@@ -446,20 +446,25 @@ def _rate(table: EpisodeCounts, level: float) -> list[FixAbility]:
 
 
 def episodes_from_records(records: Sequence[Any]) -> list[Episode]:
-    """Episodes from JSON records (``rate_fixes`` files): ``model``, ``task``, ``turn`` and
-    ``fixed`` are required, ``battle`` optional; a ``decoy`` record (a false correction) is not a
-    fix episode, and an ``excluded`` one (the site's dumps hold those too) is not counted: both
-    are left out. Raises ValueError naming the record and the problem."""
+    """Episodes from JSON records (``rate_fixes`` files, and the research export's episodes):
+    ``model`` and ``fixed`` are required; ``task`` (missing, null or "free chat": free chat) with
+    ``turn`` (required for a task), ``battle``, the correction's kind (``feedback_kind`` as the
+    export names it, or ``specificity``: generic, pointing or prescriptive; generic when
+    missing) and ``attempt`` (1 when missing) are optional; a ``decoy`` record (a false
+    correction) is not a fix episode, and an ``excluded`` one (the site's dumps hold those too)
+    is not counted: both are left out. Raises ValueError naming the record and the problem."""
     episodes = []
     for number, record in enumerate(records, start=1):
         where = f"Episode {number}"
         if not isinstance(record, dict):
             raise ValueError(f"{where} is not an object.")
-        model, task, turn, fixed = (record.get(key) for key in ("model", "task", "turn", "fixed"))
+        model, task, fixed = (record.get(key) for key in ("model", "task", "fixed"))
+        task = FREE_CHAT if task is None else task
+        turn = record.get("turn", 0 if task == FREE_CHAT else None)
         if not isinstance(model, str) or not model:
             raise ValueError(f"{where} needs a model name.")
         if not isinstance(task, str) or not task:
-            raise ValueError(f"{where} needs a task name.")
+            raise ValueError(f"{where} needs a task name (none for free chat).")
         if not isinstance(turn, int) or isinstance(turn, bool) or turn < 0:
             raise ValueError(f"{where} needs turn, a whole number of at least 0.")
         if not isinstance(fixed, bool):
@@ -467,7 +472,13 @@ def episodes_from_records(records: Sequence[Any]) -> list[Episode]:
         battle = record.get("battle")
         if battle is not None and not isinstance(battle, (str, int)):
             raise ValueError(f"{where} has a battle that is neither a string nor a number.")
+        kind = record.get("feedback_kind", record.get("specificity")) or feedback.GENERIC
+        if kind not in KINDS:
+            raise ValueError(f"{where} has a correction kind that is none of {', '.join(KINDS)}.")
+        attempt = record.get("attempt", 1)
+        if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+            raise ValueError(f"{where} needs attempt, a whole number of at least 1.")
         if record.get("decoy", False) is True or record.get("excluded", False) is True:
             continue
-        episodes.append(Episode(model, task, turn, fixed, None if battle is None else str(battle)))
+        episodes.append(Episode(model, task, turn, fixed, None if battle is None else str(battle), kind, attempt))
     return episodes
