@@ -292,43 +292,71 @@ def _fit(
     return theta, hessian
 
 
-def _log_likelihood(
-    ability: float, sign: np.ndarray, offset: np.ndarray, trials: np.ndarray, successes: np.ndarray
-) -> float:
-    eta = sign * ability + offset
-    return float(np.sum(successes * eta - trials * np.logaddexp(0.0, eta)))
+def _firth(design: np.ndarray, offset: np.ndarray, trials: np.ndarray, successes: np.ndarray) -> np.ndarray:
+    """Firth's penalised logistic regression (the maximum of the log-likelihood plus half the log
+    of the determinant of the Fisher information: the Jeffreys prior), with offsets: finite
+    where the data are separated, and with no penalty weight to choose. Fisher scoring on the
+    modified score, each step halved until the penalised log-likelihood rises."""
+    eye = ABILITY_RIDGE * np.eye(design.shape[1])
+
+    def parts(beta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        eta = design @ beta + offset
+        p = 1.0 / (1.0 + np.exp(-eta))
+        weight = trials * p * (1.0 - p)
+        information = design.T @ (design * weight[:, None]) + eye
+        objective = float(np.sum(successes * eta - trials * np.logaddexp(0.0, eta)))
+        objective += 0.5 * np.linalg.slogdet(information)[1] - 0.5 * ABILITY_RIDGE * float(beta @ beta)
+        leverage = weight * np.einsum("ij,ji->i", design, np.linalg.solve(information, design.T))
+        score = design.T @ (successes - trials * p + leverage * (0.5 - p)) - ABILITY_RIDGE * beta
+        return objective, np.linalg.solve(information, score), information
+
+    beta = np.zeros(design.shape[1])
+    objective, step, _ = parts(beta)
+    for _ in range(200):
+        for _ in range(40):
+            trial = beta + step
+            trial_objective, trial_step, _ = parts(trial)
+            if trial_objective >= objective - 1e-12:
+                break
+            step = step / 2.0
+        converged = np.max(np.abs(trial - beta)) < 1e-9
+        beta, objective, step = trial, trial_objective, trial_step
+        if converged:
+            break
+    return beta
 
 
-def _jeffreys(
-    sign: np.ndarray, offset: np.ndarray, trials: np.ndarray, successes: np.ndarray, no_fix: bool, z: float
-) -> tuple[float, float]:
-    """One model's ability given the others' fit (its rows' offsets): the maximum of the
-    log-likelihood plus half the log of the Fisher information, and the likelihood-ratio bound
-    on the side the data do bound (the log-likelihood's supremum, 0, is at the open end)."""
+def _likelihood_interval(
+    sign: np.ndarray, offset: np.ndarray, trials: np.ndarray, successes: np.ndarray, z: float
+) -> tuple[float, float, str]:
+    """One model's likelihood-ratio interval from its rows, the rest of each row's design held
+    at its fit (``offset``), open (infinite) on the side where the log-likelihood rises without
+    end, and why: no fix observed (it fixed none), no failure observed (it fixed all), or ""."""
+    wins = float(successes[sign > 0].sum() + (trials - successes)[sign < 0].sum())
+    losses = float((trials - successes)[sign > 0].sum() + successes[sign < 0].sum())
 
-    def penalised(a: float) -> float:
-        p = 1.0 / (1.0 + np.exp(-(sign * a + offset)))
-        information = float(np.sum(trials * p * (1.0 - p)))
-        return _log_likelihood(a, sign, offset, trials, successes) + 0.5 * np.log(max(information, 1e-300))
+    def log_likelihood(ability: float) -> float:
+        eta = sign * ability + offset
+        return float(np.sum(successes * eta - trials * np.logaddexp(0.0, eta)))
 
+    def crossing(inside: float, outside: float, floor: float) -> float:
+        for _ in range(80):  # Bisection: the log-likelihood is concave.
+            middle = (inside + outside) / 2.0
+            inside, outside = (middle, outside) if log_likelihood(middle) > floor else (inside, middle)
+        return (inside + outside) / 2.0
+
+    if wins == 0:
+        return -np.inf, crossing(-60.0, 60.0, -z * z / 2.0), NO_FIX
+    if losses == 0:
+        return crossing(60.0, -60.0, -z * z / 2.0), np.inf, NO_FAILURE
     low, high = -40.0, 40.0
     ratio = (np.sqrt(5.0) - 1.0) / 2.0
-    for _ in range(80):  # Golden-section search.
+    for _ in range(100):  # Golden-section search for the maximum.
         a, b = high - ratio * (high - low), low + ratio * (high - low)
-        if penalised(a) < penalised(b):
-            low = a
-        else:
-            high = b
-    estimate = (low + high) / 2.0
-    low, high = -60.0, 60.0
-    for _ in range(80):  # Bisection: the log-likelihood falls monotonically from the open end.
-        middle = (low + high) / 2.0
-        inside = _log_likelihood(middle, sign, offset, trials, successes) > -z * z / 2.0
-        if inside == no_fix:
-            low = middle
-        else:
-            high = middle
-    return estimate, (low + high) / 2.0
+        low, high = (a, high) if log_likelihood(a) < log_likelihood(b) else (low, b)
+    best = (low + high) / 2.0
+    floor = log_likelihood(best) - z * z / 2.0
+    return crossing(best, -60.0, floor), crossing(best, 60.0, floor), ""
 
 
 def rate_fixes(episodes: Iterable[Episode] | EpisodeCounts, *, level: float = 0.95) -> list[FixAbility]:
@@ -392,28 +420,34 @@ def _rate(table: EpisodeCounts, level: float) -> list[FixAbility]:
     z = _z(level)
     lower, upper = ability - z * spread, ability + z * spread
     notes = [""] * n_models
-    center = float(theta[:n_models][active].mean()) if active.any() else 0.0
-    for model in np.flatnonzero(~active):
-        # Its rows against the models kept: the sign of its ability and the rest of the design.
-        own = ((rows.winner == model) & ((rows.loser < 0) | active[np.maximum(rows.loser, 0)])) | (
-            (rows.loser == model) & active[rows.winner]
-        )
-        mine = rows.take(own)
-        sign = np.sum(np.where(mine.cols == model, mine.coefs, 0.0), axis=1)
-        offset = np.sum(np.where(mine.cols == model, 0.0, theta[mine.cols] * mine.coefs), axis=1)
-        fixes_seen = float(mine.successes[sign > 0].sum())
-        if (
-            not own.any()
-            or fixes_seen + float((mine.trials - mine.successes)[sign > 0].sum() + mine.trials[sign < 0].sum()) == 0
-        ):
+    # The models left out of the fit: Firth's estimate of their abilities from their rows (against
+    # the models fitted, and one another), the rest of each row held at the fit, which they
+    # therefore do not move; a likelihood-ratio interval each, open where the data give no bound.
+    out = np.flatnonzero(~active)
+    theirs = ~active[rows.winner] | ((rows.loser >= 0) & ~active[np.maximum(rows.loser, 0)])
+    mine = rows.take(theirs)
+    full_design = _design_matrix(mine.cols, mine.coefs, n_params)
+    offset = full_design @ np.r_[theta[:n_models] * active, theta[n_models:]]
+    seen = (full_design[:, out] != 0).any(axis=0)
+    estimate = np.full(n_models, np.nan)
+    if seen.any():
+        estimate[out[seen]] = _firth(full_design[:, out[seen]], offset, mine.trials, mine.successes)
+    finite = estimate[out][~np.isnan(estimate[out])]
+    center = float(theta[:n_models][active].mean()) if active.any() else float(finite.mean()) if len(finite) else 0.0
+    for model in out:
+        ability[model] = estimate[model] - center
+        if np.isnan(estimate[model]):
             notes[model] = NO_COMPARISON
-            ability[model], lower[model], upper[model] = np.nan, -np.inf, np.inf
+            lower[model], upper[model] = -np.inf, np.inf
             continue
-        no_fix = fixes_seen == 0
-        estimate, bound = _jeffreys(sign, offset, mine.trials, mine.successes, no_fix, z)
-        ability[model] = estimate - center
-        lower[model], upper[model] = (-np.inf, bound - center) if no_fix else (bound - center, np.inf)
-        notes[model] = NO_FIX if no_fix else NO_FAILURE
+        own = full_design[:, model] != 0
+        others = np.where(np.isin(np.arange(n_models), out) & (np.arange(n_models) != model), estimate, 0.0)
+        others = np.where(np.isnan(others), 0.0, others)
+        rest = offset[own] + full_design[np.ix_(own, np.arange(n_models))] @ others
+        low, high, notes[model] = _likelihood_interval(
+            full_design[own, model], rest, mine.trials[own], mine.successes[own], z
+        )
+        lower[model], upper[model] = low - center, high - center
 
     rated = ~np.isnan(ability)
     ranks = np.zeros(n_models, dtype=int)

@@ -429,3 +429,16 @@ def test_rate_fixes_refuses_bad_files_clearly(tmp_path: Path, content: str, mess
         call_command("rate_fixes", str(path))
     with pytest.raises(CommandError, match="Cannot read"):
         call_command("rate_fixes", str(tmp_path / "missing.json"))
+
+
+def test_models_separated_from_one_another_get_firth_estimates_with_open_ends() -> None:
+    """Free chat, three battles: one model fixed each time, the other never. Neither has a finite
+    maximum-likelihood ability; Firth's estimates (the Jeffreys prior, no weight to choose) put
+    the fixer above, each interval open on its side."""
+    episodes = [Episode(m, FREE_CHAT, 0, m == "fixer", f"b{k}") for k in range(3) for m in ("fixer", "stubborn")]
+    fixer, stubborn = rate_fixes(episodes)
+    assert (fixer.model, stubborn.model) == ("fixer", "stubborn")
+    assert fixer.rating + stubborn.rating == pytest.approx(2000, abs=0.2) and fixer.rating > 1100
+    assert fixer.upper is None and fixer.lower < fixer.rating and fixer.open_ended == fixing.NO_FAILURE
+    assert stubborn.lower is None and stubborn.upper > stubborn.rating and stubborn.open_ended == fixing.NO_FIX
+    assert fixer.rank == stubborn.rank == 1  # Three battles cannot tell them apart.
