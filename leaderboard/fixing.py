@@ -178,7 +178,7 @@ class _Rows:
     """The regression's rows: each a design (up to ``cols.shape[1]`` coefficients ``coefs`` on
     parameters ``cols``), its trials, successes, cluster (-1: each trial its own), and the models
     it compares (``winner``: the model of a full row, or the fixed one of a pair; ``loser``: -1 for
-    a full row, else the pair's unfixed one)."""
+    a full row, else the pair's unfixed one), and a code equal for rows of equal design."""
 
     cols: np.ndarray
     coefs: np.ndarray
@@ -187,6 +187,7 @@ class _Rows:
     cluster: np.ndarray
     winner: np.ndarray
     loser: np.ndarray
+    code: np.ndarray  # Equal for rows of equal design.
 
     def take(self, keep: np.ndarray) -> _Rows:
         return _Rows(*(getattr(self, name)[keep] for name in self.__dataclass_fields__))
@@ -232,6 +233,9 @@ def _rows(table: EpisodeCounts) -> tuple[_Rows, int]:
     keep = (table.fixed[i] == 1) & (table.fixed[j] == 0) & (table.model[i] != table.model[j])
     i, j = i[keep], j[keep]
     pair_trials = table.count[i] * table.count[j]
+    kinds, attempts = len(KINDS), ATTEMPTS
+    design_type = ((table.model * len(table.cells) + table.cell) * kinds + kind) * attempts + attempt - 1
+    types = n_models * len(table.cells) * kinds * attempts + 1
     width = cols.shape[1]
     rows = _Rows(
         cols=np.concatenate(
@@ -248,6 +252,7 @@ def _rows(table: EpisodeCounts) -> tuple[_Rows, int]:
         cluster=np.concatenate([table.cluster[full], table.cluster[i]]).astype(np.intp),
         winner=np.concatenate([table.model[full], table.model[i]]).astype(np.intp),
         loser=np.concatenate([np.full(len(full), -1), table.model[j]]).astype(np.intp),
+        code=np.concatenate([design_type[full] * types, design_type[i] * types + design_type[j] + 1]).astype(np.int64),
     )
     return rows, n_params
 
@@ -377,12 +382,9 @@ def _rate(table: EpisodeCounts, level: float) -> list[FixAbility]:
     fitted = rows.take(used)
 
     # The fit needs only the counts per distinct design.
-    keys, inverse = np.unique(
-        np.concatenate([fitted.cols, fitted.coefs.astype(np.intp)], axis=1), axis=0, return_inverse=True
-    )
+    keys, first, inverse = np.unique(fitted.code, return_index=True, return_inverse=True)
     inverse = inverse.reshape(-1)
-    width = fitted.cols.shape[1]
-    design = _design_matrix(keys[:, :width], keys[:, width:].astype(float), n_params)
+    design = _design_matrix(fitted.cols[first], fitted.coefs[first], n_params)
     trials = np.bincount(inverse, fitted.trials, minlength=len(keys))
     successes = np.bincount(inverse, fitted.successes, minlength=len(keys))
     penalty = np.full(n_params, RIDGE)
