@@ -29,12 +29,14 @@ and the board shows each model's rate of wrong replies beside its fix-ability.
 The difficulty, kind and attempt coefficients carry a weak ridge (``RIDGE``: a normal prior of
 standard deviation about 3 on the log-odds), the abilities none (only their common level, which
 the data do not identify, is pinned). A model that never fixed a correction (or fixed every
-one) has no finite maximum-likelihood ability: it is left out of the fit, which is then exactly
-the fit of the others (its episodes carry no information about them), and gets the
-Jeffreys-penalised estimate of its own ability given the others' fit (the maximum of the
-log-likelihood plus half the log of the Fisher information, which depends on no penalty weight)
-and a likelihood-ratio interval open on the side the data cannot bound (``lower`` None:
-"no fix observed"). A model with no episode the regression can compare is shown unrated.
+one), among the models it is compared with, has no finite maximum-likelihood ability: it is
+left out of the fit, which is then exactly the fit of the others (its episodes carry no
+information about them), and gets Firth's estimate (the Jeffreys-penalised likelihood: the
+log-likelihood plus half the log-determinant of the Fisher information, no penalty weight to
+choose) from its own rows, the rest of each row held at the fit, and a likelihood-ratio
+interval open on the side the data cannot bound (``lower`` None: "no fix observed"; ``upper``
+None: "no failure observed"). A model with no episode the regression can compare (free-chat
+episodes alone in their battles) is shown unrated.
 
 The abilities are reported as contrasts with the mean of the models with a finite estimate, on
 the Elo scale of the other boards (1000 + 400·log10 of the odds ratio to the average model: 400
