@@ -68,6 +68,10 @@ NO_FIX, NO_FAILURE, NO_COMPARISON = "no fix observed", "no failure observed", "n
 _TO_RATING = ELO_SCALE / np.log(10.0)
 
 
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.exp(-np.logaddexp(0.0, -x))  # No overflow where a coefficient runs off (separation).
+
+
 @dataclass(frozen=True)
 class Episode:
     """One correction of one model's wrong reply, and whether the reply to it fixed it."""
@@ -289,7 +293,7 @@ def _fit(
     theta = np.zeros(design.shape[1])
     hessian = np.diag(penalty)
     for _ in range(100):
-        p = 1.0 / (1.0 + np.exp(-(design @ theta)))
+        p = _sigmoid(design @ theta)
         gradient = design.T @ (successes - trials * p) - penalty * theta
         hessian = design.T @ (design * (trials * p * (1.0 - p))[:, None]) + np.diag(penalty)
         step = np.linalg.solve(hessian, gradient)
@@ -308,7 +312,7 @@ def _firth(design: np.ndarray, offset: np.ndarray, trials: np.ndarray, successes
 
     def parts(beta: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
         eta = design @ beta + offset
-        p = 1.0 / (1.0 + np.exp(-eta))
+        p = _sigmoid(eta)
         weight = trials * p * (1.0 - p)
         information = design.T @ (design * weight[:, None]) + eye
         objective = float(np.sum(successes * eta - trials * np.logaddexp(0.0, eta)))
@@ -397,7 +401,7 @@ def _rate(table: EpisodeCounts, level: float) -> list[FixAbility]:
     # of c episodes that are each their own cluster adds c times its score's outer product, as
     # one cluster of score sqrt(c) times it would.
     eta = np.sum(theta[fitted.cols] * fitted.coefs, axis=1)
-    p = 1.0 / (1.0 + np.exp(-eta))
+    p = _sigmoid(eta)
     alone = fitted.cluster < 0
     shared = int(fitted.cluster.max(initial=-1)) + 1
     cluster = np.where(alone, shared + np.cumsum(alone) - 1, fitted.cluster)
