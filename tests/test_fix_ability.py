@@ -286,9 +286,12 @@ def test_selection_on_a_wrong_first_try() -> None:
     0.5) is not modelled: the strongest model is rated 20-50 points too low and the weakest
     20-50 too high, the order kept (Spearman >= 0.95 in every arena); more than 80 with sd 1:
     docs/statistics.md."""
-    free = run_arenas(Arena(MIDDLE, free_chat=True, prompt_sd=1.5, first_try=MIDDLE), 200, 4000)
+    arena = Arena(MIDDLE, free_chat=True, prompt_sd=1.5, first_try=MIDDLE)
+    free = run_arenas(arena, 200, 4000)
     assert 0.93 <= free.coverage <= 0.97, free.coverage
     assert free.spearman.mean() >= 0.95, free.spearman.mean()
+    naive = run_arenas(arena, 50, 4000, naive=True)
+    assert naive.coverage < 0.6 and naive.bias[0] > 80 and naive.bias[-1] < -80, (naive.coverage, naive.bias)
     task = run_arenas(Arena(WIDE, prompt_sd=0.5, first_try=WIDE), 100, 5000)
     assert 20 < task.bias[0] < 50 and -50 < task.bias[-1] < -20, task.bias
     assert np.all(task.spearman >= 0.95), task.spearman.min()
