@@ -94,6 +94,8 @@ def canonical(tally: Tally) -> dict[str, Any]:
         "left_out": rows(tally.left_out, tally.categories),
         "style": rows(tally.style, None),
         "ballots": rows(tally.ballots, tally.voters),
+        "episodes": rows(tally.episodes, None),
+        "replies": rows(tally.replies, None),
     }
 
 
