@@ -15,13 +15,15 @@ router = Router()
 
 class LeaderboardRow(Schema):
     """A model's row: vote boards give votes, Elo and fix rates; the fix-ability board
-    ("fixing") gives episodes, fixed, and the raw fix rate with its Wilson interval."""
+    ("fixing") gives episodes, fixed, the raw fix rate with its Wilson interval, the share of the
+    model's judged replies judged wrong, and ``open_ended``: why a bound is null (no fix, or no
+    failure, observed: that side is open) or the rating is (no episode to compare)."""
 
     model: str
-    rating: float
-    lower: float
-    upper: float
-    rank: int
+    rating: float | None = Field(description="Null: fix-ability with no episode to compare (unrated).")
+    lower: float | None = Field(description="Null: open-ended (fix-ability of a model with no fix observed).")
+    upper: float | None = Field(description="Null: open-ended (fix-ability of a model with no failure observed).")
+    rank: int | None = Field(description="Null: unrated.")
     provisional: bool
     votes: int | None = None
     elo: float | None = None
@@ -31,6 +33,10 @@ class LeaderboardRow(Schema):
     fixed: int | None = None
     fix_lower: float | None = None
     fix_upper: float | None = None
+    open_ended: str | None = Field(default=None, description='Fix-ability: "no fix observed", ... ; empty: closed.')
+    wrong_rate: dict[str, Any] | None = Field(
+        default=None, description="Fix-ability: judged replies judged wrong {wrong, judged, rate, lower, upper}."
+    )
 
 
 class Leaderboard(Schema):

@@ -16,11 +16,14 @@ CELL = 34
 
 
 def interval_chart(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Each model's interval as a horizontal bar with a dot at its rating."""
+    """Each model's interval as a horizontal bar with a dot at its rating. An open end (a bound
+    of None: fix-ability with no fix, or no failure, observed) runs to the chart's edge; a row
+    without a rating (nothing to compare) is left out."""
+    rows = [row for row in rows if row["rating"] is not None]
     if not rows:
         return {"width": WIDTH, "height": ROW, "bars": [], "ticks": []}
-    low = min(row["lower"] for row in rows)
-    high = max(row["upper"] for row in rows)
+    values = [value for row in rows for value in (row["lower"], row["rating"], row["upper"]) if value is not None]
+    low, high = min(values), max(values)
     step = _nice_step(high - low)
     low, high = math.floor(low / step) * step, math.ceil(high / step) * step
     if high == low:
@@ -34,10 +37,10 @@ def interval_chart(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         {
             "model": row["model"],
             "y": (index + 1) * ROW,
-            "x1": x(row["lower"]),
-            "x2": x(row["upper"]),
+            "x1": x(low if row["lower"] is None else row["lower"]),
+            "x2": x(high if row["upper"] is None else row["upper"]),
             "cx": x(row["rating"]),
-            "label": f"{row['rating']:.0f} ({row['lower']:.0f}–{row['upper']:.0f})",
+            "label": f"{row['rating']:.0f} ({_bound(row['lower'])}–{_bound(row['upper'])})",
         }
         for index, row in enumerate(rows)
     ]
@@ -50,6 +53,10 @@ def interval_chart(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "ticks": ticks,
         "axis_y": (len(rows) + 1) * ROW,
     }
+
+
+def _bound(value: float | None) -> str:
+    return "open" if value is None else f"{value:.0f}"
 
 
 def _nice_step(span: float) -> float:

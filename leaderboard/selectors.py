@@ -29,7 +29,7 @@ from django.db.models.lookups import GreaterThan
 from inference.models import LLM
 from leaderboard import anomaly, fixing, ratings, style, tally
 from leaderboard.models import LeaderboardRefresh, VoteTallyState
-from votes.models import Battle, FixEpisode, FlaggedNetwork, FlaggedVoter, Task, Vote
+from votes.models import Battle, FixEpisode, FlaggedNetwork, FlaggedVoter, Message, Rating, Task, Verdict, Vote
 
 OVERALL, FIXING, AFTER_CORRECTION = "overall", "fixing", "after_correction"
 TASK_PREFIX = "task:"
@@ -232,11 +232,31 @@ def _episode_rows(episodes: QuerySet[FixEpisode]) -> list[tally.EpisodeRow]:
             "fixed",
             "voter_fixed",
             "checker_fixed",
+            "specificity",
+            "attempt",
         )
         .annotate(n=Count("id"))
         .order_by()
     )
     return [tally.EpisodeRow(*row) for row in rows]
+
+
+def _reply_rows(battles: Q) -> list[tally.ReplyRow]:
+    """The replies of the battles ``battles`` selects that the voter rated or the checker judged,
+    per battle side and whether they were judged wrong (voter 🍄/🔥 or checker mistake/garbage)."""
+    wrong = Q(rating__in=(Rating.MISTAKE, Rating.GARBAGE)) | Q(check_verdict__in=(Verdict.MISTAKE, Verdict.GARBAGE))
+    rows = _raw_rows(
+        Message.objects.filter(battles, role=Message.Role.ASSISTANT)
+        .exclude(rating="", check_verdict="")
+        .annotate(
+            judged_model=Case(When(side="a", then=F("battle__model_a_id")), default=F("battle__model_b_id")),
+            wrong=Case(When(wrong, then=Value(True)), default=Value(False), output_field=BooleanField()),
+        )
+        .values_list("battle__voter_key", "battle__excluded", "judged_model", "wrong")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return [tally.ReplyRow(*row) for row in rows]
 
 
 def battles_tally(battles: Q, flagged: frozenset[str]) -> tally.Tally:
@@ -248,7 +268,7 @@ def battles_tally(battles: Q, flagged: frozenset[str]) -> tally.Tally:
         battle__voter_key__in=flagged
     )
     episodes = _episode_rows(FixEpisode.objects.filter(battles))
-    return tally.tally_of(_vote_rows(votes), _style_rows(overall), episodes, flagged, FIXING)
+    return tally.tally_of(_vote_rows(votes), _style_rows(overall), episodes, flagged, FIXING, _reply_rows(battles))
 
 
 def stored_tally() -> tally.Tally | None:
@@ -455,11 +475,13 @@ def style_outcomes(names: list[str], counts: tally.Tally | None = None) -> style
 def fix_episode_counts(counts: tally.Tally | None = None) -> fixing.EpisodeCounts:
     """The fix episodes the "Fixing mistakes" board rates (of ended battles without an identity
     leak, by unflagged voters), from a refresh's running counts (by default counted now), as
-    fix-ability reads them. Difficulty cells are the task's scripted turns (free chat: one)."""
+    fix-ability reads them. Difficulty cells are the task's scripted turns; free chat's episodes
+    are one cell, "free chat" (``fixing.FREE_CHAT``), whose difficulty fix-ability takes per
+    battle (the cluster)."""
     counts = current_tally() if counts is None else counts
     keys, number = counts.episodes.keys, counts.episodes.values[:, 0]
     names = dict(LLM.objects.values_list("pk", "name"))
-    slugs = {0: "free chat", **dict(Task.objects.values_list("pk", "slug"))}
+    slugs = {0: fixing.FREE_CHAT, **dict(Task.objects.values_list("pk", "slug"))}
     model_ids, model = np.unique(keys[:, 0], return_inverse=True)
     models = sorted(names[pk] for pk in model_ids.tolist())
     model_position = {name: i for i, name in enumerate(models)}
@@ -480,7 +502,24 @@ def fix_episode_counts(counts: tally.Tally | None = None) -> fixing.EpisodeCount
         fixed=keys[:, 3].astype(float),
         count=number,
         cluster=cluster,
+        kind=keys[:, 7].astype(np.intp),
+        attempt=keys[:, 8].astype(np.intp),
     )
+
+
+def wrong_rates(names: list[str], counts: tally.Tally | None = None) -> dict[str, ratings.FixRate]:
+    """Per model, of its replies in counted battles that the voter rated or the checker judged,
+    how many were judged wrong (the rate at which its fix episodes start: a model rarely wrong is
+    wrong on harder prompts, which fix-ability's selection treatment reports beside it). As a
+    ``FixRate``: ``fixed`` the wrong ones, ``corrections`` the judged ones."""
+    counts = current_tally() if counts is None else counts
+    keys, number = counts.replies.keys, counts.replies.values[:, 0]
+    by_id = _position_array(names)
+    position = np.where(keys[:, 0] < len(by_id), by_id[np.minimum(keys[:, 0], len(by_id) - 1)], -1)
+    known = position >= 0
+    judged = np.bincount(position[known], number[known], minlength=len(names))
+    wrong = np.bincount(position[known & (keys[:, 1] == 1)], number[known & (keys[:, 1] == 1)], minlength=len(names))
+    return {name: ratings.fix_rate(round(wrong[i]), round(judged[i])) for i, name in enumerate(names)}
 
 
 def excluded_episodes(counts: tally.Tally | None = None) -> dict[str, int]:

@@ -189,9 +189,11 @@ def _fixing_snapshot(
     provisional_below: int,
     counts: tally.Tally,
 ) -> LeaderboardSnapshot:
-    """The "Fixing mistakes" board: fix-ability from the counted fix episodes (leaderboard.fixing)."""
+    """The "Fixing mistakes" board: fix-ability from the counted fix episodes (leaderboard.fixing),
+    beside each model's rate of judged replies judged wrong (where its episodes start)."""
     episodes = selectors.fix_episode_counts(counts)
     rows = fixing.rate_fixes(episodes)
+    wrong = selectors.wrong_rates([row.model for row in rows], counts)
     return LeaderboardSnapshot.objects.create(
         refresh=refresh,
         position=position,
@@ -199,7 +201,14 @@ def _fixing_snapshot(
         title=title,
         votes=round(episodes.count.sum()),
         method="fix-ability",
-        rows=[{**row.as_dict(), "provisional": row.episodes < provisional_below} for row in rows],
+        rows=[
+            {
+                **row.as_dict(),
+                "provisional": row.episodes < provisional_below,
+                "wrong_rate": _wrong_rate(wrong[row.model]),
+            }
+            for row in rows
+        ],
         unrated=[name for name in selectors.roster_names() if name not in {row.model for row in rows}],
         excluded=selectors.excluded_episodes(counts),
     )
@@ -338,6 +347,12 @@ def flag_voters_of_flagged_networks() -> list[FlaggedVoter]:
         for voter_key, network_key in pairs
     }
     return FlaggedVoter.objects.bulk_create(list(flags.values()), ignore_conflicts=True)
+
+
+def _wrong_rate(rate: ratings.FixRate) -> dict[str, float | int | None]:
+    """Judged replies judged wrong: ``wrong`` of ``judged``, the share and its Wilson interval."""
+    shares = _fix_rate(rate)
+    return {"wrong": rate.fixed, "judged": rate.corrections, **{key: shares[key] for key in ("rate", "lower", "upper")}}
 
 
 def _fix_rate(rate: ratings.FixRate) -> dict[str, float | int | None]:

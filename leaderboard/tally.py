@@ -3,11 +3,11 @@ No Django.
 
 Every aggregate the refresh needs from the votes is a sum over battles: each board's votes per
 (pair, choice), the votes each board leaves out per reason, the overall board's style cells, the
-anomaly detector's votes per (voter, pair, outcome), and the fix episodes per model and task
-turn. A battle's votes and episodes never change once it has ended (it takes no vote or rating after
-that), so a ``Tally`` of the battles counted so far plus the ``Tally`` of the battles ended
-since is the ``Tally`` of them all, and a refresh reads a few new battles instead of a million
-votes.
+anomaly detector's votes per (voter, pair, outcome), the fix episodes per model and task
+turn, and the judged replies per model. A battle's votes and episodes never change once it has
+ended (it takes no vote or rating after that), so a ``Tally`` of the battles counted so far
+plus the ``Tally`` of the battles ended since is the ``Tally`` of them all, and a refresh reads a
+few new battles instead of a million votes.
 
 One thing besides battles decides where a vote counts: whether its voter is flagged. A tally is
 made for one set of flagged voters (``flagged``), whose votes and episodes the boards leave out;
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from leaderboard import anomaly
+from votes.feedback import KINDS  # Codes of an episode's correction kind.
 
 CHOICES = ("a", "b", "tie", "both_bad")  # Codes of the boards' choice column.
 # Codes of the ballots' and style cells' outcome column: the score of the pair's first model (the
@@ -37,7 +38,7 @@ CHOICES = ("a", "b", "tie", "both_bad")  # Codes of the boards' choice column.
 OUTCOMES = (0.0, 0.5, 1.0)
 LEFT_OUT_REASONS = ("identity leak", "flagged voter", "over daily cap")  # Codes of left_out's reason column.
 JUDGED = (None, False, True)  # Codes of a judge's verdict on an episode (None: not judged).
-VERSION = 4  # Of the stored layout: a tally stored by another version is rebuilt.
+VERSION = 5  # Of the stored layout: a tally stored by another version is rebuilt.
 
 
 @dataclass(frozen=True)
@@ -175,8 +176,12 @@ class Tally:
       detector's input);
     - ``episodes``: keys (model id, task id or 0 for free chat, script turn, fixed, fixed as the
       voter rated it, as the checker judged it (``JUDGED``), cluster: the battle's id where it
-      has more than one episode, else 0), values (episodes,): the counted fix episodes, flagged
-      voters' and leaked battles' left out (under ``episode_category`` in ``left_out``).
+      has more than one episode, else 0, the correction's kind (``KINDS``), the attempt), values
+      (episodes,): the counted fix episodes, flagged voters' and leaked battles' left out (under
+      ``episode_category`` in ``left_out``);
+    - ``replies``: keys (model id, judged wrong), values (replies,): the replies of the same
+      battles judged by the voter or the checker, and how many were judged wrong (the rate at
+      which fix episodes start, shown beside fix-ability).
     """
 
     categories: tuple[str, ...] = ()
@@ -186,7 +191,8 @@ class Tally:
     left_out: CountTable = field(default_factory=lambda: CountTable.empty(2, 1))
     style: CountTable = field(default_factory=lambda: CountTable.empty(7, 1))
     ballots: CountTable = field(default_factory=lambda: CountTable.empty(4, 1))
-    episodes: CountTable = field(default_factory=lambda: CountTable.empty(7, 1))
+    episodes: CountTable = field(default_factory=lambda: CountTable.empty(9, 1))
+    replies: CountTable = field(default_factory=lambda: CountTable.empty(2, 1))
 
     def plus(self, other: Tally, sign: float = 1.0) -> Tally:
         """This tally with ``other``'s counts added (``sign`` -1: taken out), in this one's codes.
@@ -203,6 +209,7 @@ class Tally:
             style=self.style.plus(other.style, sign),
             ballots=self.ballots.plus(other.ballots.recoded(0, voter_codes), sign),
             episodes=self.episodes.plus(other.episodes, sign),
+            replies=self.replies.plus(other.replies, sign),
         )
 
     def reflagged(self, flagged: frozenset[str], old: Tally, new: Tally) -> Tally:
@@ -268,7 +275,7 @@ class Tally:
         )
 
 
-TABLES = ("boards", "left_out", "style", "ballots", "episodes")
+TABLES = ("boards", "left_out", "style", "ballots", "episodes", "replies")
 
 
 def _narrowed(array: np.ndarray) -> np.ndarray:
@@ -322,7 +329,20 @@ class EpisodeRow:
     fixed: bool
     voter_fixed: bool | None
     checker_fixed: bool | None
+    specificity: str
+    attempt: int
     episodes: int
+
+
+@dataclass(frozen=True)
+class ReplyRow:
+    """Judged replies of one battle's side, as a GROUP BY over them returns them."""
+
+    voter: str
+    leaked: bool
+    model: int
+    wrong: bool
+    replies: int
 
 
 def tally_of(
@@ -331,11 +351,13 @@ def tally_of(
     episode_rows: Sequence[EpisodeRow],
     flagged: frozenset[str],
     episode_category: str,
+    reply_rows: Sequence[ReplyRow] = (),
 ) -> Tally:
     """The tally of some battles' votes (``rows``), of their counted overall votes as style
     cells (``style_rows``: model A id, model B id, choice, four steps, votes; flagged voters'
     already left out) and of their fix episodes (``episode_rows``: every episode of each of
-    those battles), with ``flagged`` voters' votes and episodes left out."""
+    those battles) and judged replies (``reply_rows``), with ``flagged`` voters' votes, episodes
+    and replies left out."""
     category_position: dict[str, int] = {}
     voter_position: dict[str, int] = {}
     board_keys, board_values, left_keys, left_values, ballot_keys, ballot_values = [], [], [], [], [], []
@@ -375,9 +397,14 @@ def tally_of(
                 JUDGED.index(episode.voter_fixed),
                 JUDGED.index(episode.checker_fixed),
                 episode.battle if per_battle[episode.battle] > 1 else 0,
+                KINDS.index(episode.specificity) if episode.specificity in KINDS else 0,
+                episode.attempt,
             )
         )
         episode_values.append((episode.episodes,))
+    counted = [row for row in reply_rows if not row.leaked and row.voter not in flagged]
+    reply_keys = [(row.model, int(row.wrong)) for row in counted]
+    reply_values = [(row.replies,) for row in counted]
     style_keys = []
     for a, b, choice, *steps, _ in style_rows:
         first, second, outcome = _first_model_outcome(a, b, choice)
@@ -396,6 +423,9 @@ def tally_of(
             np.array(ballot_keys, np.int64).reshape(-1, 4), np.array(ballot_values).reshape(-1, 1)
         ),
         episodes=CountTable.summed(
-            np.array(episode_keys, np.int64).reshape(-1, 7), np.array(episode_values).reshape(-1, 1)
+            np.array(episode_keys, np.int64).reshape(-1, 9), np.array(episode_values).reshape(-1, 1)
+        ),
+        replies=CountTable.summed(
+            np.array(reply_keys, np.int64).reshape(-1, 2), np.array(reply_values, float).reshape(-1, 1)
         ),
     )

@@ -13,11 +13,15 @@ def _names(models: Sequence[str]) -> str:
 def headline(rows: Sequence[Mapping[str, Any]], *, measure: str, evidence: str) -> str:
     """One sentence or two on the board's leader: ``measure`` names the rating ("rating",
     "fix-ability"), ``evidence`` what it rests on ("votes", "fix episodes")."""
+    rows = [row for row in rows if row["rating"] is not None]  # Fix-ability: unrated, nothing to compare.
     if not rows:
         return ""
     leaders = [row for row in rows if row["rank"] == 1]
     first = max(leaders, key=lambda row: row["rating"])
-    if first["upper"] - first["lower"] < 1:
+    if first["lower"] is None or first["upper"] is None:  # Fix-ability: no fix, or no failure, observed.
+        bound = f"at most {first['upper']:.0f}" if first["lower"] is None else f"at least {first['lower']:.0f}"
+        interval = f"{first['rating']:.0f} (95% interval open-ended, {bound}: {first.get('open_ended')})"
+    elif first["upper"] - first["lower"] < 1:
         # A bootstrap of a handful of votes can give them all alike: no width, not certainty.
         interval = f"{first['rating']:.0f} (too few {evidence} for an interval yet)"
     else:

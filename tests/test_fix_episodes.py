@@ -269,6 +269,24 @@ def test_refresh_stores_the_episodes_and_rates_fixing_on_them(client, pair) -> N
         ("fixer", 3, 3),
         ("stubborn", 3, 0),
     ]
+    # Neither has a finite maximum-likelihood ability: open-ended intervals, said so; beside them
+    # the share of each model's judged replies judged wrong (where its episodes start).
+    fixer, stubborn = board.rows
+    assert (fixer["upper"], fixer["open_ended"], stubborn["lower"], stubborn["open_ended"]) == (
+        None,
+        "no failure observed",
+        None,
+        "no fix observed",
+    )
+    assert (fixer["wrong_rate"]["wrong"], fixer["wrong_rate"]["judged"]) == (3, 6)
+    assert (stubborn["wrong_rate"]["wrong"], stubborn["wrong_rate"]["judged"]) == (6, 6)
+    page = client.get("/leaderboard/", {"category": "fixing"}).content.decode()
+    assert "open-ended: no fix observed" in page and "Judged wrong" in page and "50% <small>of 6</small>" in page
+    api = client.get("/api/v1/leaderboard", {"category": "fixing"}).json()["rows"]
+    assert [(row["model"], row["open_ended"], row["wrong_rate"]["rate"]) for row in api] == [
+        ("fixer", "no failure observed", 0.5),
+        ("stubborn", "no fix observed", 1.0),
+    ]
     # Rebuilding is idempotent.
     assert services.record_fix_episodes() == 6 and FixEpisode.objects.count() == 6
 

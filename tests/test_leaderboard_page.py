@@ -6,7 +6,7 @@ import pytest
 from django.conf import settings
 
 from inference.models import LLM
-from leaderboard import selectors, services, wording
+from leaderboard import charts, selectors, services, wording
 from leaderboard.models import LeaderboardRefresh
 from leaderboard.templatetags import board
 from votes import services as voter_services
@@ -342,3 +342,26 @@ def test_an_interval_without_width_says_there_is_too_little_to_tell() -> None:
     assert board.interval(row("gemma", 1, 1000, 990.04, 1010.26)) == "990.0 – 1010.3"
     # One vote between two models: every bootstrap round agrees; that is no evidence of precision.
     assert board.interval(row("gemma", 1, 1000, 1000, 1000)) == "too few to tell"
+
+
+def test_open_ended_and_unrated_fix_ability_rows_are_said_so() -> None:
+    """Fix-ability of a model that fixed every correction has no upper bound, of one that fixed
+    none no lower bound, and one with nothing to compare has no rating (leaderboard.fixing): the
+    interval, the chart and the headline say so instead of inventing a number."""
+    always = {**row("fixer", 1, 1190.8, 981.1, None), "open_ended": "no failure observed"}
+    never = {**row("stubborn", 1, 852.8, None, 1172.0), "open_ended": "no fix observed"}
+    lone = {**row("lone", None, None, None, None), "open_ended": "no comparable episode"}
+    assert board.interval(always) == "above 981.1 (open-ended: no failure observed)"
+    assert board.interval(never) == "below 1172.0 (open-ended: no fix observed)"
+    assert board.interval(lone) == "unrated: no comparable episode"
+    chart = charts.interval_chart([always, never, lone])
+    assert [bar["model"] for bar in chart["bars"]] == ["fixer", "stubborn"]
+    assert chart["bars"][0]["label"] == "1191 (981–open)" and chart["bars"][1]["label"] == "853 (open–1172)"
+    assert chart["bars"][0]["x2"] == max(tick["x"] for tick in chart["ticks"])  # To the edge.
+    assert chart["bars"][1]["x1"] == min(tick["x"] for tick in chart["ticks"])
+    assert wording.headline([always, never, lone], measure="fix-ability", evidence="fix episodes").startswith(
+        "fixer and stubborn share first place"
+    )
+    assert "1191 (95% interval open-ended, at least 981: no failure observed)" in wording.headline(
+        [always, never, lone], measure="fix-ability", evidence="fix episodes"
+    )

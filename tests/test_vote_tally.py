@@ -94,6 +94,8 @@ def canonical(tally: Tally) -> dict[str, Any]:
         "left_out": rows(tally.left_out, tally.categories),
         "style": rows(tally.style, None),
         "ballots": rows(tally.ballots, tally.voters),
+        "episodes": rows(tally.episodes, None),
+        "replies": rows(tally.replies, None),
     }
 
 
@@ -171,12 +173,14 @@ def test_each_refresh_counts_only_what_changed_and_equals_a_count_from_scratch(
         assert canonical(stored_tally()) == canonical(from_scratch)
         # Fix-ability from the counted episodes equals fix-ability over the episodes one by one.
         listed = [
-            fixing.Episode(model, task or "free chat", turn or 0, fixed, battle)
-            for model, task, turn, fixed, battle in FixEpisode.objects.filter(
+            fixing.Episode(model, task or fixing.FREE_CHAT, turn or 0, fixed, battle, kind, attempt)
+            for model, task, turn, fixed, battle, kind, attempt in FixEpisode.objects.filter(
                 battle__state=Battle.State.ENDED, battle__excluded=False
             )
             .exclude(battle__voter_key__in=selectors.flagged_voters())
-            .values_list("model__name", "task__slug", "script_turn", "fixed", "battle__public_id")
+            .values_list(
+                "model__name", "task__slug", "script_turn", "fixed", "battle__public_id", "specificity", "attempt"
+            )
         ]
         assert fixing.rate_fixes(selectors.fix_episode_counts(stored_tally())) == fixing.rate_fixes(listed)
 
