@@ -292,6 +292,13 @@ def test_the_page_says_when_votes_appear_and_that_elo_is_secondary(client, model
     assert "every 5 minutes, or\nas soon as 50 new votes" in html
     assert '<th class="more secondary">Online Elo (secondary)</th>' in html
     assert "Go by the <strong>rating</strong>" in html
+    # How fragile the order is: the top row's votes to swap with the one below, the last row none.
+    snapshot = services.refresh_leaderboard(rounds=10).snapshots.get(category="overall")
+    top, last = snapshot.rows
+    assert top["swap_votes"] >= 1 and last["swap_votes"] is None
+    html = client.get("/leaderboard/").content.decode()
+    assert f"{top['swap_votes']} <small>from swapping with {last['model']}</small>" in html
+    assert "<strong>votes to swap</strong>" in html
     # Phones: each row also carries its other columns, one tap away.
     assert html.count('<details class="row-more">') == 2
     assert "it ends by itself 15 minutes after the voter's last action" in html

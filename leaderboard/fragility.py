@@ -1,0 +1,284 @@
+"""How fragile each rank is: for every adjacent pair of a board, the number of votes whose
+removal would swap the two models (the drop-a-few-votes check of Huang, Shen, Wei and Broderick,
+"Dropping Just a Handful of Preferences Can Change Top Large Language Model Rankings",
+arXiv 2508.11847). No Django.
+
+A board's votes are (pair, outcome) cells (``ratings.PairOutcomes``): every vote of a cell is
+alike, so a removal is a number of votes taken from each cell. For the pair (upper, lower) of
+adjacent rows, the gap is d = theta_upper - theta_lower in log strength. Removing one vote of a
+cell moves the fit, to first order, by the influence function: with H the Fisher information of
+the fit (the prior's virtual ties included), a vote of pair (i, j) with score y for i (1, 0, ½)
+and fitted P(i beats j) = p moves d by
+
+    -w (y - p) (u_i - u_j),   u = H⁺ (e_upper - e_lower),
+
+(w the vote's pair weight, 1 unless pairs are weighted). The search orders the cells whose
+votes close the gap, most per vote first, and removes votes in that order: the first k votes of
+that order are "the k most influential votes". The first-order sum gives a first guess of k;
+each guess is then checked by refitting the Bradley-Terry model without those votes
+(``ratings`` Newton fit, same prior), and the guesses are refined (by Newton's method on the
+refitted gaps, then bisection) until k votes swap the pair and k - 1 do not. "Swap" means
+the lower model's rating reaches the upper's (a rating tie is swapped: 0 votes).
+
+The count is exact for this order (checked by refits), and an upper bound of the true minimum
+over every subset of votes: like the paper's, the order comes from the first-order
+approximation, so another subset might do it with fewer. All pairs of a board are searched
+together: each step refits every pending pair's guesses in one batched fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from leaderboard import ratings
+
+# A gap below this (in log strength: 2e-7 rating points) is a tie: the pair is already level.
+LEVEL = 1e-9
+# Refinement steps by Newton's method before the search bisects instead, and at most in all.
+NEWTON_STEPS = 6
+MAX_STEPS = 60
+REFIT_STEP = 1e-5
+
+
+@dataclass(frozen=True)
+class _Cells:
+    """Every (pair, outcome) cell with votes: its models, the score of i, count and weight."""
+
+    i: np.ndarray
+    j: np.ndarray
+    score: np.ndarray  # 1 (i won), 0 (j won), 0.5 (tie)
+    count: np.ndarray
+    weight: np.ndarray
+
+    @classmethod
+    def of(cls, outcomes: ratings.PairOutcomes, weights: np.ndarray | None) -> _Cells:
+        scale = np.ones(outcomes.first.size) if weights is None else weights
+        counts = np.stack([outcomes.first_wins, outcomes.second_wins, outcomes.ties])  # (3, pairs)
+        outcome, pair = np.nonzero(counts > 0)
+        return cls(
+            outcomes.first[pair],
+            outcomes.second[pair],
+            np.array([1.0, 0.0, 0.5])[outcome],
+            np.rint(counts[outcome, pair]).astype(np.int64),
+            scale[pair],
+        )
+
+    def removed_wins(self, n: int, removed: np.ndarray) -> np.ndarray:
+        """The score matrices (one per row of ``removed``, votes removed per cell) of the votes
+        taken away."""
+        batch = removed.shape[0]
+        amount = removed * self.weight
+        offset = (np.arange(batch) * n * n)[:, None]
+        to_i = (offset + self.i * n + self.j).ravel()
+        to_j = (offset + self.j * n + self.i).ravel()
+        wins = np.bincount(to_i, (amount * self.score).ravel(), minlength=batch * n * n)
+        wins += np.bincount(to_j, (amount * (1.0 - self.score)).ravel(), minlength=batch * n * n)
+        return wins.reshape(batch, n, n)
+
+
+class _Search:
+    """The first-order order of removal for each adjacent pair, and refits of its prefixes."""
+
+    def __init__(
+        self, outcomes: ratings.PairOutcomes, order: list[int], prior: float | None, weights: np.ndarray | None
+    ) -> None:
+        n = outcomes.n_models
+        self.n, self.prior = n, ratings._prior(prior, n)
+        self.cells = _Cells.of(outcomes, weights)
+        self.wins = outcomes.wins(weights)
+        self.theta = ratings._fit_log_strengths(self.wins, self.prior)
+        self.upper, self.lower = np.array(order[:-1], dtype=np.intp), np.array(order[1:], dtype=np.intp)
+        self.gap = self.theta[self.upper] - self.theta[self.lower]
+        # The Fisher information at the fit, the prior's virtual ties included; the centring term
+        # makes it regular (the gaps and the votes' directions are orthogonal to the common shift).
+        p = 1.0 / (1.0 + np.exp(self.theta[None, :] - self.theta[:, None]))  # P(row beats column)
+        games = outcomes.games() * (1.0 if weights is None else _pair_matrix(outcomes, weights)) + self.prior
+        information = games * p * (1.0 - p)
+        np.fill_diagonal(information, 0.0)
+        information = np.diag(information.sum(axis=1)) - information
+        directions = np.zeros((n, self.gap.size))
+        directions[self.upper, np.arange(self.gap.size)] = 1.0
+        directions[self.lower, np.arange(self.gap.size)] = -1.0
+        self.inverse = np.linalg.inv(information + 1.0 / n)
+        u = self.inverse @ directions
+        cells = self.cells
+        # Per vote of each cell, its gradient (w (y - p) on i, the opposite on j) and the change
+        # in each pair's gap when it is removed: (cells, pairs).
+        self.gradient = cells.weight * (cells.score - p[cells.i, cells.j])
+        self.influence = -self.gradient[:, None] * (u[cells.i] - u[cells.j])
+        # Removing votes takes their gradient away: -1 on i, +1 on j per unit of it.
+        self.incidence = np.zeros((cells.count.size, n))
+        self.incidence[np.arange(cells.count.size), cells.i] = -1.0
+        self.incidence[np.arange(cells.count.size), cells.j] = 1.0
+        # Per pair: the cells that close its gap, most per vote first, and where each starts.
+        self.sequence: list[np.ndarray] = []
+        self.starts: list[np.ndarray] = []
+        self.guess = np.zeros(self.gap.size, dtype=np.int64)
+        self.available = np.zeros(self.gap.size, dtype=np.int64)
+        for pair in range(self.gap.size):
+            column = self.influence[:, pair]
+            closing = np.flatnonzero(column < 0.0)
+            closing = closing[np.argsort(column[closing], kind="stable")]
+            counts = cells.count[closing]
+            ends = np.cumsum(counts)
+            self.sequence.append(closing)
+            self.starts.append(ends - counts)
+            self.available[pair] = int(ends[-1]) if ends.size else 0
+            # The first-order guess: votes until the predicted drop reaches the gap.
+            drop = np.cumsum(-column[closing] * counts)
+            full = int(np.searchsorted(drop, self.gap[pair]))  # Cells taken whole before the last one.
+            if full >= closing.size:
+                self.guess[pair] = self.available[pair]
+            else:
+                before = drop[full - 1] if full else 0.0
+                needed = math.ceil((self.gap[pair] - before) / -column[closing[full]])
+                self.guess[pair] = int(self.starts[pair][full]) + max(needed, 1)
+
+    def removed(self, pair: int, k: int) -> np.ndarray:
+        """Votes removed per cell when the first ``k`` of the pair's order are."""
+        removed = np.zeros(self.cells.count.size)
+        sequence = self.sequence[pair]
+        removed[sequence] = np.clip(k - self.starts[pair], 0, self.cells.count[sequence])
+        return removed
+
+    def gaps_after(self, probes: list[tuple[int, int]]) -> np.ndarray:
+        """Each (pair, k) probe's gap, refitted without the first k votes of the pair's order."""
+        removed = np.stack([self.removed(pair, k) for pair, k in probes])
+        wins = self.wins[None] - self.cells.removed_wins(self.n, removed)
+        np.maximum(wins, 0.0, out=wins)  # Rounding only: never more votes removed than a cell holds.
+        # From the first-order fit (one Newton step from the full-data fit, its Hessian kept),
+        # Newton's method converges in about three steps; it stops once a step is below
+        # ``REFIT_STEP``, the error left then being of the order of that step squared.
+        start = self.theta + ((removed * self.gradient) @ self.incidence) @ self.inverse
+        theta = ratings._fit_log_strengths(wins, self.prior, start=start, tol=REFIT_STEP)
+        pairs = np.array([pair for pair, _ in probes])
+        return theta[np.arange(len(probes)), self.upper[pairs]] - theta[np.arange(len(probes)), self.lower[pairs]]
+
+
+def _pair_matrix(outcomes: ratings.PairOutcomes, weights: np.ndarray) -> np.ndarray:
+    matrix = np.ones((outcomes.n_models, outcomes.n_models))
+    matrix[outcomes.first, outcomes.second] = weights
+    matrix[outcomes.second, outcomes.first] = weights
+    return matrix
+
+
+def swap_votes(
+    outcomes: ratings.PairOutcomes,
+    order: list[int],
+    *,
+    prior: float | None = None,
+    pair_weights: np.ndarray | None = None,
+) -> list[int | None]:
+    """For each model of ``order`` (model indices, best first: the board's rows), the number of
+    votes whose removal swaps it with the next one down (see the module's docstring): 0 when the
+    two are level, None for the last model, and None when removing every vote that closes the
+    gap does not swap them."""
+    if len(order) < 2:
+        return [None] * len(order)
+    weights = ratings._checked_weights(outcomes, pair_weights)
+    search = _Search(outcomes, list(order), prior, weights)
+    pairs = search.gap.size
+    found: list[int | None] = [None] * pairs
+    low = np.zeros(pairs, dtype=np.int64)  # Removing this many does not swap the pair...
+    high = np.full(pairs, -1, dtype=np.int64)  # ... and this many does (-1: none known yet).
+    pending = []
+    for pair in range(pairs):
+        if search.gap[pair] <= LEVEL:
+            found[pair] = 0
+        elif search.available[pair] > 0:
+            pending.append(pair)
+    # The latest refitted probe of each pair nearest the crossing, and the gap's drop per vote there.
+    near = np.zeros(pairs, dtype=np.int64)
+    near_gap = search.gap.copy()
+    slope = np.zeros(pairs)
+    for step in range(MAX_STEPS):
+        if not pending:
+            break
+        probes: list[tuple[int, int]] = []
+        for pair in pending:
+            probes += [(pair, k) for k in _next_probes(search, pair, step, low, high, near, near_gap, slope)]
+        gaps = search.gaps_after(probes)
+        refitted: dict[int, dict[int, float]] = {}
+        for (pair, k), gap in zip(probes, gaps, strict=True):
+            refitted.setdefault(pair, {})[k] = float(gap)
+            if gap <= LEVEL:
+                if high[pair] < 0 or k < high[pair]:
+                    high[pair] = k
+            elif k > low[pair] and (high[pair] < 0 or k < high[pair]):
+                low[pair] = k
+        for pair, tried in refitted.items():
+            k = max(tried)
+            near[pair], near_gap[pair] = k, tried[k]
+            if k - 1 in tried:
+                slope[pair] = tried[k - 1] - tried[k]
+        still = []
+        for pair in pending:
+            if high[pair] >= 0 and high[pair] == low[pair] + 1:
+                found[pair] = int(high[pair])
+            elif high[pair] < 0 and low[pair] >= search.available[pair]:
+                found[pair] = None  # Every closing vote removed, and still not swapped.
+            else:
+                still.append(pair)
+        pending = still
+    return [*found, None]
+
+
+def _next_probes(
+    search: _Search,
+    pair: int,
+    step: int,
+    low: np.ndarray,
+    high: np.ndarray,
+    near: np.ndarray,
+    near_gap: np.ndarray,
+    slope: np.ndarray,
+) -> list[int]:
+    """The numbers of votes to try next for a pair: the predicted crossing and one fewer (both
+    refitted: the answer when they straddle it; otherwise their difference is the gap's drop per
+    vote there, for the next prediction by Newton's method), inside the bracket (low, high)."""
+    lo, bracketed = int(low[pair]), high[pair] >= 0
+    if step == 0:
+        guess = int(search.guess[pair])
+    elif step < NEWTON_STEPS and slope[pair] > 0:
+        guess = math.ceil(near[pair] + near_gap[pair] / slope[pair])
+        if not bracketed:
+            guess = max(guess, lo + 1)
+    elif bracketed:
+        guess = (lo + int(high[pair]) + 1) // 2
+    else:
+        guess = 2 * max(lo, 1)
+    if bracketed:  # Inside (lo, high): high is known to swap.
+        guess = min(max(guess, lo + 1), int(high[pair]))
+        return [k for k in (guess - 1, guess) if lo < k < high[pair]]
+    guess = min(max(guess, lo + 1), int(search.available[pair]))
+    return [k for k in (guess - 1, guess) if k > lo]
+
+
+def removed_votes(
+    outcomes: ratings.PairOutcomes,
+    order: list[int],
+    position: int,
+    k: int,
+    *,
+    prior: float | None = None,
+    pair_weights: np.ndarray | None = None,
+) -> ratings.PairOutcomes:
+    """The votes left when the search removes its first ``k`` votes for the pair of rows
+    ``position`` and ``position + 1`` of ``order``: what ``swap_votes`` refits, to check it."""
+    weights = ratings._checked_weights(outcomes, pair_weights)
+    search = _Search(outcomes, list(order), prior, weights)
+    removed = search.removed(position, k)
+    cells = search.cells
+    counts = {
+        (int(i), int(j)): [float(won), float(lost), float(tied)]
+        for i, j, won, lost, tied in zip(
+            outcomes.first, outcomes.second, outcomes.first_wins, outcomes.second_wins, outcomes.ties, strict=True
+        )
+    }
+    for cell in np.flatnonzero(removed):
+        slot = {1.0: 0, 0.0: 1, 0.5: 2}[float(cells.score[cell])]
+        counts[(int(cells.i[cell]), int(cells.j[cell]))][slot] -= removed[cell]
+    return ratings.PairOutcomes.from_cells(outcomes.n_models, counts)
