@@ -347,3 +347,35 @@ def test_an_interval_without_width_says_there_is_too_little_to_tell() -> None:
     assert board.interval(row("gemma", 1, 1000, 990.04, 1010.26)) == "990.0 – 1010.3"
     # One vote between two models: every bootstrap round agrees; that is no evidence of precision.
     assert board.interval(row("gemma", 1, 1000, 1000, 1000)) == "too few to tell"
+
+
+def test_every_stage_of_the_refresh_keeps_blas_to_one_thread(models, monkeypatch) -> None:
+    """BLAS is pinned to one thread for the whole refresh (issue 38: its thread pool on a busy core
+    made one product 50 times slower), and its own setting comes back after."""
+    from threadpoolctl import threadpool_info
+
+    from leaderboard import board as board_module
+    from leaderboard import fixing
+
+    def blas_threads() -> set[int]:
+        return {info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"}
+
+    seen: list[set[int]] = []
+    for module, name in (
+        (board_module, "compute_board"),
+        (fixing, "rate_fixes"),
+        (services.anomaly, "suspicious_voters"),
+    ):
+        original = getattr(module, name)
+
+        def recorded(*args, _original=original, **kwargs):
+            seen.append(blas_threads())
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, recorded)
+    strong, weak, _idle = models
+    make_battle(strong, weak, "a")
+    before = blas_threads()
+    services.refresh_leaderboard(rounds=10)
+    assert len(seen) >= 3 and all(threads == {1} for threads in seen)
+    assert blas_threads() == before
