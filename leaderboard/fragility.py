@@ -15,10 +15,11 @@ and fitted P(i beats j) = p moves d by
 (w the vote's pair weight, 1 unless pairs are weighted). The search orders the cells whose
 votes close the gap, most per vote first, and removes votes in that order: the first k votes of
 that order are "the k most influential votes". The first-order sum gives a first guess of k;
-each guess is then checked by refitting the Bradley-Terry model without those votes
-(``ratings`` Newton fit, same prior), and the guesses are refined (by Newton's method on the
-refitted gaps, then bisection) until k votes swap the pair and k - 1 do not. "Swap" means
-the lower model's rating reaches the upper's (a rating tie is swapped: 0 votes).
+each guess is then checked by refitting the Bradley-Terry model without those votes (to
+convergence, same prior, same models, the pairs' weights as on the full board: ``_Search.refit``),
+and the guesses are refined (by Newton's method on the refitted gaps, then bisection) until k
+votes swap the pair and k - 1 do not. "Swap" means the lower model's rating reaches the upper's
+(a rating tie is swapped: 0 votes).
 
 The count is exact for this order (checked by refits), and an upper bound of the true minimum
 over every subset of votes: like the paper's, the order comes from the first-order
@@ -40,7 +41,9 @@ LEVEL = 1e-9
 # Refinement steps by Newton's method before the search bisects instead, and at most in all.
 NEWTON_STEPS = 6
 MAX_STEPS = 60
-REFIT_STEP = 1e-5
+# A refit's error bound, in log strength (2e-7 rating points), and its steps of the chord method.
+REFIT_TOLERANCE = 1e-9
+CHORD_ITERATIONS = 50
 
 
 @dataclass(frozen=True)
@@ -65,18 +68,6 @@ class _Cells:
             np.rint(counts[outcome, pair]).astype(np.int64),
             scale[pair],
         )
-
-    def removed_wins(self, n: int, removed: np.ndarray) -> np.ndarray:
-        """The score matrices (one per row of ``removed``, votes removed per cell) of the votes
-        taken away."""
-        batch = removed.shape[0]
-        amount = removed * self.weight
-        offset = (np.arange(batch) * n * n)[:, None]
-        to_i = (offset + self.i * n + self.j).ravel()
-        to_j = (offset + self.j * n + self.i).ravel()
-        wins = np.bincount(to_i, (amount * self.score).ravel(), minlength=batch * n * n)
-        wins += np.bincount(to_j, (amount * (1.0 - self.score)).ravel(), minlength=batch * n * n)
-        return wins.reshape(batch, n, n)
 
 
 class _Search:
@@ -109,10 +100,17 @@ class _Search:
         # in each pair's gap when it is removed: (cells, pairs).
         self.gradient = cells.weight * (cells.score - p[cells.i, cells.j])
         self.influence = -self.gradient[:, None] * (u[cells.i] - u[cells.j])
-        # Removing votes takes their gradient away: -1 on i, +1 on j per unit of it.
-        self.incidence = np.zeros((cells.count.size, n))
-        self.incidence[np.arange(cells.count.size), cells.i] = -1.0
-        self.incidence[np.arange(cells.count.size), cells.j] = 1.0
+        # Every pair i < j (the prior's virtual ties reach the unplayed ones), its score for i and
+        # its games with the prior, and where each cell's votes go: what ``refit`` reads.
+        self.all_first, self.all_second = np.triu_indices(n, 1)
+        self.pair_incidence = np.zeros((self.all_first.size, n))
+        self.pair_incidence[np.arange(self.all_first.size), self.all_first] = 1.0
+        self.pair_incidence[np.arange(self.all_first.size), self.all_second] = -1.0
+        self.score = self.wins[self.all_first, self.all_second] + self.prior / 2.0
+        self.games = self.score + self.wins[self.all_second, self.all_first] + self.prior / 2.0
+        position = np.zeros((n, n), dtype=np.intp)
+        position[self.all_first, self.all_second] = np.arange(self.all_first.size)
+        self.cell_pair = position[cells.i, cells.j]
         # Per pair: the cells that close its gap, most per vote first, and where each starts.
         self.sequence: list[np.ndarray] = []
         self.starts: list[np.ndarray] = []
@@ -147,15 +145,55 @@ class _Search:
     def gaps_after(self, probes: list[tuple[int, int]]) -> np.ndarray:
         """Each (pair, k) probe's gap, refitted without the first k votes of the pair's order."""
         removed = np.stack([self.removed(pair, k) for pair, k in probes])
-        wins = self.wins[None] - self.cells.removed_wins(self.n, removed)
-        np.maximum(wins, 0.0, out=wins)  # Rounding only: never more votes removed than a cell holds.
-        # From the first-order fit (one Newton step from the full-data fit, its Hessian kept),
-        # Newton's method converges in about three steps; it stops once a step is below
-        # ``REFIT_STEP``, the error left then being of the order of that step squared.
-        start = self.theta + ((removed * self.gradient) @ self.incidence) @ self.inverse
-        theta = ratings._fit_log_strengths(wins, self.prior, start=start, tol=REFIT_STEP)
+        theta = self.refit(removed)
         pairs = np.array([pair for pair, _ in probes])
         return theta[np.arange(len(probes)), self.upper[pairs]] - theta[np.arange(len(probes)), self.lower[pairs]]
+
+    def refit(self, removed: np.ndarray) -> np.ndarray:
+        """The centred log strengths fitted to convergence without the votes ``removed`` (per
+        row, votes per cell), the prior as in the full fit.
+
+        Newton's chord method, as the bootstrap's rounds (``ratings._RoundFit``): the full-data
+        fit's Hessian is kept for every probe and step, so a step is a few matrix products; its
+        fixed point is the probe's own maximum likelihood (the gradient is exact). A removal
+        changes the Hessian little, so the error shrinks fast; a probe not converged after
+        ``CHORD_ITERATIONS`` ends with full Newton steps."""
+        batch, n = removed.shape[0], self.n
+        amount = removed * self.cells.weight
+        offset = (np.arange(batch) * self.all_first.size)[:, None]
+        at = (offset + self.cell_pair).ravel()
+        size = batch * self.all_first.size
+        score = self.score - np.bincount(at, (amount * self.cells.score).ravel(), minlength=size).reshape(batch, -1)
+        games = self.games - np.bincount(at, amount.ravel(), minlength=size).reshape(batch, -1)
+        theta = np.broadcast_to(self.theta, (batch, n)).copy()
+        previous = np.full(batch, np.nan)
+        active = np.arange(batch)  # The probes not converged yet: only those are stepped on.
+        for _ in range(CHORD_ITERATIONS):
+            current = theta[active]
+            p = 1.0 / (1.0 + np.exp(current @ -self.pair_incidence.T))
+            step = ((score[active] - games[active] * p) @ self.pair_incidence) @ self.inverse
+            current += step
+            current -= current.mean(axis=1, keepdims=True)
+            theta[active] = current
+            # A probe is done once the error left, bounded from the contraction of its last two
+            # steps (s q / (1 - q) after a step s at rate q), is below ``REFIT_TOLERANCE``.
+            moved = np.max(np.abs(step), axis=1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                rate = moved / previous[active]
+                done = (moved < REFIT_TOLERANCE) | ((rate < 0.5) & (moved * rate / (1.0 - rate) < REFIT_TOLERANCE))
+            previous[active] = moved
+            active = active[~done]
+            if not active.size:
+                return theta
+        score, games = score[active], games[active]
+        batch = active.size
+        wins = np.zeros((batch, n, n))
+        wins[:, self.all_first, self.all_second] = score - self.prior / 2.0
+        wins[:, self.all_second, self.all_first] = games - score - self.prior / 2.0
+        theta[active] = ratings._fit_log_strengths(
+            np.maximum(wins, 0.0), self.prior, start=theta[active], tol=REFIT_TOLERANCE
+        )
+        return theta
 
 
 def _pair_matrix(outcomes: ratings.PairOutcomes, weights: np.ndarray) -> np.ndarray:
