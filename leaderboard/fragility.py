@@ -36,8 +36,10 @@ import numpy as np
 
 from leaderboard import ratings
 
-# A gap below this (in log strength: 2e-7 rating points) is a tie: the pair is already level.
-LEVEL = 1e-9
+# A gap below this (in log strength: 0.0002 rating points, against the page's 0.1) is a tie: the
+# pair is level. It is a thousand times the refits' error bound (``REFIT_TOLERANCE``), so that a
+# refit of a truly level pair is never read as still apart.
+LEVEL = 1e-6
 # Refinement steps by Newton's method before the search bisects instead, and at most in all.
 NEWTON_STEPS = 6
 MAX_STEPS = 60

@@ -10,12 +10,13 @@ from leaderboard import bench, board, fragility, ratings
 
 
 def _gap_after(outcomes: ratings.PairOutcomes, order: list[int], position: int, k: int, **options) -> float:
-    """The rating gap of rows ``position`` and ``position + 1`` refitted without the search's
-    first ``k`` votes for that pair (with the full data's pair weights, as the search keeps)."""
+    """The gap in log strength of rows ``position`` and ``position + 1``, refitted (by
+    ``ratings.bradley_terry``) without the search's first ``k`` votes for that pair (with the
+    full data's pair weights, as the search keeps); level at ``fragility.LEVEL`` or below."""
     weights = ratings._checked_weights(outcomes, options.get("pair_weights"))
     left = fragility.removed_votes(outcomes, order, position, k, **options)
     fitted = ratings.bradley_terry(left.wins(weights), prior=options.get("prior"))
-    return float(fitted[order[position]] - fitted[order[position + 1]])
+    return float(fitted[order[position]] - fitted[order[position + 1]]) / ratings._TO_RATING
 
 
 def _checked(outcomes: ratings.PairOutcomes, order: list[int], **options) -> list[int | None]:
@@ -24,11 +25,9 @@ def _checked(outcomes: ratings.PairOutcomes, order: list[int], **options) -> lis
     assert len(counts) == len(order) and counts[-1] is None
     for position, k in enumerate(counts[:-1]):
         assert k is not None
-        if k == 0:
-            assert _gap_after(outcomes, order, position, 0, **options) <= 1e-6
-            continue
-        assert _gap_after(outcomes, order, position, k, **options) <= 0.0
-        assert _gap_after(outcomes, order, position, k - 1, **options) > 0.0
+        assert _gap_after(outcomes, order, position, k, **options) <= fragility.LEVEL
+        if k > 0:
+            assert _gap_after(outcomes, order, position, k - 1, **options) > fragility.LEVEL
     return counts
 
 
@@ -62,6 +61,11 @@ def test_models_level_in_rating_are_zero_votes_from_swapping() -> None:
     outcomes = ratings.PairOutcomes.from_cells(3, {(0, 1): (7, 7, 2), (0, 2): (20, 5, 1), (1, 2): (20, 5, 1)})
     counts = _checked(outcomes, _order(outcomes))
     assert counts[0] == 0 and counts[1] > 0
+
+
+def test_one_vote_is_one_vote_from_swapping() -> None:
+    outcomes = ratings.PairOutcomes.from_cells(2, {(0, 1): (1, 0, 0)})
+    assert _checked(outcomes, [0, 1]) == [1, None]
 
 
 def test_every_pair_of_a_large_board_is_checked_by_refits() -> None:
