@@ -29,6 +29,12 @@ class LeaderboardRow(Schema):
     elo: float | None = None
     fix_rate: dict[str, Any] | float | None = None
     checker_fix_rate: dict[str, Any] | None = None
+    swap_votes: int | None = Field(
+        None,
+        description="Vote boards: the number of votes whose removal would swap this model with the next one down "
+        "(0: level in rating; null for the last row and on the fix-ability and style-controlled rows). Found by "
+        "removing the most influential votes first and refitting: an upper bound of the fewest.",
+    )
     episodes: int | None = None
     fixed: int | None = None
     fix_lower: float | None = None

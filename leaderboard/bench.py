@@ -2,9 +2,12 @@
 
 Stages, each timed (wall clock) on every repeat of the whole refresh and run once more for its
 peak traced memory (tracemalloc, which numpy reports to): reduction of the votes to pairwise
-counts, the Bradley-Terry fits, bootstrap intervals, the matrices, style control (the votes
-reduced to cells with their style differences, then the contextual fit with its intervals),
-fix-ability on synthetic episodes (one for every ten votes) and anomaly detection. Online Elo is
+counts, the Bradley-Terry fits, bootstrap intervals, rank fragility (leaderboard.fragility), the
+matrices, style control (the votes reduced to cells with their style differences, then the
+contextual fit with its intervals), fix-ability on synthetic episodes (one for every ten votes)
+and anomaly detection. As in the site's refresh (leaderboard.services), BLAS keeps to one
+thread throughout. With ``busy`` processes, the whole refresh is timed again while that many
+processes spin on the machine's cores (leaderboard.busy). Online Elo is
 maintained as votes arrive in a live arena, so a refresh does not pay for it; replaying it from
 scratch is timed on its own line.
 
@@ -16,6 +19,7 @@ are compared per round with FastChat's ``compute_bootstrap_style_control`` (``st
 
 from __future__ import annotations
 
+import os
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -24,7 +28,7 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from leaderboard import anomaly, fixing, ratings, style
+from leaderboard import anomaly, busy, fixing, fragility, ratings, style
 
 
 def synthetic_votes(votes: int, models: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -92,9 +96,10 @@ class _Stages:
     traced memory measured once (tracemalloc, which numpy reports to; tracing slows numpy's
     allocations, so no timed run is traced)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, trace: bool = True) -> None:
         self.seconds: dict[str, list[float]] = {}
         self.peak_mib: dict[str, float] = {}
+        self.trace = trace  # Whether to measure each stage's peak memory (once).
 
     def run(self, name: str, work: Callable[[], Any]) -> Any:
         # Every run from cold: the normal draws the boards share are drawn again, as a refresh
@@ -103,7 +108,7 @@ class _Stages:
         began = time.perf_counter()
         value = work()
         self.seconds.setdefault(name, []).append(time.perf_counter() - began)
-        if name not in self.peak_mib:
+        if self.trace and name not in self.peak_mib:
             ratings._standard_normals.cache_clear()
             tracemalloc.start()
             work()
@@ -120,7 +125,7 @@ class _Stages:
                 "seconds": float(np.median(runs)),
                 "fastest_seconds": min(runs),
                 "slowest_seconds": max(runs),
-                "peak_mib": self.peak_mib[name],
+                "peak_mib": self.peak_mib.get(name),
             }
             for name, runs in self.seconds.items()
         ]
@@ -207,27 +212,39 @@ def run_bench(
     reference_rounds: int = 2,
     seed: int = 0,
     repeats: int = 5,
+    busy_processes: int = 0,
 ) -> dict[str, Any]:
     """The whole refresh ``repeats`` times in this process, each repeat from the same inputs and
     from cold (``_Stages.run``). A single timing on a shared 2-core machine
     varies by a factor of two from run to run; the median of the repeats is the figure quoted,
-    the slowest repeat is reported beside it."""
+    the slowest repeat is reported beside it. With ``busy_processes``, the repeats are run again
+    while that many processes spin (``busy.busy_cores``: started before, ended after), and
+    reported under ``busy``."""
+    load_average = os.getloadavg()
     a, b, score = synthetic_votes(votes, models, seed)  # Inputs: not timed.
     group, boards = synthetic_categories(votes, seed)
     differences = synthetic_style(a, b, seed)
     episodes = synthetic_episodes(max(votes // 10, 1), models, seed)
     table = synthetic_voters(a, b, score, seed)
-    stages = _Stages()
 
-    def refresh() -> list[anomaly.Anomaly]:
+    def refresh(stages: _Stages) -> list[anomaly.Anomaly]:
+        with threadpool_limits(limits=1, user_api="blas"):  # As the site's refresh.
+            return _refresh(stages)
+
+    def _refresh(stages: _Stages) -> list[anomaly.Anomaly]:
         outcomes = stages.run(
             f"reduce votes to pair counts, one pass ({len(boards)} vote boards)",
             lambda: reduce_to_boards(models, a, b, score, group, [groups for _, groups in boards]),
         )
-        stages.run("Bradley-Terry fits", lambda: [ratings.bradley_terry(o.wins()) for o in outcomes])
+        fitted = stages.run("Bradley-Terry fits", lambda: [ratings.bradley_terry(o.wins()) for o in outcomes])
         stages.run(
             f"bootstrap intervals ({rounds} rounds x {len(boards)} boards)",
             lambda: [ratings.bootstrap_intervals(o, rounds=rounds, seed=seed) for o in outcomes],
+        )
+        orders = [[int(i) for i in np.argsort(-f, kind="stable")] for f in fitted]
+        stages.run(
+            f"rank fragility ({len(boards)} boards)",
+            lambda: [fragility.swap_votes(o, order) for o, order in zip(outcomes, orders, strict=True)],
         )
         stages.run(
             "win-fraction and count matrices", lambda: [(ratings.win_fraction_matrix(o), o.games()) for o in outcomes]
@@ -244,9 +261,24 @@ def run_bench(
             lambda: anomaly.suspicious_voters(table),
         )
 
-    flagged = [refresh() for _ in range(repeats)][-1]
+    stages = _Stages()
+    flagged = [refresh(stages) for _ in range(repeats)][-1]
     totals = stages.totals()
     total = float(np.median(totals))
+    busy_result = None
+    if busy_processes > 0:
+        loaded = _Stages(trace=False)
+        with busy.busy_cores(busy_processes) as spinners:
+            for _ in range(repeats):
+                refresh(loaded)
+        busy_totals = loaded.totals()
+        busy_result = {
+            "processes": busy_processes,
+            "stages": loaded.table(),
+            "seconds_total": float(np.median(busy_totals)),
+            "seconds_total_each_repeat": busy_totals,
+            "spinner_cpu_seconds": spinners.cpu_seconds,
+        }
     games = list(zip(a.tolist(), b.tolist(), score.tolist(), strict=True))
     elo_began = time.perf_counter()
     ratings.online_elo(models, games)
@@ -269,9 +301,12 @@ def run_bench(
         "rounds": rounds,
         "boards": len(boards),
         "repeats": repeats,
+        "cpus": os.cpu_count(),
+        "load_average": list(load_average),
         "stages": stages.table(),
         "seconds_total": total,
         "seconds_total_each_repeat": totals,
+        "busy": busy_result,
         "elo_replay_seconds": elo_replay,
         "stuffers_flagged": sum(int(found.voter[1:]) < STUFFERS for found in flagged),
         "honest_flagged": sum(int(found.voter[1:]) >= STUFFERS for found in flagged),
@@ -383,18 +418,33 @@ def style_reference(
 
 
 def format_table(result: dict[str, Any]) -> str:
+    loaded = result["busy"]
+    load = " ".join(f"{value:.2f}" for value in result["load_average"])
     lines = [
         f"{result['votes']:,} synthetic votes, {result['models']} models, {result['boards']} vote boards, "
-        f"{result['rounds']} bootstrap rounds; the whole refresh run {result['repeats']} times",
-        f"{'stage':<60} {'median s':>9} {'slowest':>9} {'peak MiB':>9}",
+        f"{result['rounds']} bootstrap rounds; the whole refresh run {result['repeats']} times"
+        + (f", then {result['repeats']} more with {loaded['processes']} busy processes" if loaded else ""),
+        f"{result['cpus']} CPUs, load average {load} at the start; BLAS kept to one thread",
+        f"{'stage':<60} {'median s':>9} {'slowest':>9} {'peak MiB':>9}" + (f" {'busy s':>9}" if loaded else ""),
     ]
+    busy_seconds = {s["stage"]: s["seconds"] for s in loaded["stages"]} if loaded else {}
     lines += [
         f"{s['stage']:<60} {s['seconds']:>9.3f} {s['slowest_seconds']:>9.3f} {s['peak_mib']:>9.1f}"
+        + (f" {busy_seconds[s['stage']]:>9.3f}" if loaded else "")
         for s in result["stages"]
     ]
     each = result["seconds_total_each_repeat"]
     lines.append(f"{'whole refresh':<60} {result['seconds_total']:>9.3f} {max(each):>9.3f}")
     lines.append(f"{'  each repeat':<60} " + " ".join(f"{seconds:.3f}" for seconds in each))
+    if loaded:
+        busy_each = loaded["seconds_total_each_repeat"]
+        spun = ", ".join("?" if cpu is None else f"{cpu:.1f}" for cpu in loaded["spinner_cpu_seconds"])
+        lines.append(
+            f"{'whole refresh, ' + str(loaded['processes']) + ' busy processes':<60} "
+            f"{loaded['seconds_total']:>9.3f} {max(busy_each):>9.3f}"
+        )
+        lines.append(f"{'  each repeat':<60} " + " ".join(f"{seconds:.3f}" for seconds in busy_each))
+        lines.append(f"{'  CPU seconds each spinner used':<60} {spun}")
     lines.append(f"{'(online Elo replayed from scratch)':<60} {result['elo_replay_seconds']:>9.3f}")
     lines.append(
         f"anomaly detection: {result['stuffers_flagged']} of 25 stuffers flagged, {result['honest_flagged']} honest"

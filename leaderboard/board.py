@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
 
-from leaderboard import ratings, style
+from leaderboard import fragility, ratings, style
 
 CI_METHODS = ("bootstrap", "sandwich")
 # The public arena's clean_battle "winner" values, as the score of model_a.
@@ -28,6 +28,9 @@ class BoardRow:
     rank: int
     votes: int
     elo: float | None
+    # Votes whose removal would swap this model with the next one down (leaderboard.fragility);
+    # None for the last row, and on boards that do not compute it (style control).
+    swap_votes: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,7 +64,10 @@ def compute_board(
     else:
         fitted = ratings.sandwich_intervals(outcomes, prior=prior, pair_weights=pair_weights)
     elo_values = np.asarray(elo)[played] if elo is not None else np.full(len(rated), ratings.BASE_RATING)
-    return _ranked_rows(rated, fitted, outcomes.games().sum(axis=1), elo_values)
+    rows = _ranked_rows(rated, fitted, outcomes.games().sum(axis=1), elo_values)
+    order = [rated.index(row.model) for row in rows]
+    swaps = fragility.swap_votes(outcomes, order, prior=prior, pair_weights=pair_weights)
+    return [replace(row, swap_votes=swap) for row, swap in zip(rows, swaps, strict=True)]
 
 
 class _Fitted(Protocol):

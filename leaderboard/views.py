@@ -1,3 +1,5 @@
+import itertools
+
 from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -36,7 +38,7 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
         "snapshot": snapshot,
         "interval_chart": charts.interval_chart(snapshot.style_rows if styled else snapshot.rows),
         "styled": styled,
-        "rows": snapshot.style_rows if styled else snapshot.rows,
+        "rows": _with_next_model(snapshot.style_rows if styled else snapshot.rows),
         "win_map": charts.heatmap(snapshot.model_names, snapshot.win_fractions, kind="fraction"),
         "count_map": charts.heatmap(snapshot.model_names, snapshot.battle_counts, kind="count"),
         "excluded_total": sum(snapshot.excluded.values()),
@@ -56,3 +58,8 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
         ),
     }
     return render(request, "leaderboard/index.html", context)
+
+
+def _with_next_model(rows: list[dict]) -> list[dict]:
+    """Each row with the name of the row below it: what its "votes to swap" count swaps it with."""
+    return [{**row, "next_model": below["model"]} for row, below in itertools.pairwise(rows)] + rows[-1:]

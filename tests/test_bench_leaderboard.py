@@ -2,12 +2,13 @@
 
 import json
 from io import StringIO
+from pathlib import Path
 
 import numpy as np
 import pytest
 from django.core.management import CommandError, call_command
 
-from leaderboard import bench, bench_database, ratings, style
+from leaderboard import bench, bench_database, busy, ratings, style
 
 
 def test_reduction_matches_the_vote_by_vote_count() -> None:
@@ -37,6 +38,8 @@ def test_bench_command_json() -> None:
     assert any(stage.startswith("fix-ability (500 episodes)") for stage in stages)
     assert any(stage.startswith("anomaly detection (20,000 voters") for stage in stages)
     assert any(stage.startswith("style control: fit and intervals") for stage in stages)
+    assert "rank fragility (7 boards)" in stages
+    assert result["busy"] is None and result["cpus"] >= 1 and len(result["load_average"]) == 3
     # The synthetic stuffers are found, and no honest voter.
     assert result["stuffers_flagged"] >= 20 and result["honest_flagged"] == 0
     # The whole refresh is timed three times: each repeat's total is the sum of its stages, the
@@ -64,6 +67,54 @@ def test_bench_command_json() -> None:
         call_command("bench_leaderboard", "--models=1")
     with pytest.raises(CommandError, match="--repeats"):
         call_command("bench_leaderboard", "--repeats=0")
+    with pytest.raises(CommandError, match="--busy"):
+        call_command("bench_leaderboard", "--busy=-1")
+
+
+def test_busy_processes_spin_through_the_repeats_timed_again() -> None:
+    """--busy N: the repeats are timed again while N processes spin, started before and ended
+    after; both figures are reported, and the spinners did use the CPU (not a timing test)."""
+    out = StringIO()
+    call_command(
+        "bench_leaderboard",
+        "--votes=3000",
+        "--models=5",
+        "--rounds=20",
+        "--reference-rounds=0",
+        "--repeats=2",
+        "--busy=1",
+        "--json",
+        stdout=out,
+    )
+    result = json.loads(out.getvalue())
+    loaded = result["busy"]
+    assert loaded["processes"] == 1 and len(loaded["seconds_total_each_repeat"]) == 2
+    assert [stage["stage"] for stage in loaded["stages"]] == [stage["stage"] for stage in result["stages"]]
+    assert loaded["seconds_total"] == pytest.approx(float(np.median(loaded["seconds_total_each_repeat"])))
+    (spun,) = loaded["spinner_cpu_seconds"]
+    assert spun is None or spun > 0
+    table = StringIO()
+    call_command(
+        "bench_leaderboard",
+        "--votes=2000",
+        "--models=4",
+        "--rounds=10",
+        "--reference-rounds=0",
+        "--repeats=1",
+        "--busy=2",
+        stdout=table,
+    )
+    text = table.getvalue()
+    assert "then 1 more with 2 busy processes" in text and "whole refresh, 2 busy processes" in text
+    assert "load average" in text
+
+
+def test_spinners_are_ended_with_the_block() -> None:
+    with busy.busy_cores(2) as spinners:
+        assert len(spinners.pids) == 2
+        assert all(Path(f"/proc/{pid}").exists() for pid in spinners.pids)
+    assert all(cpu is not None and cpu >= 0 for cpu in spinners.cpu_seconds)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in spinners.pids)
 
 
 @pytest.mark.django_db(transaction=True)

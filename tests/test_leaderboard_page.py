@@ -294,6 +294,14 @@ def test_the_page_says_when_votes_appear_and_that_elo_is_secondary(client, model
     assert "every 5 minutes, or\nas soon as 50 new votes" in html
     assert '<th class="more secondary">Online Elo (secondary)</th>' in html
     assert "Go by the <strong>rating</strong>" in html
+    # How fragile the order is: the top row's votes to swap with the one below, the last row none.
+    snapshot = services.refresh_leaderboard(rounds=10).snapshots.get(category="overall")
+    top, last = snapshot.rows
+    assert top["swap_votes"] >= 1 and last["swap_votes"] is None
+    html = client.get("/leaderboard/").content.decode()
+    votes = "votes" if top["swap_votes"] > 1 else "vote"
+    assert f"{top['swap_votes']} <small>{votes} from swapping with {last['model']}</small>" in html
+    assert "<strong>votes to swap</strong>" in html
     # Phones: each row also carries its other columns, one tap away.
     assert html.count('<details class="row-more">') == 2
     assert "it ends by itself 15 minutes after the voter's last action" in html
@@ -365,3 +373,35 @@ def test_open_ended_and_unrated_fix_ability_rows_are_said_so() -> None:
     assert "1191 (95% interval open-ended, at least 981: no failure observed)" in wording.headline(
         [always, never, lone], measure="fix-ability", evidence="fix episodes"
     )
+
+
+def test_every_stage_of_the_refresh_keeps_blas_to_one_thread(models, monkeypatch) -> None:
+    """BLAS is pinned to one thread for the whole refresh (issue 38: its thread pool on a busy core
+    made one product 50 times slower), and its own setting comes back after."""
+    from threadpoolctl import threadpool_info
+
+    from leaderboard import board as board_module
+    from leaderboard import fixing
+
+    def blas_threads() -> set[int]:
+        return {info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"}
+
+    seen: list[set[int]] = []
+    for module, name in (
+        (board_module, "compute_board"),
+        (fixing, "rate_fixes"),
+        (services.anomaly, "suspicious_voters"),
+    ):
+        original = getattr(module, name)
+
+        def recorded(*args, _original=original, **kwargs):
+            seen.append(blas_threads())
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, recorded)
+    strong, weak, _idle = models
+    make_battle(strong, weak, "a")
+    before = blas_threads()
+    services.refresh_leaderboard(rounds=10)
+    assert len(seen) >= 3 and all(threads == {1} for threads in seen)
+    assert blas_threads() == before

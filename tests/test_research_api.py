@@ -110,6 +110,10 @@ def test_leaderboard_models_tasks(client, arena) -> None:
     board = client.get("/api/v1/leaderboard").json()
     assert board["refresh_id"] == refresh.pk and board["category"] == "overall"
     assert {row["model"] for row in board["rows"]} == {"ant", "bee", "cat"}
+    # Each row's votes to swap with the next one down, as stored; none below the last.
+    stored = refresh.snapshots.get(category="overall").rows
+    assert [row["swap_votes"] for row in board["rows"]] == [row["swap_votes"] for row in stored]
+    assert board["rows"][-1]["swap_votes"] is None
     assert board["excluded"] == {"identity leak": 1, "flagged voter": 1, "over daily cap": 0, "unfinished battle": 1}
     assert "fixing" in board["categories"] and "task:API calls" in board["categories"]
     assert client.get("/api/v1/leaderboard", {"category": "fixing"}).json()["votes"] == 1
@@ -396,7 +400,7 @@ def test_the_vote_dump_rated_by_rate_battles_is_the_sites_leaderboard(client, ar
     out = StringIO()
     call_command("rate_battles", str(dump), "--json", "--rounds=200", "--seed=0", stdout=out)
     rated = json.loads(out.getvalue())
-    fields = ("model", "rating", "lower", "upper", "rank", "votes", "elo")
+    fields = ("model", "rating", "lower", "upper", "rank", "votes", "elo", "swap_votes")
     assert [{f: row[f] for f in fields} for row in rated] == [{f: row[f] for f in fields} for row in site.rows]
 
 

@@ -22,6 +22,14 @@ class Command(BaseCommand):
             "--repeats", type=int, default=5, help="Whole refreshes timed, from arrays; the median is quoted."
         )
         parser.add_argument(
+            "--busy",
+            type=int,
+            default=0,
+            metavar="N",
+            help="Time the repeats again while N processes spin on the CPU cores (started before, ended after); "
+            "both figures are reported.",
+        )
+        parser.add_argument(
             "--from-database",
             action="store_true",
             help="Store the votes in a scratch PostgreSQL database (created and dropped) and time the site's refresh.",
@@ -33,6 +41,10 @@ class Command(BaseCommand):
             raise CommandError("Need --votes >= 1, --models >= 2, --rounds >= 1 and --reference-rounds >= 0.")
         if options["repeats"] < 1:
             raise CommandError("Need --repeats >= 1.")
+        if options["busy"] < 0:
+            raise CommandError("Need --busy >= 0.")
+        if options["busy"] and options["from_database"]:
+            raise CommandError("--busy times the refresh from arrays: not with --from-database.")
         if options["from_database"]:
             try:
                 result = bench_database.run_database_bench(
@@ -49,5 +61,6 @@ class Command(BaseCommand):
             reference_rounds=options["reference_rounds"],
             seed=options["seed"],
             repeats=options["repeats"],
+            busy_processes=options["busy"],
         )
         self.stdout.write(json.dumps(result, indent=2) if options["json"] else bench.format_table(result))

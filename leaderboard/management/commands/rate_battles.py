@@ -12,7 +12,8 @@ from leaderboard.management.input_files import read_input
 class Command(BaseCommand):
     help = (
         "Read battles (a JSON list or JSON Lines of {model_a, model_b, winner, tstamp?}) and print the "
-        "leaderboard: Bradley-Terry with intervals, interval-aware rank, votes and online Elo."
+        "leaderboard: Bradley-Terry with intervals, interval-aware rank, votes, online Elo and the votes whose "
+        "removal would swap each model with the next one down."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -54,12 +55,20 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps([row.as_dict() for row in rows], indent=2))
             return
         self.stdout.write(f"{len(games)} battles, {len(names)} models; 95% {options['ci']} intervals")
-        self.stdout.write(f"{'rank':>4}  {'model':<32} {'rating':>7} {'95% interval':>17} {'votes':>7} {'elo':>7}")
+        self.stdout.write(
+            f"{'rank':>4}  {'model':<32} {'rating':>7} {'95% interval':>17} {'votes':>7} {'elo':>7} {'swap':>6}"
+        )
         for row in rows:
             interval = f"{row.lower:.1f}-{row.upper:.1f}"
+            swap = "" if row.swap_votes is None else str(row.swap_votes)
             self.stdout.write(
                 f"{row.rank:>4}  {row.model:<32} {row.rating:>7.1f} {interval:>17} {row.votes:>7} {row.elo:>7.1f}"
+                f" {swap:>6}"
             )
+        self.stdout.write(
+            "swap: votes whose removal would swap the model with the next one down (an upper bound of the "
+            "fewest; leaderboard.fragility)."
+        )
 
     def _style_controlled(self, names: list[str], votes: list, options: dict[str, Any]) -> None:
         rows, coefficients = board.compute_style_board(
