@@ -35,6 +35,10 @@ from scipy.stats import binom
 
 OUTCOMES = (0.0, 0.5, 1.0)  # The second model of the pair won; a tie or both bad; the first won.
 CHOICE_SCORES = {"a": 1.0, "b": 0.0, "tie": 0.5, "both_bad": 0.5}  # The outcome for side A's model.
+# The chance that an honest voter key is flagged, the refresh's default (LEADERBOARD_ANOMALY_FALSE_ALARMS).
+FALSE_ALARMS = 0.01
+# The concentration test's screening for models under attack (attacked_models).
+SCREEN_LEVEL, SCREEN_CUT = 1e-3, 0.01
 
 
 @dataclass(frozen=True)
@@ -200,9 +204,17 @@ def anomalous_voters(
 
 
 def concentrated_voters(
-    votes: Iterable[PairVote] | VoteTable, *, alpha: float = 1e-4, min_votes: int = 5
+    votes: Iterable[PairVote] | VoteTable,
+    *,
+    alpha: float = 1e-4,
+    min_votes: int = 5,
+    screen: float = SCREEN_LEVEL,
+    screen_cut: float = SCREEN_CUT,
 ) -> list[Anomaly]:
-    """Voters who chose one model far more often than the other voters do (module docstring)."""
+    """Voters who chose one model far more often than the other voters do (module docstring):
+    tested against every model (Bonferroni over the models) at ``alpha / 2``, and against the
+    models under attack only (``attacked_models``; Bonferroni over those) at ``alpha / 2``. An
+    honest voter is flagged with probability at most ``alpha``."""
     table = VoteTable.from_votes(votes)
     present = np.zeros(len(table.models), dtype=bool)
     present[table.first] = present[table.second] = True
@@ -229,13 +241,21 @@ def concentrated_voters(
     others = total - own[cell_voter]
     share = (everyone[cell_model] - per_cell + 1) / (others + 1)
     # A count at or below its binomial mean has a tail of at least one half (the median is at
-    # least the mean's floor): it cannot flag its voter (the flag needs tail x models < alpha),
-    # so only the counts above their mean are computed.
-    above = per_cell > own[cell_voter] * share if alpha < 0.5 * n_models else np.ones(per_cell.size, dtype=bool)
-    tails = binom.sf(per_cell[above] - 1, own[cell_voter][above], share[above])
+    # least the mean's floor): it can neither flag its voter nor count in the screening (both
+    # need a tail below one half), so only the counts above their mean are computed.
+    above = per_cell > own[cell_voter] * share
+    cell_voter, cell_model = cell_voter[above], cell_model[above]
+    tails = binom.sf(per_cell[above] - 1, own[cell_voter], share[above])
+    attacked = attacked_models(tails, cell_model, everyone / total, own[own >= min_votes], level=screen, cut=screen_cut)
     worst = np.ones(len(table.voters))
-    np.minimum.at(worst, cell_voter[above], tails)
+    np.minimum.at(worst, cell_voter, tails)
     combined = np.minimum(1.0, worst * n_models)
+    if attacked.size:
+        on_attacked = np.isin(cell_model, attacked)
+        worst_attacked = np.ones(len(table.voters))
+        np.minimum.at(worst_attacked, cell_voter[on_attacked], tails[on_attacked])
+        combined = np.minimum(combined, worst_attacked * attacked.size)
+    combined = np.minimum(1.0, 2.0 * combined)  # Two tests, each at alpha / 2.
     flagged = np.flatnonzero(combined < alpha)
     found = [
         Anomaly(
@@ -246,18 +266,106 @@ def concentrated_voters(
     return sorted(found, key=lambda anomaly: anomaly.p_value)
 
 
+def attacked_models(
+    tails: np.ndarray,
+    model: np.ndarray,
+    shares: np.ndarray,
+    votes: np.ndarray,
+    *,
+    level: float = SCREEN_LEVEL,
+    cut: float = SCREEN_CUT,
+) -> np.ndarray:
+    """The models more voters concentrate on than chance allows. ``tails``: the concentration
+    tails of (voter, ``model``) cells; ``shares``: each model's share of the decisive votes;
+    ``votes``: each judged voter's number of decisive votes. For each model, the number of
+    voters whose tail is below ``cut`` is a sum of independent Bernoulli variables, each with
+    the probability the binomial of that voter's votes at the model's share gives a tail below
+    ``cut`` (at most ``cut``: far less for a voter with ten votes); by Hoeffding's inequality for
+    such sums, its tail is at most the binomial tail at their mean. A model whose count has a
+    tail below ``level`` is under attack. A campaign of a few dozen voters raises its target's
+    count far above what a thousand honest voters give, though each of them alone is not
+    unlikely enough to flag."""
+    if votes.size == 0:
+        return np.zeros(0, dtype=np.intp)
+    sizes, voters = np.unique(votes, return_counts=True)
+    n, share = sizes[:, None], shares[None, :]
+    # The smallest count with a tail below cut is ppf(1 - cut) + 1; its tail is the chance.
+    chance = binom.sf(binom.ppf(1.0 - cut, n, share), n, share)
+    expected = voters @ chance
+    low = np.bincount(model[tails < cut], minlength=shares.size).astype(float)
+    judged = float(votes.size)
+    p = np.ones(shares.size)
+    beyond = low >= expected + 1.0
+    p[beyond] = binom.sf(low[beyond] - 1.0, judged, expected[beyond] / judged)
+    return np.flatnonzero(p < level)
+
+
 def suspicious_voters(
-    votes: Iterable[PairVote] | VoteTable, *, alpha: float = 1e-4, min_votes: int = 5
+    votes: Iterable[PairVote] | VoteTable,
+    *,
+    alpha: float = 1e-4,
+    min_votes: int = 5,
+    false_alarms: float | None = None,
 ) -> list[Anomaly]:
-    """Voters caught by either test, each with the smaller of its p-values."""
+    """Voters caught by either test, each with the smaller of its p-values. Both tests run at
+    ``alpha``; with ``false_alarms``, the concentration test runs at ``false_alarms - alpha``
+    instead, so that an honest voter is flagged with probability at most ``false_alarms``."""
     table = VoteTable.from_votes(votes)
+    concentration_alpha = alpha if false_alarms is None else max(false_alarms - alpha, alpha)
     found: dict[str, Anomaly] = {}
     for anomaly in anomalous_voters(table, alpha=alpha, min_votes=min_votes) + concentrated_voters(
-        table, alpha=alpha, min_votes=min_votes
+        table, alpha=concentration_alpha, min_votes=min_votes
     ):
         if anomaly.voter not in found or anomaly.p_value < found[anomaly.voter].p_value:
             found[anomaly.voter] = anomaly
     return sorted(found.values(), key=lambda anomaly: anomaly.p_value)
+
+
+def campaign_voters(
+    rows: Sequence[tuple[str, str, Hashable, Hashable, str, int]], everyone: VoteTable
+) -> dict[str, str]:
+    """The voters whose votes a network flag removes: ``rows`` are the votes of flagged
+    networks as (network, voter, model A, model B, choice, count), ``everyone`` the voters'
+    detector table (its model labels are the rows' models as strings). A network's target is
+    the model its decisive votes concentrate on (the smallest binomial tail of its choices of a
+    model at everyone's share). A voter behind it is flagged when at least half of the voter's
+    decisive votes from it chose that target: every session of a campaign that votes once per
+    session, and no honest voter with a few votes among many for other models. Returns each
+    such voter with the network it was caught behind."""
+    if not rows:
+        return {}
+    decisive = everyone.outcome != 0.5
+    chosen = np.where(everyone.outcome == 1.0, everyone.first, everyone.second)[decisive]
+    counts = np.bincount(chosen, everyone.count[decisive], minlength=len(everyone.models))
+    share_of = dict(zip(everyone.models, (counts + 1.0) / (counts.sum() + 1.0), strict=True))
+    floor = 1.0 / (counts.sum() + 1.0)
+    choices: dict[str, Counter[str]] = {}  # Per network: its decisive votes per model chosen.
+    ballots: dict[tuple[str, str], Counter[str]] = {}  # Per (network, voter): the same.
+    for network, voter, model_a, model_b, choice, count in rows:
+        if choice not in ("a", "b"):
+            choices.setdefault(network, Counter())
+            ballots.setdefault((network, voter), Counter())
+            continue
+        model = str(model_a if choice == "a" else model_b)
+        choices.setdefault(network, Counter())[model] += count
+        ballots.setdefault((network, voter), Counter())[model] += count
+    targets: dict[str, str] = {}
+    for network, chosen_models in choices.items():
+        if not chosen_models:
+            continue
+        total = sum(chosen_models.values())
+        models = list(chosen_models)
+        made = np.array([chosen_models[model] for model in models], dtype=float)
+        shares = np.array([share_of.get(model, floor) for model in models])
+        tails = binom.sf(made - 1, total, shares)
+        targets[network] = models[int(np.lexsort((-made, tails))[0])]
+    found: dict[str, str] = {}
+    for (network, voter), chosen_models in ballots.items():
+        target = targets.get(network)
+        made = chosen_models.get(target, 0) if target is not None else 0
+        if made > 0 and 2 * made >= sum(chosen_models.values()) and voter not in found:
+            found[voter] = network
+    return found
 
 
 def pair_vote(voter: str, model_a: str, model_b: str, choice: str, count: int = 1) -> PairVote:
