@@ -39,6 +39,10 @@ CHOICE_SCORES = {"a": 1.0, "b": 0.0, "tie": 0.5, "both_bad": 0.5}  # The outcome
 FALSE_ALARMS = 0.01
 # The concentration test's screening for models under attack (attacked_models).
 SCREEN_LEVEL, SCREEN_CUT = 1e-3, 0.01
+# The share of the concentration test's alpha spent on testing every model; the rest goes to the
+# models under attack. (Measured in tests/test_anomalous_voters.py's camouflaged arenas: a half
+# catches fewer stuffers of a strong target than a quarter, and flags more honest voters.)
+GLOBAL_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -249,13 +253,12 @@ def concentrated_voters(
     attacked = attacked_models(tails, cell_model, everyone / total, own[own >= min_votes], level=screen, cut=screen_cut)
     worst = np.ones(len(table.voters))
     np.minimum.at(worst, cell_voter, tails)
-    combined = np.minimum(1.0, worst * n_models)
+    combined = np.minimum(1.0, worst * n_models / GLOBAL_SHARE)
     if attacked.size:
         on_attacked = np.isin(cell_model, attacked)
         worst_attacked = np.ones(len(table.voters))
         np.minimum.at(worst_attacked, cell_voter[on_attacked], tails[on_attacked])
-        combined = np.minimum(combined, worst_attacked * attacked.size)
-    combined = np.minimum(1.0, 2.0 * combined)  # Two tests, each at alpha / 2.
+        combined = np.minimum(combined, worst_attacked * attacked.size / (1.0 - GLOBAL_SHARE))
     flagged = np.flatnonzero(combined < alpha)
     found = [
         Anomaly(

@@ -198,37 +198,50 @@ def caught_and_false_alarms(rows: list[tuple[str, int, int, str, int]]) -> tuple
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
-@pytest.mark.parametrize("seed", [31, 32])
-def test_stuffers_who_vote_honestly_elsewhere_are_caught(seed: int, target: str) -> None:
-    """Stuffers whose votes are half honest (camouflage) and honest voters with their own tastes
-    (sd 100): for a weak, a median and a strong target, at least 80% of the stuffers are caught
-    and at most 1% of the honest voters flagged; the flagged voters' votes left out, the
-    target's rating is within its interval's half-width of the honest-only board's."""
-    names, t, rows = camouflaged_arena(seed, TARGETS[target])
-    caught, false_alarms, flagged = caught_and_false_alarms(rows)
-    assert caught >= 20, caught
-    assert false_alarms <= 10, false_alarms
-    as_rows = [(voter, "", names[a], names[b], choice) for voter, a, b, choice, _ in rows]
-    honest_only = board_of(names, [row for row in as_rows if row[0].startswith("honest")])
-    cleaned = board_of(names, [row for row in as_rows if row[0] not in flagged])
-    half_width = (cleaned.upper[t] - cleaned.lower[t]) / 2.0
-    assert abs(cleaned.ratings[t] - honest_only.ratings[t]) <= half_width
+def test_stuffers_who_vote_honestly_elsewhere_are_caught(target: str) -> None:
+    """Stuffers three fifths of whose votes are honest (camouflage), and honest voters with
+    their own tastes (sd 100), in 8 seeded arenas: for a weak, a median and a strong target, at
+    least 80% of the stuffers are caught on average, at most 1% of the honest voters are
+    flagged in every arena, and once the flagged voters' votes are left out the target's rating
+    is within its interval's half-width of the honest-only board's."""
+    caught_share, most_false_alarms = [], 0
+    for seed in range(8):
+        names, t, rows = camouflaged_arena(seed, TARGETS[target], camouflage=0.6)
+        caught, false_alarms, flagged = caught_and_false_alarms(rows)
+        assert false_alarms <= 10, (seed, false_alarms)
+        caught_share.append(caught / 25)
+        most_false_alarms = max(most_false_alarms, false_alarms)
+        as_rows = [(voter, "", names[a], names[b], choice) for voter, a, b, choice, _ in rows]
+        honest_only = board_of(names, [row for row in as_rows if row[0].startswith("honest")])
+        cleaned = board_of(names, [row for row in as_rows if row[0] not in flagged])
+        half_width = (cleaned.upper[t] - cleaned.lower[t]) / 2.0
+        assert abs(cleaned.ratings[t] - honest_only.ratings[t]) <= half_width, seed
+    print(
+        f"{target} target, 60% camouflage: {np.mean(caught_share):.1%} of the stuffers caught, "
+        f"at most {most_false_alarms} of 1000 honest voters flagged"
+    )
+    assert np.mean(caught_share) >= 0.8, caught_share
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_false_alarms_stay_below_one_percent_however_the_stuffers_hide(target: str) -> None:
-    """Two thirds of the stuffers' votes honest: fewer of them are caught (the figures in
-    docs/statistics.md come from this test's output, with -s), but never more than 1% of the
-    honest voters are flagged; without stuffers, neither."""
-    recall = []
-    for seed in (41, 42):
-        _, _, rows = camouflaged_arena(seed, TARGETS[target], camouflage=2 / 3)
-        caught, false_alarms, _ = caught_and_false_alarms(rows)
-        assert false_alarms <= 10, false_alarms
-        recall.append(caught / 25)
-        clean = [row for row in rows if row[0].startswith("honest")]
-        assert caught_and_false_alarms(clean)[1] <= 10
-    print(f"{target} target, two thirds camouflage: {np.mean(recall):.0%} of the stuffers caught")
+    """Two thirds and four fifths of the stuffers' votes honest: fewer of them are caught (the
+    figures in docs/statistics.md are this test's output, with -s), but in no arena are more
+    than 1% of the honest voters flagged; without stuffers, neither."""
+    for camouflage in (2 / 3, 0.8):
+        caught_share, most_false_alarms = [], 0
+        for seed in range(4):
+            _, _, rows = camouflaged_arena(seed, TARGETS[target], camouflage=camouflage)
+            caught, false_alarms, _ = caught_and_false_alarms(rows)
+            assert false_alarms <= 10, false_alarms
+            caught_share.append(caught / 25)
+            most_false_alarms = max(most_false_alarms, false_alarms)
+            if camouflage == 0.8:
+                assert caught_and_false_alarms([row for row in rows if row[0].startswith("honest")])[1] <= 10
+        print(
+            f"{target} target, {camouflage:.0%} camouflage: {np.mean(caught_share):.1%} of the stuffers caught, "
+            f"at most {most_false_alarms} of 1000 honest voters flagged"
+        )
 
 
 def test_concentration_spares_a_voter_who_prefers_the_best_model() -> None:

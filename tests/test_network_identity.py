@@ -153,6 +153,7 @@ def test_a_campaign_through_shared_networks_takes_out_its_votes_not_their_honest
     behind = {row[0] for row in rows if row[1] in NATS and row[0].startswith("honest")}
     assert len(behind) == 300
     assert campaign <= voters
+    print(f"seed {seed}: {len(voters & behind)} of the 300 honest voters behind the NATs flagged with them")
     assert len(voters & behind) <= 3, len(voters & behind)
     honest_only = board_of(names, [row for row in rows if row[0].startswith("honest")])
     cleaned = board_of(names, [row for row in rows if row[0] not in voters])
