@@ -17,9 +17,17 @@ ordinary (simulated: 25 stuffers casting 5% of the votes for one model, none cau
 Pairs are drawn at random, so an honest voter's votes choose each model about as often as
 everyone else's do; a stuffer votes only where its target appears, and picks it every time. For
 each voter and model, the binomial tail P(X >= c) of choosing that model c times in the voter's
-n decisive votes, at the share of the other voters' decisive votes that chose it, is multiplied
-by the number of models (Bonferroni: the voter's most chosen model is the one tested). Other
-stuffers raise that share, but not nearly enough to hide a run of choices of one model.
+n decisive votes, at the share of the other voters' decisive votes that chose it. Other
+stuffers raise that share, but not nearly enough to hide a run of choices of one model. A
+quarter of the test's level goes to every model (the smallest tail times the number of models,
+Bonferroni), three quarters to the models under attack (``attacked_models``: more voters
+concentrate on them than chance allows), so that a stuffer who hides its target votes among
+honest ones is judged against its target alone. A voter whose choices follow everyone else's is
+flagged with probability at most the level.
+
+A campaign that starts every battle in a fresh session has one vote per voter key: the same
+tests run on the votes grouped by network, and behind a flagged network only the voters whose
+votes there mostly chose its target are flagged (``campaign_voters``).
 """
 
 from __future__ import annotations
