@@ -38,7 +38,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import gammaincc
+from scipy.special import betainc, gammaincc
 from scipy.stats import binom
 
 OUTCOMES = (0.0, 0.5, 1.0)  # The second model of the pair won; a tie or both bad; the first won.
@@ -46,11 +46,14 @@ CHOICE_SCORES = {"a": 1.0, "b": 0.0, "tie": 0.5, "both_bad": 0.5}  # The outcome
 # The chance that an honest voter key is flagged, the refresh's default (LEADERBOARD_ANOMALY_FALSE_ALARMS).
 FALSE_ALARMS = 0.01
 # The concentration test's screening for models under attack (attacked_models).
-SCREEN_LEVEL, SCREEN_CUT = 1e-3, 0.01
+SCREEN_LEVEL, SCREEN_CUT = 1e-5, 0.01
 # The share of the concentration test's alpha spent on testing every model; the rest goes to the
 # models under attack. (Measured in tests/test_anomalous_voters.py's camouflaged arenas: a half
 # catches fewer stuffers of a strong target than a quarter, and flags more honest voters.)
 GLOBAL_SHARE = 0.25
+# Voters with at least this many decisive votes measure how far tastes spread (taste_spread),
+# when there are at least TASTE_MIN_VOTERS of them.
+TASTE_MIN_VOTES, TASTE_MIN_VOTERS = 30, 50
 
 
 @dataclass(frozen=True)
@@ -224,9 +227,11 @@ def concentrated_voters(
     screen_cut: float = SCREEN_CUT,
 ) -> list[Anomaly]:
     """Voters who chose one model far more often than the other voters do (module docstring):
-    tested against every model (Bonferroni over the models) at ``alpha / 2``, and against the
-    models under attack only (``attacked_models``; Bonferroni over those) at ``alpha / 2``. An
-    honest voter is flagged with probability at most ``alpha``."""
+    tested against every model (Bonferroni over the models) at ``GLOBAL_SHARE * alpha``, and
+    against the models under attack only (``attacked_models``; Bonferroni over those) at the
+    rest. Voters' tastes spread their choices beyond the binomial (``taste_spread``): each tail
+    is the binomial's of the votes divided by their design effect, 1 + (n - 1) * spread. A voter
+    whose choices follow everyone else's is flagged with probability at most ``alpha``."""
     table = VoteTable.from_votes(votes)
     present = np.zeros(len(table.models), dtype=bool)
     present[table.first] = present[table.second] = True
@@ -257,8 +262,15 @@ def concentrated_voters(
     # need a tail below one half), so only the counts above their mean are computed.
     above = per_cell > own[cell_voter] * share
     cell_voter, cell_model = cell_voter[above], cell_model[above]
-    tails = binom.sf(per_cell[above] - 1, own[cell_voter], share[above])
-    attacked = attacked_models(tails, cell_model, everyone / total, own[own >= min_votes], level=screen, cut=screen_cut)
+    spread = taste_spread(dense.reshape(len(table.voters), -1), own, everyone / total)
+    effect = 1.0 + (own - 1.0).clip(0.0) * spread  # Each voter's design effect.
+    made, votes = per_cell[above] / effect[cell_voter], own[cell_voter] / effect[cell_voter]
+    # P(X >= c) for X binomial(n, p) is the regularised incomplete beta I_p(c, n - c + 1), which
+    # takes the votes divided by the design effect as they are.
+    tails = betainc(made, votes - made + 1.0, share[above])
+    judged_votes = own[own >= min_votes]
+    effective = np.maximum(1.0, np.round(judged_votes / (1.0 + (judged_votes - 1.0) * spread)))
+    attacked = attacked_models(tails, cell_model, everyone / total, effective, level=screen, cut=screen_cut)
     worst = np.ones(len(table.voters))
     np.minimum.at(worst, cell_voter, tails)
     combined = np.minimum(1.0, worst * n_models / GLOBAL_SHARE)
@@ -275,6 +287,26 @@ def concentrated_voters(
         for index in flagged
     ]
     return sorted(found, key=lambda anomaly: anomaly.p_value)
+
+
+def taste_spread(choices: np.ndarray, votes: np.ndarray, shares: np.ndarray) -> float:
+    """How much more the voters' choices of a model vary than binomially: honest voters have
+    tastes. ``choices``: decisive votes per voter (rows) and model chosen (columns); ``votes``:
+    each voter's decisive votes; ``shares``: each model's share of them. If a voter's counts are
+    Dirichlet-multinomial (each count's variance n s (1 - s) (1 + (n - 1) rho)), Pearson's
+    statistic of its counts against the shares has mean (models - 1) (1 + (n - 1) rho): each
+    voter with at least ``TASTE_MIN_VOTES`` votes gives an estimate of rho, and the spread is
+    their median: a campaign moves it only with as many such voters as the honest ones. Zero
+    with fewer than ``TASTE_MIN_VOTERS`` of them (with ten votes, a taste hardly shows)."""
+    heavy = votes >= TASTE_MIN_VOTES
+    chosen_models = shares > 0
+    if np.count_nonzero(heavy) < TASTE_MIN_VOTERS or np.count_nonzero(chosen_models) < 2:
+        return 0.0
+    n = votes[heavy]
+    expected = n[:, None] * shares[chosen_models][None, :]
+    pearson = ((choices[heavy][:, chosen_models] - expected) ** 2 / expected).sum(axis=1)
+    rho = (pearson / (np.count_nonzero(chosen_models) - 1.0) - 1.0) / (n - 1.0)
+    return max(0.0, float(np.median(rho)))
 
 
 def attacked_models(

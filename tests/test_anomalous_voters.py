@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from inference.models import LLM
-from leaderboard import selectors, services
+from leaderboard import anomaly, selectors, services
 from leaderboard.anomaly import (
     PairVote,
     VoteTable,
@@ -242,6 +242,47 @@ def test_false_alarms_stay_below_one_percent_however_the_stuffers_hide(target: s
             f"{target} target, {camouflage:.0%} camouflage: {np.mean(caught_share):.1%} of the stuffers caught, "
             f"at most {most_false_alarms} of 1000 honest voters flagged"
         )
+
+
+def taste_arena(seed: int, taste: float) -> list[tuple[str, int, int, str, int]]:
+    """950 honest voters with 10 votes and 50 with 200 ("heavy-"), 20 models, each voter with
+    their own taste (N(0, ``taste``) per model) on ratings N(1000, 100), 10% ties."""
+    rng = np.random.default_rng(seed)
+    true = rng.normal(1000.0, 100.0, 20)
+    votes = np.where(np.arange(1000) < 50, 200, 10)
+    voter = np.repeat(np.arange(1000), votes)
+    a = rng.integers(20, size=voter.size)
+    b = (a + rng.integers(1, 20, size=voter.size)) % 20
+    seen = true + rng.normal(0.0, taste, (1000, 20))
+    p_a = 1.0 / (1.0 + 10.0 ** ((seen[voter, b] - seen[voter, a]) / 400.0))
+    choice = np.where(rng.random(voter.size) < 0.1, "tie", np.where(rng.random(voter.size) < p_a, "a", "b"))
+    names = [f"heavy-{v}" if v < 50 else f"honest-{v}" for v in range(1000)]
+    return [(names[v], int(x), int(y), str(c), 1) for v, x, y, c in zip(voter, a, b, choice, strict=True)]
+
+
+def test_honest_voters_with_many_votes_and_their_own_tastes_are_not_flagged(monkeypatch) -> None:
+    """A voter with 200 votes shows its taste (sd 100 and 200 rating points per model): against
+    the binomial, its choices of a favourite are unlikely; the tastes' spread, measured on the
+    voters with many votes, widens the test for it. Over 3 arenas per taste, at most 1 of the
+    150 heavy voters and at most 1% of all voters are flagged; without the spread (printed with
+    -s), more heavy voters are."""
+    for taste in (100.0, 200.0):
+        flagged_heavy = {True: 0, False: 0}
+        for seed in range(3):
+            rows = taste_arena(50 + seed, taste)
+            for spread in (True, False):
+                if not spread:
+                    monkeypatch.setattr(anomaly, "TASTE_MIN_VOTES", 10**9)
+                flagged = {a.voter for a in suspicious_voters(VoteTable.from_rows(rows), false_alarms=0.01)}
+                monkeypatch.undo()
+                flagged_heavy[spread] += sum(voter.startswith("heavy") for voter in flagged)
+                if spread:
+                    assert len(flagged) <= 10, len(flagged)
+        print(
+            f"tastes sd {taste:.0f}: {flagged_heavy[True]} of 150 heavy voters flagged "
+            f"({flagged_heavy[False]} without the spread)"
+        )
+        assert flagged_heavy[True] <= 1
 
 
 def test_concentration_spares_a_voter_who_prefers_the_best_model() -> None:
