@@ -262,12 +262,18 @@ def concentrated_voters(
     # need a tail below one half), so only the counts above their mean are computed.
     above = per_cell > own[cell_voter] * share
     cell_voter, cell_model = cell_voter[above], cell_model[above]
-    spread = taste_spread(dense.reshape(len(table.voters), -1), own, everyone / total)
-    effect = 1.0 + (own - 1.0).clip(0.0) * spread  # Each voter's design effect.
-    made, votes = per_cell[above] / effect[cell_voter], own[cell_voter] / effect[cell_voter]
+    made, cast, share = per_cell[above], own[cell_voter], share[above]
     # P(X >= c) for X binomial(n, p) is the regularised incomplete beta I_p(c, n - c + 1), which
     # takes the votes divided by the design effect as they are.
-    tails = betainc(made, votes - made + 1.0, share[above])
+    tails = betainc(made, cast - made + 1.0, share)
+    spread = taste_spread(dense.reshape(len(table.voters), -1), own, everyone / total)
+    if spread > 0:
+        # The design effect only widens a tail: one at or above the cut (or alpha) stays out of
+        # the screening and cannot flag, so only the smaller ones are computed again (with
+        # fractional counts, the incomplete beta is three times slower).
+        small = tails < max(screen_cut, alpha)
+        effect = 1.0 + (cast[small] - 1.0) * spread
+        tails[small] = betainc(made[small] / effect, (cast[small] - made[small]) / effect + 1.0, share[small])
     judged_votes = own[own >= min_votes]
     effective = np.maximum(1.0, np.round(judged_votes / (1.0 + (judged_votes - 1.0) * spread)))
     attacked = attacked_models(tails, cell_model, everyone / total, effective, level=screen, cut=screen_cut)
