@@ -377,7 +377,7 @@ def campaign_voters(
     networks as (network, voter, model A, model B, choice, count), ``everyone`` the voters'
     detector table (its model labels are the rows' models as strings). A network's target is
     the model its decisive votes concentrate on (the smallest binomial tail of its choices of a
-    model at everyone's share). A voter behind it is flagged when at least half of the voter's
+    model at everyone's share). A voter behind it is flagged when more than half of the voter's
     decisive votes from it chose that target: every session of a campaign that votes once per
     session, and no honest voter with a few votes among many for other models. Returns each
     such voter with the network it was caught behind."""
@@ -412,7 +412,7 @@ def campaign_voters(
     for (network, voter), chosen_models in ballots.items():
         target = targets.get(network)
         made = chosen_models.get(target, 0) if target is not None else 0
-        if made > 0 and 2 * made >= sum(chosen_models.values()) and voter not in found:
+        if 2 * made > sum(chosen_models.values()) and voter not in found:
             found[voter] = network
     return found
 

@@ -316,17 +316,21 @@ def flag_anomalous_networks(table: anomaly.VoteTable) -> list[FlaggedNetwork]:
 
 def flag_voters_of_flagged_networks(table: anomaly.VoteTable) -> list[FlaggedVoter]:
     """Flag the voter keys behind a flagged network (not cleared) whose votes there are the
-    campaign's (``anomaly.campaign_voters``: at least half of their decisive votes from it chose
+    campaign's (``anomaly.campaign_voters``: more than half of their decisive votes from it chose
     the model the network's votes concentrate on, against the shares in ``table``, the voters'
     detector table), pointing at the network's flag: every read of the board and of the
     research data then leaves those votes out as it does a flagged voter's, and the fresh
     sessions a flagged network opens later are flagged at the next refresh. The other voters
-    behind it (an office, a carrier's NAT) keep their votes. A voter flag set before, or
-    cleared by an admin, is left as it is."""
+    behind it (an office, a carrier's NAT) keep their votes: a flag that pointed at the network
+    for a voter it no longer catches (every voter behind a flagged network was flagged once) is
+    removed. A voter flag of its own, or one an admin cleared, is left as it is."""
     networks = {flag.network_key: flag for flag in FlaggedNetwork.objects.filter(cleared=False)}
     if not networks:
         return []
     caught = anomaly.campaign_voters(selectors.network_voter_rows(list(networks)), table)
+    FlaggedVoter.objects.filter(network__in=list(networks.values()), cleared=False).exclude(
+        voter_key__in=list(caught)
+    ).delete()
     known = set(FlaggedVoter.objects.filter(voter_key__in=list(caught)).values_list("voter_key", flat=True))
     flags = [
         FlaggedVoter(

@@ -315,6 +315,28 @@ def check_the_refresh(client, honest: int) -> None:
     assert selectors.counted_votes().count() == honest + campaign
 
 
+@pytest.mark.django_db
+def test_a_network_flag_keeps_the_honest_votes_behind_it() -> None:
+    """A busy network carries 100 honest voters (4 votes each) and 20 one-vote sessions for the
+    weak model; it is flagged, and one of its honest voters carries a flag pointing at it (as
+    every voter behind a flagged network once did). The refresh flags the 20 sessions, removes
+    that honest voter's flag and counts every honest vote."""
+    models = {
+        name: LLM.objects.create(name=name, family="gemma", preset=name, queue=f"q.{name}")
+        for name in (STRONG, WEAK, MEDIUM)
+    }
+    busy = services.network_key_for("203.0.113.9")
+    rows = honest_votes(random.Random(6), voters=300, per_voter=4, network=lambda voter: busy if voter < 100 else "")
+    rows += [(f"session-{i}", busy, WEAK, STRONG, "a") for i in range(20)]
+    store_votes(rows, models)
+    network = FlaggedNetwork.objects.create(network_key=busy, reason="network: test", source=FlagSource.AUTOMATIC)
+    FlaggedVoter.objects.create(voter_key="honest-3", network=network, reason="voted from a flagged network")
+    leaderboard_services.refresh_leaderboard(rounds=20)
+    flagged = set(FlaggedVoter.objects.filter(cleared=False).values_list("voter_key", flat=True))
+    assert flagged == {f"session-{i}" for i in range(20)}
+    assert selectors.counted_votes().count() == len(rows) - 20
+
+
 def leaderboard_selectors_latest_overall():
     return selectors.latest_refresh().snapshots.get(category=selectors.OVERALL)
 
