@@ -18,12 +18,12 @@ Pairs are drawn at random, so an honest voter's votes choose each model about as
 everyone else's do; a stuffer votes only where its target appears, and picks it every time. For
 each voter and model, the binomial tail P(X >= c) of choosing that model c times in the voter's
 n decisive votes, at the share of the other voters' decisive votes that chose it. Other
-stuffers raise that share, but not nearly enough to hide a run of choices of one model. A
-quarter of the test's level goes to every model (the smallest tail times the number of models,
-Bonferroni), three quarters to the models under attack (``attacked_models``: more voters
-concentrate on them than chance allows), so that a stuffer who hides its target votes among
-honest ones is judged against its target alone. A voter whose choices follow everyone else's is
-flagged with probability at most the level.
+stuffers raise that share, but not nearly enough to hide a run of choices of one model. Every
+model is tested at a strict level (the smallest tail times the number of models, Bonferroni);
+the models under attack (``attacked_models``: more voters concentrate on them than chance
+allows) are tested again at a lenient one (1% at the refresh), so that a stuffer who hides its
+target votes among honest ones is judged against its target alone, and an honest voter risks
+the lenient level only where a campaign shows.
 
 A campaign that starts every battle in a fresh session has one vote per voter key: the same
 tests run on the votes grouped by network, and behind a flagged network only the voters whose
@@ -47,10 +47,6 @@ CHOICE_SCORES = {"a": 1.0, "b": 0.0, "tie": 0.5, "both_bad": 0.5}  # The outcome
 FALSE_ALARMS = 0.01
 # The concentration test's screening for models under attack (attacked_models).
 SCREEN_LEVEL, SCREEN_CUT = 1e-5, 0.01
-# The share of the concentration test's alpha spent on testing every model; the rest goes to the
-# models under attack. (Measured in tests/test_anomalous_voters.py's camouflaged arenas: a half
-# catches fewer stuffers of a strong target than a quarter, and flags more honest voters.)
-GLOBAL_SHARE = 0.25
 # Voters with at least this many decisive votes measure how far tastes spread (taste_spread),
 # when there are at least TASTE_MIN_VOTERS of them.
 TASTE_MIN_VOTES, TASTE_MIN_VOTERS = 30, 50
@@ -222,16 +218,19 @@ def concentrated_voters(
     votes: Iterable[PairVote] | VoteTable,
     *,
     alpha: float = 1e-4,
+    attacked_alpha: float | None = None,
     min_votes: int = 5,
     screen: float = SCREEN_LEVEL,
     screen_cut: float = SCREEN_CUT,
 ) -> list[Anomaly]:
     """Voters who chose one model far more often than the other voters do (module docstring):
-    tested against every model (Bonferroni over the models) at ``GLOBAL_SHARE * alpha``, and
-    against the models under attack only (``attacked_models``; Bonferroni over those) at the
-    rest. Voters' tastes spread their choices beyond the binomial (``taste_spread``): each tail
-    is the binomial's of the votes divided by their design effect, 1 + (n - 1) * spread. A voter
-    whose choices follow everyone else's is flagged with probability at most ``alpha``."""
+    tested against every model (Bonferroni over the models) at ``alpha``, and against the
+    models under attack only (``attacked_models``; Bonferroni over those) at ``attacked_alpha``
+    (None: ``alpha``). The p-value reported is the smaller of the two tests'. Voters' tastes
+    spread their choices beyond the binomial (``taste_spread``): each tail is the binomial's of
+    the votes divided by their design effect, 1 + (n - 1) * spread. A voter whose choices
+    follow everyone else's is flagged with probability at most ``alpha`` where no model is under
+    attack, and ``alpha + attacked_alpha`` where one is."""
     table = VoteTable.from_votes(votes)
     present = np.zeros(len(table.models), dtype=bool)
     present[table.first] = present[table.second] = True
@@ -271,7 +270,7 @@ def concentrated_voters(
         # The design effect only widens a tail: one at or above the cut (or alpha) stays out of
         # the screening and cannot flag, so only the smaller ones are computed again (with
         # fractional counts, the incomplete beta is three times slower).
-        small = tails < max(screen_cut, alpha)
+        small = tails < max(screen_cut, alpha, attacked_alpha or 0.0)
         effect = 1.0 + (cast[small] - 1.0) * spread
         tails[small] = betainc(made[small] / effect, (cast[small] - made[small]) / effect + 1.0, share[small])
     judged_votes = own[own >= min_votes]
@@ -279,13 +278,16 @@ def concentrated_voters(
     attacked = attacked_models(tails, cell_model, everyone / total, effective, level=screen, cut=screen_cut)
     worst = np.ones(len(table.voters))
     np.minimum.at(worst, cell_voter, tails)
-    combined = np.minimum(1.0, worst * n_models / GLOBAL_SHARE)
+    combined = np.minimum(1.0, worst * n_models)
+    caught = combined < alpha
     if attacked.size:
         on_attacked = np.isin(cell_model, attacked)
         worst_attacked = np.ones(len(table.voters))
         np.minimum.at(worst_attacked, cell_voter[on_attacked], tails[on_attacked])
-        combined = np.minimum(combined, worst_attacked * attacked.size / (1.0 - GLOBAL_SHARE))
-    flagged = np.flatnonzero(combined < alpha)
+        targeted = np.minimum(1.0, worst_attacked * attacked.size)
+        caught |= targeted < (alpha if attacked_alpha is None else attacked_alpha)
+        combined = np.minimum(combined, targeted)
+    flagged = np.flatnonzero(caught)
     found = [
         Anomaly(
             voter=table.voters[index], p_value=float(combined[index]), votes=round(own[index]), test="concentration"
@@ -357,13 +359,15 @@ def suspicious_voters(
     false_alarms: float | None = None,
 ) -> list[Anomaly]:
     """Voters caught by either test, each with the smaller of its p-values. Both tests run at
-    ``alpha``; with ``false_alarms``, the concentration test runs at ``false_alarms - alpha``
-    instead, so that an honest voter is flagged with probability at most ``false_alarms``."""
+    ``alpha``; with ``false_alarms``, the concentration test's judgement on the models under
+    attack runs at ``false_alarms - 2 * alpha``, so that an honest voter is flagged with
+    probability at most ``false_alarms`` (and about ``2 * alpha`` where no model is under
+    attack)."""
     table = VoteTable.from_votes(votes)
-    concentration_alpha = alpha if false_alarms is None else max(false_alarms - alpha, alpha)
+    attacked_alpha = None if false_alarms is None else max(false_alarms - 2.0 * alpha, alpha)
     found: dict[str, Anomaly] = {}
     for anomaly in anomalous_voters(table, alpha=alpha, min_votes=min_votes) + concentrated_voters(
-        table, alpha=concentration_alpha, min_votes=min_votes
+        table, alpha=alpha, attacked_alpha=attacked_alpha, min_votes=min_votes
     ):
         if anomaly.voter not in found or anomaly.p_value < found[anomaly.voter].p_value:
             found[anomaly.voter] = anomaly
