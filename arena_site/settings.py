@@ -410,8 +410,9 @@ LEADERBOARD_BOOTSTRAP_ROUNDS = int(os.environ.get("LEADERBOARD_BOOTSTRAP_ROUNDS"
 LEADERBOARD_ELO_K = float(os.environ.get("LEADERBOARD_ELO_K", "32"))
 # Anomalous voters (leaderboard/anomaly.py), flagged at each refresh: Fisher's combined p-value
 # of a voter's votes below ALPHA, or their choices of one model concentrated, over at least
-# MIN_VOTES votes; an honest voter is flagged with probability at most FALSE_ALARMS (the
-# concentration test runs at FALSE_ALARMS - ALPHA). The same tests, both at ALPHA, run on the
+# MIN_VOTES votes; an honest voter is flagged with probability at most FALSE_ALARMS (choices of
+# a model under attack are judged at FALSE_ALARMS - 2 ALPHA, the rest at ALPHA). The same tests,
+# all at ALPHA, run on the
 # votes grouped by client network (Battle.network_key: /24 or /64), so that fresh sessions do not
 # hide a campaign; a flagged network's voters whose votes there mostly chose its target are
 # flagged with it (votes.FlaggedNetwork).
