@@ -264,8 +264,8 @@ def test_honest_voters_with_many_votes_and_their_own_tastes_are_not_flagged(monk
     """A voter with 200 votes shows its taste (sd 100 and 200 rating points per model): against
     the binomial, its choices of a favourite are unlikely; the tastes' spread, measured on the
     voters with many votes, widens the test for it. Over 3 arenas per taste, at most 1 of the
-    150 heavy voters and at most 1% of all voters are flagged; without the spread (printed with
-    -s), more heavy voters are."""
+    150 heavy voters and at most 1% of all voters are flagged (with -s, the count without the
+    spread is printed beside it)."""
     for taste in (100.0, 200.0):
         flagged_heavy = {True: 0, False: 0}
         for seed in range(3):
