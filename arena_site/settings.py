@@ -409,10 +409,15 @@ LEADERBOARD_PROVISIONAL_VOTES = int(os.environ.get("LEADERBOARD_PROVISIONAL_VOTE
 LEADERBOARD_BOOTSTRAP_ROUNDS = int(os.environ.get("LEADERBOARD_BOOTSTRAP_ROUNDS", "1000"))
 LEADERBOARD_ELO_K = float(os.environ.get("LEADERBOARD_ELO_K", "32"))
 # Anomalous voters (leaderboard/anomaly.py), flagged at each refresh: Fisher's combined p-value
-# of a voter's votes below ALPHA, over at least MIN_VOTES votes. The same tests run on the votes
-# grouped by client network (Battle.network_key: /24 or /64), so that fresh sessions do not hide a
-# campaign; a flagged network's voters are flagged with it (votes.FlaggedNetwork).
+# of a voter's votes below ALPHA, or their choices of one model concentrated, over at least
+# MIN_VOTES votes; an honest voter is flagged with probability at most FALSE_ALARMS (choices of
+# a model under attack are judged at FALSE_ALARMS - 2 ALPHA, the rest at ALPHA). The same tests,
+# all at ALPHA, run on the
+# votes grouped by client network (Battle.network_key: /24 or /64), so that fresh sessions do not
+# hide a campaign; a flagged network's voters whose votes there mostly chose its target are
+# flagged with it (votes.FlaggedNetwork).
 LEADERBOARD_ANOMALY_ALPHA = float(os.environ.get("LEADERBOARD_ANOMALY_ALPHA", "1e-4"))
+LEADERBOARD_ANOMALY_FALSE_ALARMS = float(os.environ.get("LEADERBOARD_ANOMALY_FALSE_ALARMS", "0.01"))
 LEADERBOARD_ANOMALY_MIN_VOTES = int(os.environ.get("LEADERBOARD_ANOMALY_MIN_VOTES", "5"))
 # PostgreSQL's work_mem for the refresh's transaction alone: its aggregates over every vote then
 # hash in memory instead of sorting on disk (4 MB, the server's default, halves their speed).

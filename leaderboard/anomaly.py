@@ -17,9 +17,17 @@ ordinary (simulated: 25 stuffers casting 5% of the votes for one model, none cau
 Pairs are drawn at random, so an honest voter's votes choose each model about as often as
 everyone else's do; a stuffer votes only where its target appears, and picks it every time. For
 each voter and model, the binomial tail P(X >= c) of choosing that model c times in the voter's
-n decisive votes, at the share of the other voters' decisive votes that chose it, is multiplied
-by the number of models (Bonferroni: the voter's most chosen model is the one tested). Other
-stuffers raise that share, but not nearly enough to hide a run of choices of one model.
+n decisive votes, at the share of the other voters' decisive votes that chose it. Other
+stuffers raise that share, but not nearly enough to hide a run of choices of one model. Every
+model is tested at a strict level (the smallest tail times the number of models, Bonferroni);
+the models under attack (``attacked_models``: more voters concentrate on them than chance
+allows) are tested again at a lenient one (1% at the refresh), so that a stuffer who hides its
+target votes among honest ones is judged against its target alone, and an honest voter risks
+the lenient level only where a campaign shows.
+
+A campaign that starts every battle in a fresh session has one vote per voter key: the same
+tests run on the votes grouped by network, and behind a flagged network only the voters whose
+votes there mostly chose its target are flagged (``campaign_voters``).
 """
 
 from __future__ import annotations
@@ -30,11 +38,18 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import gammaincc
+from scipy.special import betainc, gammaincc
 from scipy.stats import binom
 
 OUTCOMES = (0.0, 0.5, 1.0)  # The second model of the pair won; a tie or both bad; the first won.
 CHOICE_SCORES = {"a": 1.0, "b": 0.0, "tie": 0.5, "both_bad": 0.5}  # The outcome for side A's model.
+# The chance that an honest voter key is flagged, the refresh's default (LEADERBOARD_ANOMALY_FALSE_ALARMS).
+FALSE_ALARMS = 0.01
+# The concentration test's screening for models under attack (attacked_models).
+SCREEN_LEVEL, SCREEN_CUT = 1e-5, 0.01
+# Voters with at least this many decisive votes measure how far tastes spread (taste_spread),
+# when there are at least TASTE_MIN_VOTERS of them.
+TASTE_MIN_VOTES, TASTE_MIN_VOTERS = 30, 50
 
 
 @dataclass(frozen=True)
@@ -200,9 +215,22 @@ def anomalous_voters(
 
 
 def concentrated_voters(
-    votes: Iterable[PairVote] | VoteTable, *, alpha: float = 1e-4, min_votes: int = 5
+    votes: Iterable[PairVote] | VoteTable,
+    *,
+    alpha: float = 1e-4,
+    attacked_alpha: float | None = None,
+    min_votes: int = 5,
+    screen: float = SCREEN_LEVEL,
+    screen_cut: float = SCREEN_CUT,
 ) -> list[Anomaly]:
-    """Voters who chose one model far more often than the other voters do (module docstring)."""
+    """Voters who chose one model far more often than the other voters do (module docstring):
+    tested against every model (Bonferroni over the models) at ``alpha``, and against the
+    models under attack only (``attacked_models``; Bonferroni over those) at ``attacked_alpha``
+    (None: ``alpha``). The p-value reported is the smaller of the two tests'. Voters' tastes
+    spread their choices beyond the binomial (``taste_spread``): each tail is the binomial's of
+    the votes divided by their design effect, 1 + (n - 1) * spread. A voter whose choices
+    follow everyone else's is flagged with probability at most ``alpha`` where no model is under
+    attack, and ``alpha + attacked_alpha`` where one is."""
     table = VoteTable.from_votes(votes)
     present = np.zeros(len(table.models), dtype=bool)
     present[table.first] = present[table.second] = True
@@ -229,14 +257,37 @@ def concentrated_voters(
     others = total - own[cell_voter]
     share = (everyone[cell_model] - per_cell + 1) / (others + 1)
     # A count at or below its binomial mean has a tail of at least one half (the median is at
-    # least the mean's floor): it cannot flag its voter (the flag needs tail x models < alpha),
-    # so only the counts above their mean are computed.
-    above = per_cell > own[cell_voter] * share if alpha < 0.5 * n_models else np.ones(per_cell.size, dtype=bool)
-    tails = binom.sf(per_cell[above] - 1, own[cell_voter][above], share[above])
+    # least the mean's floor): it can neither flag its voter nor count in the screening (both
+    # need a tail below one half), so only the counts above their mean are computed.
+    above = per_cell > own[cell_voter] * share
+    cell_voter, cell_model = cell_voter[above], cell_model[above]
+    made, cast, share = per_cell[above], own[cell_voter], share[above]
+    # P(X >= c) for X binomial(n, p) is the regularised incomplete beta I_p(c, n - c + 1), which
+    # takes the votes divided by the design effect as they are.
+    tails = betainc(made, cast - made + 1.0, share)
+    spread = taste_spread(dense.reshape(len(table.voters), -1), own, everyone / total)
+    if spread > 0:
+        # The design effect only widens a tail: one at or above the cut (or alpha) stays out of
+        # the screening and cannot flag, so only the smaller ones are computed again (with
+        # fractional counts, the incomplete beta is three times slower).
+        small = tails < max(screen_cut, alpha, attacked_alpha or 0.0)
+        effect = 1.0 + (cast[small] - 1.0) * spread
+        tails[small] = betainc(made[small] / effect, (cast[small] - made[small]) / effect + 1.0, share[small])
+    judged_votes = own[own >= min_votes]
+    effective = np.maximum(1.0, np.round(judged_votes / (1.0 + (judged_votes - 1.0) * spread)))
+    attacked = attacked_models(tails, cell_model, everyone / total, effective, level=screen, cut=screen_cut)
     worst = np.ones(len(table.voters))
-    np.minimum.at(worst, cell_voter[above], tails)
+    np.minimum.at(worst, cell_voter, tails)
     combined = np.minimum(1.0, worst * n_models)
-    flagged = np.flatnonzero(combined < alpha)
+    caught = combined < alpha
+    if attacked.size:
+        on_attacked = np.isin(cell_model, attacked)
+        worst_attacked = np.ones(len(table.voters))
+        np.minimum.at(worst_attacked, cell_voter[on_attacked], tails[on_attacked])
+        targeted = np.minimum(1.0, worst_attacked * attacked.size)
+        caught |= targeted < (alpha if attacked_alpha is None else attacked_alpha)
+        combined = np.minimum(combined, targeted)
+    flagged = np.flatnonzero(caught)
     found = [
         Anomaly(
             voter=table.voters[index], p_value=float(combined[index]), votes=round(own[index]), test="concentration"
@@ -246,18 +297,128 @@ def concentrated_voters(
     return sorted(found, key=lambda anomaly: anomaly.p_value)
 
 
+def taste_spread(choices: np.ndarray, votes: np.ndarray, shares: np.ndarray) -> float:
+    """How much more the voters' choices of a model vary than binomially: honest voters have
+    tastes. ``choices``: decisive votes per voter (rows) and model chosen (columns); ``votes``:
+    each voter's decisive votes; ``shares``: each model's share of them. If a voter's counts are
+    Dirichlet-multinomial (each count's variance n s (1 - s) (1 + (n - 1) rho)), Pearson's
+    statistic of its counts against the shares has mean (models - 1) (1 + (n - 1) rho): each
+    voter with at least ``TASTE_MIN_VOTES`` votes gives an estimate of rho, and the spread is
+    their median: a campaign moves it only with as many such voters as the honest ones. Zero
+    with fewer than ``TASTE_MIN_VOTERS`` of them (with ten votes, a taste hardly shows)."""
+    heavy = votes >= TASTE_MIN_VOTES
+    chosen_models = shares > 0
+    if np.count_nonzero(heavy) < TASTE_MIN_VOTERS or np.count_nonzero(chosen_models) < 2:
+        return 0.0
+    n = votes[heavy]
+    expected = n[:, None] * shares[chosen_models][None, :]
+    pearson = ((choices[heavy][:, chosen_models] - expected) ** 2 / expected).sum(axis=1)
+    rho = (pearson / (np.count_nonzero(chosen_models) - 1.0) - 1.0) / (n - 1.0)
+    return max(0.0, float(np.median(rho)))
+
+
+def attacked_models(
+    tails: np.ndarray,
+    model: np.ndarray,
+    shares: np.ndarray,
+    votes: np.ndarray,
+    *,
+    level: float = SCREEN_LEVEL,
+    cut: float = SCREEN_CUT,
+) -> np.ndarray:
+    """The models more voters concentrate on than chance allows. ``tails``: the concentration
+    tails of (voter, ``model``) cells; ``shares``: each model's share of the decisive votes;
+    ``votes``: each judged voter's number of decisive votes. For each model, the number of
+    voters whose tail is below ``cut`` is a sum of independent Bernoulli variables, each with
+    the probability the binomial of that voter's votes at the model's share gives a tail below
+    ``cut`` (at most ``cut``: far less for a voter with ten votes); by Hoeffding's inequality for
+    such sums, its tail is at most the binomial tail at their mean. A model whose count has a
+    tail below ``level`` is under attack. A campaign of a few dozen voters raises its target's
+    count far above what a thousand honest voters give, though each of them alone is not
+    unlikely enough to flag."""
+    if votes.size == 0:
+        return np.zeros(0, dtype=np.intp)
+    sizes, voters = np.unique(votes, return_counts=True)
+    n, share = sizes[:, None], shares[None, :]
+    # The smallest count with a tail below cut is ppf(1 - cut) + 1; its tail is the chance.
+    chance = binom.sf(binom.ppf(1.0 - cut, n, share), n, share)
+    expected = voters @ chance
+    low = np.bincount(model[tails < cut], minlength=shares.size).astype(float)
+    judged = float(votes.size)
+    p = np.ones(shares.size)
+    beyond = low >= expected + 1.0
+    p[beyond] = binom.sf(low[beyond] - 1.0, judged, expected[beyond] / judged)
+    return np.flatnonzero(p < level)
+
+
 def suspicious_voters(
-    votes: Iterable[PairVote] | VoteTable, *, alpha: float = 1e-4, min_votes: int = 5
+    votes: Iterable[PairVote] | VoteTable,
+    *,
+    alpha: float = 1e-4,
+    min_votes: int = 5,
+    false_alarms: float | None = None,
 ) -> list[Anomaly]:
-    """Voters caught by either test, each with the smaller of its p-values."""
+    """Voters caught by either test, each with the smaller of its p-values. Both tests run at
+    ``alpha``; with ``false_alarms``, the concentration test's judgement on the models under
+    attack runs at ``false_alarms - 2 * alpha``, so that an honest voter is flagged with
+    probability at most ``false_alarms`` (and about ``2 * alpha`` where no model is under
+    attack)."""
     table = VoteTable.from_votes(votes)
+    attacked_alpha = None if false_alarms is None else max(false_alarms - 2.0 * alpha, alpha)
     found: dict[str, Anomaly] = {}
     for anomaly in anomalous_voters(table, alpha=alpha, min_votes=min_votes) + concentrated_voters(
-        table, alpha=alpha, min_votes=min_votes
+        table, alpha=alpha, attacked_alpha=attacked_alpha, min_votes=min_votes
     ):
         if anomaly.voter not in found or anomaly.p_value < found[anomaly.voter].p_value:
             found[anomaly.voter] = anomaly
     return sorted(found.values(), key=lambda anomaly: anomaly.p_value)
+
+
+def campaign_voters(
+    rows: Sequence[tuple[str, str, Hashable, Hashable, str, int]], everyone: VoteTable
+) -> dict[str, str]:
+    """The voters whose votes a network flag removes: ``rows`` are the votes of flagged
+    networks as (network, voter, model A, model B, choice, count), ``everyone`` the voters'
+    detector table (its model labels are the rows' models as strings). A network's target is
+    the model its decisive votes concentrate on (the smallest binomial tail of its choices of a
+    model at everyone's share). A voter behind it is flagged when more than half of the voter's
+    decisive votes from it chose that target: every session of a campaign that votes once per
+    session, and no honest voter with a few votes among many for other models. Returns each
+    such voter with the network it was caught behind."""
+    if not rows:
+        return {}
+    decisive = everyone.outcome != 0.5
+    chosen = np.where(everyone.outcome == 1.0, everyone.first, everyone.second)[decisive]
+    counts = np.bincount(chosen, everyone.count[decisive], minlength=len(everyone.models))
+    share_of = dict(zip(everyone.models, (counts + 1.0) / (counts.sum() + 1.0), strict=True))
+    floor = 1.0 / (counts.sum() + 1.0)
+    choices: dict[str, Counter[str]] = {}  # Per network: its decisive votes per model chosen.
+    ballots: dict[tuple[str, str], Counter[str]] = {}  # Per (network, voter): the same.
+    for network, voter, model_a, model_b, choice, count in rows:
+        if choice not in ("a", "b"):
+            choices.setdefault(network, Counter())
+            ballots.setdefault((network, voter), Counter())
+            continue
+        model = str(model_a if choice == "a" else model_b)
+        choices.setdefault(network, Counter())[model] += count
+        ballots.setdefault((network, voter), Counter())[model] += count
+    targets: dict[str, str] = {}
+    for network, chosen_models in choices.items():
+        if not chosen_models:
+            continue
+        total = sum(chosen_models.values())
+        models = list(chosen_models)
+        made = np.array([chosen_models[model] for model in models], dtype=float)
+        shares = np.array([share_of.get(model, floor) for model in models])
+        tails = binom.sf(made - 1, total, shares)
+        targets[network] = models[int(np.lexsort((-made, tails))[0])]
+    found: dict[str, str] = {}
+    for (network, voter), chosen_models in ballots.items():
+        target = targets.get(network)
+        made = chosen_models.get(target, 0) if target is not None else 0
+        if 2 * made > sum(chosen_models.values()) and voter not in found:
+            found[voter] = network
+    return found
 
 
 def pair_vote(voter: str, model_a: str, model_b: str, choice: str, count: int = 1) -> PairVote:

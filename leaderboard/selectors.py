@@ -309,6 +309,21 @@ def network_detector_table() -> anomaly.VoteTable:
     return anomaly.VoteTable.from_rows(rows)
 
 
+def network_voter_rows(network_keys: list[str]) -> list[tuple[str, str, int, int, str, int]]:
+    """The counted votes (battles counted, without an identity leak) from the networks
+    ``network_keys``, flagged voters' included, as (network key, voter key, model A id, model B
+    id, choice, count) rows: ``anomaly.campaign_voters``'s input."""
+    votes = Vote.objects.filter(battle__tallied=True, battle__excluded=False, battle__network_key__in=network_keys)
+    return [
+        tuple(row)
+        for row in votes.values_list(
+            "battle__network_key", "battle__voter_key", "battle__model_a_id", "battle__model_b_id", "choice"
+        )
+        .annotate(n=Count("id"))
+        .order_by()
+    ]
+
+
 def current_tally() -> tally.Tally:
     """Every ended battle's votes counted from scratch, as the flags are now (what a refresh's
     running counts must equal)."""

@@ -85,9 +85,10 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0, recount: bo
         )
         counts = _reflagged(counts)  # Flags set or cleared in the admin since.
     with stopwatch("anomaly detection"):
-        flag_anomalous_voters(counts.detector_table())
+        detector_table = counts.detector_table()
+        flag_anomalous_voters(detector_table)
         flag_anomalous_networks(selectors.network_detector_table())
-        flag_voters_of_flagged_networks()
+        flag_voters_of_flagged_networks(detector_table)
     with stopwatch("vote counts"):
         counts = _reflagged(counts)
         _store_tally(counts)
@@ -286,6 +287,7 @@ def flag_anomalous_voters(table: anomaly.VoteTable) -> list[FlaggedVoter]:
         table,
         alpha=settings.LEADERBOARD_ANOMALY_ALPHA,
         min_votes=settings.LEADERBOARD_ANOMALY_MIN_VOTES,
+        false_alarms=settings.LEADERBOARD_ANOMALY_FALSE_ALARMS,
     )
     known = set(FlaggedVoter.objects.filter(voter_key__in=[a.voter for a in found]).values_list("voter_key", flat=True))
     flags = [
@@ -327,32 +329,36 @@ def flag_anomalous_networks(table: anomaly.VoteTable) -> list[FlaggedNetwork]:
     return FlaggedNetwork.objects.bulk_create(flags, ignore_conflicts=True)
 
 
-def flag_voters_of_flagged_networks() -> list[FlaggedVoter]:
-    """Flag every voter key that voted from a flagged network (not cleared) and has no flag of
-    its own yet, pointing at the network's flag: every read of the board and of the research data
-    then leaves those votes out as it does a flagged voter's, and the fresh sessions a flagged
-    network opens later are flagged at the next refresh. A voter flag an admin cleared stays
-    cleared."""
+def flag_voters_of_flagged_networks(table: anomaly.VoteTable) -> list[FlaggedVoter]:
+    """Flag the voter keys behind a flagged network (not cleared) whose votes there are the
+    campaign's (``anomaly.campaign_voters``: more than half of their decisive votes from it chose
+    the model the network's votes concentrate on, against the shares in ``table``, the voters'
+    detector table), pointing at the network's flag: every read of the board and of the
+    research data then leaves those votes out as it does a flagged voter's, and the fresh
+    sessions a flagged network opens later are flagged at the next refresh. The other voters
+    behind it (an office, a carrier's NAT) keep their votes: a flag that pointed at the network
+    for a voter it no longer catches (every voter behind a flagged network was flagged once) is
+    removed. A voter flag of its own, or one an admin cleared, is left as it is."""
     networks = {flag.network_key: flag for flag in FlaggedNetwork.objects.filter(cleared=False)}
     if not networks:
         return []
-    pairs = (
-        Battle.objects.filter(network_key__in=networks)
-        .exclude(voter_key__in=FlaggedVoter.objects.values("voter_key"))
-        .values_list("voter_key", "network_key")
-        .distinct()
-    )
-    flags = {
-        voter_key: FlaggedVoter(
+    caught = anomaly.campaign_voters(selectors.network_voter_rows(list(networks)), table)
+    FlaggedVoter.objects.filter(network__in=list(networks.values()), cleared=False).exclude(
+        voter_key__in=list(caught)
+    ).delete()
+    known = set(FlaggedVoter.objects.filter(voter_key__in=list(caught)).values_list("voter_key", flat=True))
+    flags = [
+        FlaggedVoter(
             voter_key=voter_key,
             network=networks[network_key],
-            reason=f"voted from a flagged {networks[network_key].reason}"[:300],
+            reason=f"voted for its target from a flagged {networks[network_key].reason}"[:300],
             source=networks[network_key].source,
             p_value=networks[network_key].p_value,
         )
-        for voter_key, network_key in pairs
-    }
-    return FlaggedVoter.objects.bulk_create(list(flags.values()), ignore_conflicts=True)
+        for voter_key, network_key in caught.items()
+        if voter_key not in known
+    ]
+    return FlaggedVoter.objects.bulk_create(flags, ignore_conflicts=True)
 
 
 def _wrong_rate(rate: ratings.FixRate) -> dict[str, float | int | None]:

@@ -17,7 +17,7 @@ from arena_site.networks import client_network, network_key
 from inference.models import LLM
 from leaderboard import selectors
 from leaderboard import services as leaderboard_services
-from leaderboard.anomaly import pair_vote, suspicious_voters
+from leaderboard.anomaly import VoteTable, campaign_voters, pair_vote, suspicious_voters
 from tests.conftest import BattleClient, answer_prompt, close_query_thread_connections, open_battle_socket
 from tests.simulated_voters import MEDIUM, STRONG, WEAK, board_of, bradley_terry_votes, honest_votes, store_votes
 from votes import services
@@ -91,23 +91,74 @@ def flagged_groups(rows: list, column: int) -> set[str]:
     return {a.voter for a in suspicious_voters([pair_vote(row[column], *row[2:]) for row in rows])}
 
 
+def network_flags(rows: list) -> tuple[set[str], set[str]]:
+    """What a refresh flags through networks: the flagged networks, and the voters behind them
+    whose votes there are the campaign's (anomaly.campaign_voters, against the voters' table)."""
+    networks = flagged_groups(rows, 1)
+    voters = VoteTable.from_votes([pair_vote(row[0], *row[2:]) for row in rows])
+    behind = [(network, voter, a, b, choice, 1) for voter, network, a, b, choice in rows if network in networks]
+    return networks, set(campaign_voters(behind, voters))
+
+
 @pytest.mark.parametrize("seed", [21, 22, 23])
 def test_a_fresh_session_campaign_is_caught_by_its_network_and_its_gain_undone(seed: int) -> None:
     """(a) by voter key alone nothing is flagged: each fresh session has one vote, below the
     detection's minimum; (b) by network, both campaign networks are flagged and no honest one;
-    (c) once the flagged networks' votes are left out, the target's rating differs from the
-    honest-only board's by less than its interval's half-width (the attack moved it by more
-    than twice that)."""
+    (c) every session of the campaign is flagged behind them, and once their votes are left
+    out, the target's rating differs from the honest-only board's by less than its interval's
+    half-width (the attack moved it by more than twice that)."""
     names, target, rows = campaign_arena(seed)
     assert flagged_groups(rows, 0) == set()  # (a) The break: fresh sessions hide the campaign.
-    flagged = flagged_groups(rows, 1)
+    flagged, voters = network_flags(rows)
     assert flagged == set(CAMPAIGN_NETWORKS)  # (b)
+    assert voters == {row[0] for row in rows if row[1] in flagged}  # (c)
     honest_only = board_of(names, [row for row in rows if row[0].startswith("honest")])
     attacked = board_of(names, rows)
-    cleaned = board_of(names, [row for row in rows if row[1] not in flagged])
+    cleaned = board_of(names, [row for row in rows if row[0] not in voters])
     half_width = (cleaned.upper[target] - cleaned.lower[target]) / 2.0
     assert attacked.ratings[target] - honest_only.ratings[target] > 2 * half_width  # The attack worked...
     assert abs(cleaned.ratings[target] - honest_only.ratings[target]) <= half_width  # ...and is undone (c).
+
+
+NATS = ("nat-1", "nat-2", "nat-3")
+
+
+@pytest.mark.parametrize("seed", [24, 25])
+def test_a_campaign_through_shared_networks_takes_out_its_votes_not_their_honest_voters(seed: int) -> None:
+    """Three large NATs carry 100 honest voters each (the other 700 spread over 40 networks)
+    and a campaign of fresh sessions, one vote each for the weakest model, 5% of all votes: the
+    three are flagged, and behind them every campaign session and at most 1% of the 300 honest
+    voters (their votes stay on the board); once the flagged voters' votes are left out, the
+    target's rating is within its interval's half-width of the honest-only board's."""
+    rng = np.random.default_rng(seed)
+    names = [f"model-{i:02d}" for i in range(20)]
+    true = rng.normal(1000.0, 100.0, 20)
+    target = int(np.argmin(true))
+    rows = bradley_terry_votes(
+        rng,
+        true,
+        names,
+        voters=1000,
+        per_voter=10,
+        network=lambda voter: NATS[voter % 3] if voter < 300 else f"honest-net-{voter % 40}",
+    )
+    for vote in range(round(0.05 * len(rows) / 0.95)):
+        opponent = int(rng.choice([m for m in range(20) if m != target]))
+        sides = (target, opponent) if rng.random() < 0.5 else (opponent, target)
+        choice = "a" if sides[0] == target else "b"
+        rows.append((f"fresh-session-{vote}", NATS[vote % 3], names[sides[0]], names[sides[1]], choice))
+    flagged, voters = network_flags(rows)
+    assert flagged == set(NATS)
+    campaign = {row[0] for row in rows if row[0].startswith("fresh")}
+    behind = {row[0] for row in rows if row[1] in NATS and row[0].startswith("honest")}
+    assert len(behind) == 300
+    assert campaign <= voters
+    print(f"seed {seed}: {len(voters & behind)} of the 300 honest voters behind the NATs flagged with them")
+    assert len(voters & behind) <= 3, len(voters & behind)
+    honest_only = board_of(names, [row for row in rows if row[0].startswith("honest")])
+    cleaned = board_of(names, [row for row in rows if row[0] not in voters])
+    half_width = (cleaned.upper[target] - cleaned.lower[target]) / 2.0
+    assert abs(cleaned.ratings[target] - honest_only.ratings[target]) <= half_width
 
 
 def test_honest_voters_sharing_a_few_busy_networks_are_not_flagged() -> None:
@@ -208,7 +259,8 @@ async def campaign_battle(address: str, session: SessionStore | None = None, vot
 async def test_a_fresh_session_campaign_through_the_consumer_is_flagged_by_network(client) -> None:
     """Twenty battles, each in a fresh session, from two addresses (one IPv4, one IPv6), each
     voting for the weak model: no voter key has enough votes to judge, but the refresh flags
-    both networks, flags every one of their sessions and leaves all 20 votes out of the board;
+    both networks, flags every one of their sessions that voted (for the networks' target) and
+    leaves all 20 votes out of the board;
     no honest network or voter is flagged. Clearing a network in the admin puts its votes back."""
     models = await database_sync_to_async(
         lambda: {
@@ -235,7 +287,11 @@ def check_the_refresh(client, honest: int) -> None:
     assert set(FlaggedNetwork.objects.values_list("network_key", flat=True)) == campaign_networks
     flag = FlaggedNetwork.objects.first()
     assert flag.source == FlagSource.AUTOMATIC and flag.p_value < 1e-4 and flag.reason.startswith("network: ")
-    campaign_voters = set(Battle.objects.filter(network_key__in=campaign_networks).values_list("voter_key", flat=True))
+    # Every session that voted from them (the others, which left their battle, have no vote).
+    campaign_voters = set(
+        Vote.objects.filter(battle__network_key__in=campaign_networks).values_list("battle__voter_key", flat=True)
+    )
+    assert len(campaign_voters) == campaign
     assert set(FlaggedVoter.objects.values_list("voter_key", flat=True)) == campaign_voters  # No honest one.
     assert FlaggedVoter.objects.filter(network__isnull=True).count() == 0  # None flagged alone: one vote each.
     assert selectors.excluded_votes()["flagged voter"] == campaign
@@ -257,6 +313,28 @@ def check_the_refresh(client, honest: int) -> None:
     assert not FlaggedNetwork.objects.filter(cleared=False).exists()
     assert not FlaggedVoter.objects.filter(cleared=False).exists()
     assert selectors.counted_votes().count() == honest + campaign
+
+
+@pytest.mark.django_db
+def test_a_network_flag_keeps_the_honest_votes_behind_it() -> None:
+    """A busy network carries 100 honest voters (4 votes each) and 20 one-vote sessions for the
+    weak model; it is flagged, and one of its honest voters carries a flag pointing at it (as
+    every voter behind a flagged network once did). The refresh flags the 20 sessions, removes
+    that honest voter's flag and counts every honest vote."""
+    models = {
+        name: LLM.objects.create(name=name, family="gemma", preset=name, queue=f"q.{name}")
+        for name in (STRONG, WEAK, MEDIUM)
+    }
+    busy = services.network_key_for("203.0.113.9")
+    rows = honest_votes(random.Random(6), voters=300, per_voter=4, network=lambda voter: busy if voter < 100 else "")
+    rows += [(f"session-{i}", busy, WEAK, STRONG, "a") for i in range(20)]
+    store_votes(rows, models)
+    network = FlaggedNetwork.objects.create(network_key=busy, reason="network: test", source=FlagSource.AUTOMATIC)
+    FlaggedVoter.objects.create(voter_key="honest-3", network=network, reason="voted from a flagged network")
+    leaderboard_services.refresh_leaderboard(rounds=20)
+    flagged = set(FlaggedVoter.objects.filter(cleared=False).values_list("voter_key", flat=True))
+    assert flagged == {f"session-{i}" for i in range(20)}
+    assert selectors.counted_votes().count() == len(rows) - 20
 
 
 def leaderboard_selectors_latest_overall():

@@ -472,10 +472,12 @@ class FlagSource(models.TextChoices):
 class FlaggedNetwork(models.Model):
     """A client network (Battle.network_key) whose votes, taken together, are anomalous: a
     campaign that starts each battle in a fresh session has too few votes per voter key to judge,
-    but not per network. Its votes stay out through flags on each of its voters (FlaggedVoter
+    but not per network. The campaign's votes stay out through flags on the voters behind it
+    whose votes there mostly chose its target (leaderboard.anomaly.campaign_voters; FlaggedVoter
     rows pointing here), refreshed at every leaderboard refresh, so that every read of the board,
-    the research data and the exports leaves them out as a flagged voter's. Clearing it in the
-    admin clears those flags too, and the detection leaves the network alone from then on."""
+    the research data and the exports leaves them out as a flagged voter's; the other voters
+    behind it keep their votes. Clearing it in the admin clears those flags too, and the
+    detection leaves the network alone from then on."""
 
     network_key = models.CharField(max_length=64, unique=True, help_text="The battles' network_key (a keyed hash).")
     reason = models.CharField(max_length=300)
