@@ -41,7 +41,9 @@ class LeaderboardRow(Schema):
     fix_upper: float | None = None
     open_ended: str | None = Field(default=None, description='Fix-ability: "no fix observed", ... ; empty: closed.')
     wrong_rate: dict[str, Any] | None = Field(
-        default=None, description="Fix-ability: judged replies judged wrong {wrong, judged, rate, lower, upper}."
+        default=None,
+        description="Fix-ability: judged first tries (replies to a prompt both sides got) judged wrong "
+        "{wrong, judged, rate, lower, upper}.",
     )
 
 

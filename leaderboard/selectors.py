@@ -242,11 +242,17 @@ def _episode_rows(episodes: QuerySet[FixEpisode]) -> list[tally.EpisodeRow]:
 
 
 def _reply_rows(battles: Q) -> list[tally.ReplyRow]:
-    """The replies of the battles ``battles`` selects that the voter rated or the checker judged,
-    per battle side and whether they were judged wrong (voter 🍄/🔥 or checker mistake/garbage)."""
+    """The first tries of the battles ``battles`` selects (replies to a prompt both sides got:
+    not answers to a correction) that the voter rated or the checker judged, per battle side and
+    whether they were judged wrong (voter 🍄/🔥 or checker mistake/garbage)."""
     wrong = Q(rating__in=(Rating.MISTAKE, Rating.GARBAGE)) | Q(check_verdict__in=(Verdict.MISTAKE, Verdict.GARBAGE))
+    both_sides = Exists(
+        Message.objects.filter(battle=OuterRef("battle"), turn=OuterRef("turn"), role=Message.Role.USER).exclude(
+            side=OuterRef("side")
+        )
+    )
     rows = _raw_rows(
-        Message.objects.filter(battles, role=Message.Role.ASSISTANT)
+        Message.objects.filter(battles, both_sides, role=Message.Role.ASSISTANT)
         .exclude(rating="", check_verdict="")
         .annotate(
             judged_model=Case(When(side="a", then=F("battle__model_a_id")), default=F("battle__model_b_id")),
@@ -523,10 +529,11 @@ def fix_episode_counts(counts: tally.Tally | None = None) -> fixing.EpisodeCount
 
 
 def wrong_rates(names: list[str], counts: tally.Tally | None = None) -> dict[str, ratings.FixRate]:
-    """Per model, of its replies in counted battles that the voter rated or the checker judged,
-    how many were judged wrong (the rate at which its fix episodes start: a model rarely wrong is
-    wrong on harder prompts, which fix-ability's selection treatment reports beside it). As a
-    ``FixRate``: ``fixed`` the wrong ones, ``corrections`` the judged ones."""
+    """Per model, of its first tries in counted battles (replies to a prompt both sides got) that
+    the voter rated or the checker judged, how many were judged wrong: the rate at which its fix
+    episodes start (a model rarely wrong is wrong on harder prompts, which fix-ability's
+    selection treatment reports beside it). As a ``FixRate``: ``fixed`` the wrong ones,
+    ``corrections`` the judged ones."""
     counts = current_tally() if counts is None else counts
     keys, number = counts.replies.keys, counts.replies.values[:, 0]
     by_id = _position_array(names)
