@@ -6,7 +6,7 @@ Shared by the site's refresh and by ``manage.py rate_battles`` (public arena dum
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -15,22 +15,51 @@ import numpy as np
 from leaderboard import ratings, style
 
 CI_METHODS = ("bootstrap", "sandwich")
+# The site's boards: the voter-clustered sandwich (``ratings.clustered_intervals``), which needs
+# the votes per voter; public dumps name no voter and take one of ``CI_METHODS``.
+CLUSTERED = "clustered"
 # The public arena's clean_battle "winner" values, as the score of model_a.
 WINNER_SCORES = {"model_a": 1.0, "model_b": 0.0, "tie": 0.5, "tie (bothbad)": 0.5}
 
 
 @dataclass(frozen=True)
 class BoardRow:
+    """A model's row. ``lower`` / ``upper`` are None on an open side (``lower_open`` /
+    ``upper_open``: the votes put no bound there), and ``rating`` is then the finite bound, the
+    figure the votes support; ``bound_note`` says why in words. ``group``: the comparison group
+    (1: the largest); ``rank`` counts within it."""
+
     model: str
     rating: float
-    lower: float
-    upper: float
+    lower: float | None
+    upper: float | None
     rank: int
     votes: int
     elo: float | None
+    group: int = 1
+    lower_open: bool = False
+    upper_open: bool = False
+    bound_note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def interval_text(row: Mapping[str, Any]) -> str:
+    """A row's 95% interval in words: "lower – upper"; an open side as "≥ 1210, unbeaten" or
+    "≤ 850, never won"; with too little evidence for any width (a bootstrap whose rounds all
+    agree), "too few to tell"."""
+    lower, upper = row.get("lower"), row.get("upper")
+    note = row.get("bound_note") or ""
+    if row.get("upper_open") and row.get("lower_open"):
+        return f"no bound either way, {note}" if note else "no bound either way"
+    if row.get("upper_open"):
+        return f"≥ {lower:.0f}, {note}" if note else f"≥ {lower:.0f}"
+    if row.get("lower_open"):
+        return f"≤ {upper:.0f}, {note}" if note else f"≤ {upper:.0f}"
+    if upper - lower < 0.05:
+        return "too few to tell"
+    return f"{lower:.1f} – {upper:.1f}"
 
 
 def compute_board(
@@ -39,29 +68,37 @@ def compute_board(
     *,
     elo: np.ndarray | None = None,
     ci: str = "bootstrap",
+    voters: ratings.VoterCells | None = None,
     rounds: int = 1000,
     seed: int = 0,
     prior: float | None = None,
     pair_weights: np.ndarray | None = None,
 ) -> list[BoardRow]:
-    """Rows ranked by rating (ties in rank share the number), each with its interval: one per
-    model with a vote. A model without one is not rated at all (``unrated``), rather than shown
-    at the prior's 1000 with an interval of width 0. ``pair_weights`` (one per pair of
-    ``outcomes``): inverse-probability weights for pairs sampled unevenly."""
-    if ci not in CI_METHODS:
-        raise ValueError(f"ci must be one of {', '.join(CI_METHODS)}, got {ci!r}.")
+    """Rows, each with its interval: one per model with a vote, by comparison group (models
+    that never met, directly or through others, are not ranked against each other), then by
+    rating; ties in rank share the number (``ratings.rate_board``). A model without a vote is
+    not rated at all (``unrated``). ``pair_weights`` (one per pair of ``outcomes``):
+    inverse-probability weights for pairs sampled unevenly. ``ci`` "clustered": intervals
+    clustered by voter, from ``voters`` (the votes per voter, in ``names``' numbering)."""
+    if ci not in (*CI_METHODS, CLUSTERED):
+        raise ValueError(f"ci must be one of {', '.join((*CI_METHODS, CLUSTERED))}, got {ci!r}.")
     if outcomes.n_models != len(names):
         raise ValueError("One name per model is needed.")
     played = outcomes.played()
     rated = [name for name, flag in zip(names, played, strict=True) if flag]
     # Every pair with a vote is between played models: restricting keeps the pairs and their order.
     outcomes = outcomes.restricted(played)
-    if ci == "bootstrap":
-        fitted = ratings.bootstrap_intervals(outcomes, rounds=rounds, seed=seed, prior=prior, pair_weights=pair_weights)
-    else:
-        fitted = ratings.sandwich_intervals(outcomes, prior=prior, pair_weights=pair_weights)
+    fitted = ratings.rate_board(
+        outcomes,
+        ci=ci,
+        voters=None if voters is None else voters.restricted(played),
+        rounds=rounds,
+        seed=seed,
+        prior=prior,
+        pair_weights=pair_weights,
+    )
     elo_values = np.asarray(elo)[played] if elo is not None else np.full(len(rated), ratings.BASE_RATING)
-    return _ranked_rows(rated, fitted, outcomes.games().sum(axis=1), elo_values)
+    return _ranked_rows(rated, fitted, outcomes.games().sum(axis=1), elo_values, outcomes)
 
 
 class _Fitted(Protocol):
@@ -71,21 +108,59 @@ class _Fitted(Protocol):
     ranks: np.ndarray
 
 
+def _bound(value: float) -> float | None:
+    return round(float(value), 1) if np.isfinite(value) else None
+
+
+def _bound_notes(fitted: ratings.BoardFit, outcomes: ratings.PairOutcomes) -> list[str]:
+    """Why a model's interval is open, in words."""
+    wins = outcomes.wins()
+    scored, conceded = (wins > 0).sum(axis=1), (wins > 0).sum(axis=0)
+    notes = []
+    for i in range(outcomes.n_models):
+        if fitted.upper_open[i] and fitted.lower_open[i]:
+            notes.append("never compared in either direction with the settled models")
+        elif fitted.upper_open[i]:
+            notes.append("unbeaten" if conceded[i] == 0 else "never beaten by the settled models")
+        elif fitted.lower_open[i]:
+            notes.append("never won" if scored[i] == 0 else "never beat the settled models")
+        else:
+            notes.append("")
+    return notes
+
+
 def _ranked_rows(
-    rated: Sequence[str], fitted: _Fitted, votes: np.ndarray, elo: np.ndarray | None = None
+    rated: Sequence[str],
+    fitted: _Fitted,
+    votes: np.ndarray,
+    elo: np.ndarray | None = None,
+    outcomes: ratings.PairOutcomes | None = None,
 ) -> list[BoardRow]:
     """One row per rated model, best first (ties in rating by name), from a fit's ratings,
-    intervals and ranks (``ratings.RatingsWithIntervals`` or ``style.StyleControlled``)."""
-    order = sorted(range(len(rated)), key=lambda i: (-fitted.ratings[i], rated[i]))
+    intervals and ranks (``ratings.BoardFit``, ``ratings.RatingsWithIntervals`` or
+    ``style.StyleControlled``): by comparison group, then by the fitted rating."""
+    if isinstance(fitted, ratings.BoardFit) and outcomes is not None:
+        group, point = fitted.group, fitted.fitted
+        upper_open, lower_open = fitted.upper_open, fitted.lower_open
+        notes = _bound_notes(fitted, outcomes)
+    else:
+        group, point = np.zeros(len(rated), dtype=np.intp), fitted.ratings
+        upper_open = lower_open = np.zeros(len(rated), dtype=bool)
+        notes = [""] * len(rated)
+    order = sorted(range(len(rated)), key=lambda i: (group[i], -point[i], rated[i]))
     return [
         BoardRow(
             model=rated[i],
             rating=round(float(fitted.ratings[i]), 1),
-            lower=round(float(fitted.lower[i]), 1),
-            upper=round(float(fitted.upper[i]), 1),
+            lower=_bound(fitted.lower[i]),
+            upper=_bound(fitted.upper[i]),
             rank=int(fitted.ranks[i]),
             votes=round(float(votes[i])),
             elo=None if elo is None else round(float(elo[i]), 1),
+            group=int(group[i]) + 1,
+            lower_open=bool(lower_open[i]),
+            upper_open=bool(upper_open[i]),
+            bound_note=notes[i],
         )
         for i in order
     ]
