@@ -9,6 +9,7 @@ from ninja.errors import HttpError
 
 from arena_site.api_common import ERRORS, Error
 from leaderboard import selectors as leaderboard_selectors
+from leaderboard import wording
 
 router = Router()
 
@@ -18,11 +19,15 @@ class LeaderboardRow(Schema):
     ("fixing") gives episodes, fixed, and the raw fix rate with its Wilson interval."""
 
     model: str
-    rating: float
-    lower: float
-    upper: float
-    rank: int
+    rating: float = Field(description="On an open-ended interval: its finite bound (what the votes support).")
+    lower: float | None = Field(description="None when the votes put no lower bound (lower_open).")
+    upper: float | None = Field(description="None when the votes put no upper bound (upper_open).")
+    rank: int = Field(description="1 + the models of its group whose interval lies wholly above this one's.")
     provisional: bool
+    group: int = Field(1, description="Comparison group (1: the largest); models of different groups never met.")
+    lower_open: bool = Field(False, description="No lower bound: the model never won a vote (or never beat the rest).")
+    upper_open: bool = Field(False, description="No upper bound: the model is unbeaten (or never beaten by the rest).")
+    bound_note: str = Field("", description="Why an interval is open, in words (e.g. 'unbeaten').")
     votes: int | None = None
     elo: float | None = None
     fix_rate: dict[str, Any] | float | None = None
@@ -47,6 +52,9 @@ class Leaderboard(Schema):
         description="With style control: each style coefficient {value, lower, upper}, log-odds per unit of difference."
     )
     unrated: list[str] = Field(description="Models without a vote in this category: not yet rated, not ranked.")
+    groups: list[dict[str, Any]] = Field(
+        description="With models in several comparison groups: per group {group, models, reason}; else empty."
+    )
     categories: list[str]
 
 
@@ -64,6 +72,7 @@ def leaderboard(
     snapshot = snapshots.get(category)
     if snapshot is None:
         raise HttpError(404, f"No category {category!r}; known: {', '.join(snapshots)}.")
+    rows = snapshot.style_rows if style and snapshot.style_rows else snapshot.rows
     return {
         "refresh_id": found.pk,
         "refreshed": found.created,
@@ -72,7 +81,8 @@ def leaderboard(
         "method": snapshot.method,
         "votes": snapshot.votes,
         "excluded": snapshot.excluded,
-        "rows": snapshot.style_rows if style and snapshot.style_rows else snapshot.rows,
+        "rows": rows,
+        "groups": wording.group_notes(rows),
         "style_control": bool(style and snapshot.style_rows),
         "style_coefficients": snapshot.style_coefficients if style else {},
         "unrated": snapshot.unrated,

@@ -19,8 +19,10 @@ def interval_chart(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Each model's interval as a horizontal bar with a dot at its rating."""
     if not rows:
         return {"width": WIDTH, "height": ROW, "bars": [], "ticks": []}
-    low = min(row["lower"] for row in rows)
-    high = max(row["upper"] for row in rows)
+    # An open side (``lower`` or ``upper`` None: the votes put no bound there) runs to the
+    # chart's edge, with an arrow in the label.
+    finite = [value for row in rows for value in (row["lower"], row["upper"], row["rating"]) if value is not None]
+    low, high = min(finite), max(finite)
     step = _nice_step(high - low)
     low, high = math.floor(low / step) * step, math.ceil(high / step) * step
     if high == low:
@@ -34,10 +36,10 @@ def interval_chart(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         {
             "model": row["model"],
             "y": (index + 1) * ROW,
-            "x1": x(row["lower"]),
-            "x2": x(row["upper"]),
+            "x1": x(low if row["lower"] is None else row["lower"]),
+            "x2": x(high if row["upper"] is None else row["upper"]),
             "cx": x(row["rating"]),
-            "label": f"{row['rating']:.0f} ({row['lower']:.0f}–{row['upper']:.0f})",
+            "label": _label(row),
         }
         for index, row in enumerate(rows)
     ]
@@ -50,6 +52,16 @@ def interval_chart(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "ticks": ticks,
         "axis_y": (len(rows) + 1) * ROW,
     }
+
+
+def _label(row: dict[str, Any]) -> str:
+    if row["lower"] is None and row["upper"] is None:
+        return "no bound either way"
+    if row["upper"] is None:
+        return f"≥ {row['lower']:.0f} (no upper bound)"
+    if row["lower"] is None:
+        return f"≤ {row['upper']:.0f} (no lower bound)"
+    return f"{row['rating']:.0f} ({row['lower']:.0f}–{row['upper']:.0f})"
 
 
 def _nice_step(span: float) -> float:

@@ -468,7 +468,7 @@ class VoterCells:
         )
 
 
-CLUSTERED = "sandwich clustered by voter"
+CLUSTERED = "voter-clustered"  # The method's name, as snapshots store it.
 
 
 def clustered_intervals(

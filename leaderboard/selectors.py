@@ -141,12 +141,14 @@ EXCLUSION_REASONS = ("identity leak", "flagged voter", "over daily cap", "unfini
 @dataclass
 class BoardCounts:
     """One category's counted votes per unordered pair (model positions i < j): wins of i,
-    wins of j, ties; the sum of 1 / pair probability of their battles; and how many votes have
-    no recorded probability."""
+    wins of j, ties; the sum of 1 / pair probability of their battles; how many votes have
+    no recorded probability; and the same votes per voter (``voters``, in the roster's
+    positions: what the intervals clustered by voter read)."""
 
     cells: dict[tuple[int, int], list[float]]
     inverse: dict[tuple[int, int], float]
     unrecorded: int
+    voters: ratings.VoterCells | None = None
 
 
 @dataclass(frozen=True)
@@ -303,8 +305,8 @@ def vote_tally(names: list[str], counts: tally.Tally | None = None) -> VoteTally
     n = len(names)
     position = _position_array(names)
     keys, values = counts.boards.keys, counts.boards.values
-    a, b = position[keys[:, 1]], position[keys[:, 2]]
-    score = np.array([ratings.VOTE_SCORES[choice] for choice in tally.CHOICES])[keys[:, 3]]
+    a, b = position[keys[:, 2]], position[keys[:, 3]]
+    score = np.array([ratings.VOTE_SCORES[choice] for choice in tally.CHOICES])[keys[:, 4]]
     score_i = np.where(a < b, score, 1.0 - score)  # For the pair's first model (i < j).
     outcome = np.where(score_i == 1.0, 0, np.where(score_i == 0.0, 1, 2))
     pair = np.minimum(a, b) * n + np.maximum(a, b)
@@ -316,10 +318,14 @@ def vote_tally(names: list[str], counts: tally.Tally | None = None) -> VoteTally
         cells = np.bincount(pair[rows] * 3 + outcome[rows], values[rows, 0], minlength=n * n * 3).reshape(-1, 3)
         inverse = np.bincount(pair[rows], values[rows, 2], minlength=n * n)
         played = np.flatnonzero(cells.sum(axis=1))
+        voters = ratings.VoterCells(
+            n, keys[rows, 1], pair[rows] // n, pair[rows] % n, outcome[rows], values[rows, 0].copy()
+        )
         boards[category] = BoardCounts(
             {(p // n, p % n): cells[p].tolist() for p in played.tolist()},
             {(p // n, p % n): float(inverse[p]) for p in played.tolist()},
             round(values[rows, 0].sum() - values[rows, 1].sum()),
+            voters,
         )
     left_out: dict[str, dict[str, int]] = {}
     for (category, reason), (votes,) in zip(
@@ -359,6 +365,8 @@ class CategoryData:
     # Per pair (in ``outcomes`` order): the mean inverse sampling probability of its votes' battles;
     # None when a counted battle has none recorded (drawn before it was).
     pair_weights: np.ndarray | None = None
+    # The same votes per voter (the intervals are clustered by voter).
+    voters: ratings.VoterCells | None = None
 
 
 def _positions_by_id(names: list[str]) -> dict[int, int]:
@@ -389,7 +397,8 @@ def category_data(category: str, names: list[str], counts: BoardCounts | None = 
         if cells and not counts.unrecorded
         else None
     )
-    return CategoryData(names, ratings.PairOutcomes.from_cells(len(names), cells), pair_weights)
+    voters = counts.voters if counts.voters is not None else ratings.VoterCells.from_votes(len(names), [])
+    return CategoryData(names, ratings.PairOutcomes.from_cells(len(names), cells), pair_weights, voters)
 
 
 @dataclass

@@ -37,7 +37,7 @@ CHOICES = ("a", "b", "tie", "both_bad")  # Codes of the boards' choice column.
 OUTCOMES = (0.0, 0.5, 1.0)
 LEFT_OUT_REASONS = ("identity leak", "flagged voter", "over daily cap")  # Codes of left_out's reason column.
 JUDGED = (None, False, True)  # Codes of a judge's verdict on an episode (None: not judged).
-VERSION = 4  # Of the stored layout: a tally stored by another version is rebuilt.
+VERSION = 5  # Of the stored layout: a tally stored by another version is rebuilt.
 
 
 @dataclass(frozen=True)
@@ -162,9 +162,10 @@ def _codes(names: Sequence[str], into: list[str]) -> np.ndarray:
 class Tally:
     """The refresh's counts for some battles' votes, as their voters were flagged (``flagged``):
 
-    - ``boards``: keys (category, model A id, model B id, choice), values (votes, votes whose
-      battle recorded its pair probability, sum of 1 / that probability): every board's counted
-      votes, flagged voters' and leaked battles' left out;
+    - ``boards``: keys (category, voter, model A id, model B id, choice), values (votes, votes
+      whose battle recorded its pair probability, sum of 1 / that probability): every board's
+      counted votes, flagged voters' and leaked battles' left out, per voter (the boards'
+      intervals are clustered by voter);
     - ``left_out``: keys (category, reason), values (votes,): what each board left out, per
       reason (``LEFT_OUT_REASONS``; the first that applies);
     - ``style``: keys (first model id, second model id, outcome (``OUTCOMES``), and the four
@@ -182,7 +183,7 @@ class Tally:
     categories: tuple[str, ...] = ()
     voters: tuple[str, ...] = ()
     flagged: frozenset[str] = frozenset()
-    boards: CountTable = field(default_factory=lambda: CountTable.empty(4, 3))
+    boards: CountTable = field(default_factory=lambda: CountTable.empty(5, 3))
     left_out: CountTable = field(default_factory=lambda: CountTable.empty(2, 1))
     style: CountTable = field(default_factory=lambda: CountTable.empty(7, 1))
     ballots: CountTable = field(default_factory=lambda: CountTable.empty(4, 1))
@@ -198,7 +199,7 @@ class Tally:
             categories=tuple(categories),
             voters=tuple(voters),
             flagged=other.flagged,
-            boards=self.boards.plus(other.boards.recoded(0, category_codes), sign),
+            boards=self.boards.plus(other.boards.recoded(0, category_codes).recoded(1, voter_codes), sign),
             left_out=self.left_out.plus(other.left_out.recoded(0, category_codes), sign),
             style=self.style.plus(other.style, sign),
             ballots=self.ballots.plus(other.ballots.recoded(0, voter_codes), sign),
@@ -343,8 +344,8 @@ def tally_of(
     for row in rows:
         choice = choice_code[row.choice]
         reason = 0 if row.leaked else 1 if row.voter in flagged else 2 if row.over_cap else None
+        voter = voter_position.setdefault(row.voter, len(voter_position)) if not row.leaked else -1
         if not row.leaked:
-            voter = voter_position.setdefault(row.voter, len(voter_position))
             first, second, outcome = _first_model_outcome(row.model_a, row.model_b, row.choice)
             ballot_keys.append((voter, first, second, outcome))
             ballot_values.append((row.votes,))
@@ -354,7 +355,7 @@ def tally_of(
                 left_keys.append((category, reason))
                 left_values.append((row.votes,))
             else:
-                board_keys.append((category, row.model_a, row.model_b, choice))
+                board_keys.append((category, voter, row.model_a, row.model_b, choice))
                 board_values.append((row.votes, row.recorded, row.inverse))
     per_battle: dict[int, int] = {}
     for episode in episode_rows:
@@ -386,7 +387,7 @@ def tally_of(
         categories=tuple(category_position),
         voters=tuple(voter_position),
         flagged=flagged,
-        boards=CountTable.summed(np.array(board_keys, np.int64).reshape(-1, 4), np.array(board_values).reshape(-1, 3)),
+        boards=CountTable.summed(np.array(board_keys, np.int64).reshape(-1, 5), np.array(board_values).reshape(-1, 3)),
         left_out=CountTable.summed(np.array(left_keys, np.int64).reshape(-1, 2), np.array(left_values).reshape(-1, 1)),
         style=CountTable.summed(
             np.array(style_keys, np.int64).reshape(-1, 7),

@@ -74,7 +74,7 @@ def headline(rows: Sequence[Mapping[str, Any]], *, measure: str, evidence: str) 
         text = (
             f"{_names([row['model'] for row in leaders])} share first place: their intervals overlap, so the "
             f"{evidence} so far cannot tell them apart. The "
-            + (f"highest {measure} is {first['model']}'s" if settled else f"first listed, {first['model']}, is")
+            + (f"highest {measure} is {first['model']}'s," if settled else f"first listed, {first['model']}, is")
             + f" {interval}."
         )
     groups = len({row.get("group", 1) for row in rows})

@@ -31,7 +31,19 @@ def test_json_list_and_json_lines_give_the_same_board(tmp_path: Path) -> None:
     board = json.loads(rate(listed, "--json", "--rounds=200", "--seed=7"))
     assert json.loads(rate(lines, "--json", "--rounds=200", "--seed=7")) == board
     assert [row["model"] for row in board] == ["alpha", "gamma", "beta"]
-    assert set(board[0]) == {"model", "rating", "lower", "upper", "rank", "votes", "elo"}
+    assert set(board[0]) == {
+        "model",
+        "rating",
+        "lower",
+        "upper",
+        "rank",
+        "votes",
+        "elo",
+        "group",  # Comparison group, and open-ended intervals (issue 38 point 5).
+        "lower_open",
+        "upper_open",
+        "bound_note",
+    }
     assert all(row["lower"] <= row["rating"] <= row["upper"] for row in board)
     assert [row["votes"] for row in board] == [80, 80, 80]
     assert board[0]["rank"] == 1

@@ -5,14 +5,26 @@ from typing import Any
 
 from django import template
 
+from leaderboard import board
+
 register = template.Library()
 
 
 @register.filter
 def interval(row: Mapping[str, Any]) -> str:
-    """A row's 95% interval, "lower – upper"; with too little evidence the bootstrap rounds can
-    all agree and give it no width, which is not certainty: said so instead."""
-    lower, upper = row["lower"], row["upper"]
-    if upper - lower < 0.05:
-        return "too few to tell"
-    return f"{lower:.1f} – {upper:.1f}"
+    """A row's 95% interval, "lower – upper"; an open side in words ("≥ 1210, unbeaten"); with
+    too little evidence the bootstrap rounds can all agree and give it no width, which is not
+    certainty: said so instead (``leaderboard.board.interval_text``)."""
+    return board.interval_text(row)
+
+
+@register.filter
+def rating(row: Mapping[str, Any]) -> str:
+    """A row's rating; for an open-ended interval the finite bound it stands for, "≥ 1210"."""
+    if row.get("upper_open") and row.get("lower_open"):
+        return "—"
+    if row.get("upper_open"):
+        return f"≥ {row['rating']:.1f}"
+    if row.get("lower_open"):
+        return f"≤ {row['rating']:.1f}"
+    return f"{row['rating']:.1f}"

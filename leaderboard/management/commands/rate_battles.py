@@ -54,11 +54,21 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps([row.as_dict() for row in rows], indent=2))
             return
         self.stdout.write(f"{len(games)} battles, {len(names)} models; 95% {options['ci']} intervals")
-        self.stdout.write(f"{'rank':>4}  {'model':<32} {'rating':>7} {'95% interval':>17} {'votes':>7} {'elo':>7}")
+        groups = len({row.group for row in rows})
+        if groups > 1:
+            self.stdout.write(f"{groups} groups of models that never met: each rated and ranked on its own.")
+        self.stdout.write(
+            f"{'group':>5} {'rank':>4}  {'model':<32} {'rating':>7} {'95% interval':>22} {'votes':>7} {'elo':>7}"
+        )
         for row in rows:
-            interval = f"{row.lower:.1f}-{row.upper:.1f}"
+            interval = (
+                board.interval_text(row.as_dict())
+                if row.lower_open or row.upper_open
+                else f"{row.lower:.1f}-{row.upper:.1f}"
+            )
             self.stdout.write(
-                f"{row.rank:>4}  {row.model:<32} {row.rating:>7.1f} {interval:>17} {row.votes:>7} {row.elo:>7.1f}"
+                f"{row.group:>5} {row.rank:>4}  {row.model:<32} {row.rating:>7.1f} {interval:>22} {row.votes:>7}"
+                f" {row.elo:>7.1f}"
             )
 
     def _style_controlled(self, names: list[str], votes: list, options: dict[str, Any]) -> None:
