@@ -257,6 +257,23 @@ def style_votes_from_battles(records: Sequence[Any], names: Sequence[str]) -> li
     return votes
 
 
+def voters_from_battles(records: Sequence[Any], names: Sequence[str]) -> ratings.VoterCells | None:
+    """The battles' votes per voter, the voter being the record's ``judge`` (this arena's dumps
+    and LMArena's releases name one: a stable pseudonym); None when a record names none."""
+    judges = [record.get("judge") for record in records]
+    if not judges or not all(isinstance(judge, str) and judge for judge in judges):
+        return None
+    index_of = {name: i for i, name in enumerate(names)}
+    code = {judge: i for i, judge in enumerate(dict.fromkeys(judges))}
+    return ratings.VoterCells.from_votes(
+        len(names),
+        (
+            (code[judge], index_of[record["model_a"]], index_of[record["model_b"]], WINNER_SCORES[record["winner"]])
+            for judge, record in zip(judges, records, strict=True)
+        ),
+    )
+
+
 def games_from_battles(records: Iterable[Any]) -> tuple[list[str], list[tuple[int, int, float]]]:
     """Model names and (a, b, score of a) games, in time order when records have ``tstamp``."""
     parsed = []

@@ -18,7 +18,14 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("file", help="The battles file; - reads stdin.")
         parser.add_argument("--rounds", type=int, default=1000, help="Bootstrap rounds (default 1000).")
-        parser.add_argument("--ci", choices=board.CI_METHODS, default="bootstrap", help="Interval method.")
+        parser.add_argument(
+            "--ci",
+            choices=(*board.CI_METHODS, board.CLUSTERED),
+            default=None,
+            help="Interval method: clustered (by voter: the records' judge; the default when every record names "
+            "one, as the site's boards do), bootstrap (the default otherwise) or sandwich (votes taken as "
+            "independent).",
+        )
         parser.add_argument("--seed", type=int, default=0, help="Bootstrap seed (default 0).")
         parser.add_argument("--json", action="store_true", help="Print a JSON list instead of a table.")
         parser.add_argument(
@@ -39,14 +46,23 @@ class Command(BaseCommand):
             styled = board.style_votes_from_battles(records, names) if options["style_control"] else None
         except board.BattleFileError as error:
             raise CommandError(f"{name}: {error}") from None
+        voters = board.voters_from_battles(records, names)
         if styled is not None:
+            if options["ci"] == board.CLUSTERED:
+                raise CommandError("--style-control takes --ci bootstrap or sandwich.")
+            options["ci"] = options["ci"] or "bootstrap"
             self._style_controlled(names, styled, options)
             return
+        if options["ci"] is None:
+            options["ci"] = board.CLUSTERED if voters is not None else "bootstrap"
+        if options["ci"] == board.CLUSTERED and voters is None:
+            raise CommandError(f"{name}: --ci clustered needs a judge (the voter) in every record.")
         rows = board.compute_board(
             names,
             ratings.PairOutcomes.from_games(len(names), games),
             elo=ratings.online_elo(len(names), games),
             ci=options["ci"],
+            voters=voters,
             rounds=options["rounds"],
             seed=options["seed"],
         )
