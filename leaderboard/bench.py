@@ -2,7 +2,9 @@
 
 Stages, each timed (wall clock) on every repeat of the whole refresh and run once more for its
 peak traced memory (tracemalloc, which numpy reports to): reduction of the votes to pairwise
-counts, the Bradley-Terry fits, bootstrap intervals, the matrices, style control (the votes
+counts and to counts per (voter, pair, outcome), the Bradley-Terry fits, the intervals clustered
+by voter with the comparison groups and open ends (``ratings.rate_board``, as the site's refresh
+rates its vote boards), the matrices, style control (the votes
 reduced to cells with their style differences, then the contextual fit with its intervals),
 fix-ability on synthetic episodes (one for every ten votes) and anomaly detection. Online Elo is
 maintained as votes arrive in a live arena, so a refresh does not pay for it; replaying it from
@@ -84,6 +86,50 @@ def reduce_to_boards(
         present = cells.sum(axis=1) > 0
         kept = cells[present]
         reduced.append(ratings.PairOutcomes(models, i[present], j[present], kept[:, 0], kept[:, 1], kept[:, 2]))
+    return reduced
+
+
+BOARD_VOTERS = 200_000  # Voters of the synthetic votes, by whom the boards' intervals are clustered.
+
+
+def synthetic_board_voters(votes: int, seed: int = 0) -> np.ndarray:
+    """A voter per vote among ``BOARD_VOTERS``, unevenly active (lognormal activity: a few
+    voters cast dozens of votes, most one to five)."""
+    rng = np.random.default_rng(seed + 6)
+    activity = rng.lognormal(0.0, 1.0, BOARD_VOTERS)
+    return rng.choice(BOARD_VOTERS, votes, p=activity / activity.sum())
+
+
+def reduce_to_voter_boards(
+    models: int,
+    a: np.ndarray,
+    b: np.ndarray,
+    score: np.ndarray,
+    group: np.ndarray,
+    voter: np.ndarray,
+    boards: list[np.ndarray],
+) -> list[ratings.VoterCells]:
+    """Every board's votes per (voter, pair, outcome), as the refresh's running tally holds them
+    (``leaderboard.tally``, sorted by voter): one count per (voter, group, pair, outcome), then
+    each board takes its groups' rows (a voter's rows of several groups add up in the meat)."""
+    first, second = np.minimum(a, b), np.maximum(a, b)
+    score_first = np.where(a < b, score, 1.0 - score)
+    outcome = np.where(score_first == 1.0, 0, np.where(score_first == 0.0, 1, 2))
+    groups = int(group.max()) + 1 if group.size else 1
+    key = (((voter * groups + group) * models + first) * models + second) * 3 + outcome
+    cells, counts = np.unique(key, return_counts=True)
+    code, rest = cells % 3, cells // 3
+    row_second, rest = rest % models, rest // models
+    row_first, rest = rest % models, rest // models
+    row_group, row_voter = rest % groups, rest // groups
+    reduced = []
+    for board in boards:
+        keep = np.asarray(board)[row_group]
+        reduced.append(
+            ratings.VoterCells(
+                models, row_voter[keep], row_first[keep], row_second[keep], code[keep], counts[keep].astype(float)
+            )
+        )
     return reduced
 
 
@@ -217,6 +263,7 @@ def run_bench(
     differences = synthetic_style(a, b, seed)
     episodes = synthetic_episodes(max(votes // 10, 1), models, seed)
     table = synthetic_voters(a, b, score, seed)
+    voter = synthetic_board_voters(votes, seed)
     stages = _Stages()
 
     def refresh() -> list[anomaly.Anomaly]:
@@ -224,10 +271,14 @@ def run_bench(
             f"reduce votes to pair counts, one pass ({len(boards)} vote boards)",
             lambda: reduce_to_boards(models, a, b, score, group, [groups for _, groups in boards]),
         )
+        per_voter = stages.run(
+            f"reduce votes to (voter, pair, outcome) counts ({BOARD_VOTERS:,} voters)",
+            lambda: reduce_to_voter_boards(models, a, b, score, group, voter, [groups for _, groups in boards]),
+        )
         stages.run("Bradley-Terry fits", lambda: [ratings.bradley_terry(o.wins()) for o in outcomes])
         stages.run(
-            f"bootstrap intervals ({rounds} rounds x {len(boards)} boards)",
-            lambda: [ratings.bootstrap_intervals(o, rounds=rounds, seed=seed) for o in outcomes],
+            f"intervals clustered by voter, groups and open ends ({len(boards)} boards)",
+            lambda: [ratings.rate_board(o, ci="clustered", voters=v) for o, v in zip(outcomes, per_voter, strict=True)],
         )
         stages.run(
             "win-fraction and count matrices", lambda: [(ratings.win_fraction_matrix(o), o.games()) for o in outcomes]
