@@ -457,6 +457,8 @@ class VoterCells:
     def restricted(self, keep: np.ndarray) -> VoterCells:
         """The rows among the models where ``keep`` is true, renumbered in their order."""
         keep = np.asarray(keep, dtype=bool)
+        if keep.all():
+            return self
         new_index = np.cumsum(keep) - 1
         inside = keep[self.first] & keep[self.second]
         return VoterCells(
