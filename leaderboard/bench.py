@@ -298,6 +298,16 @@ def run_bench(
     flagged = [refresh() for _ in range(repeats)][-1]
     totals = stages.totals()
     total = float(np.median(totals))
+    # The boards' bootstrap intervals (votes taken as independent; rate_battles' default on dumps
+    # that name no voter), timed beside the refresh for comparison, the median of ``repeats``.
+    outcomes = reduce_to_boards(models, a, b, score, group, [groups for _, groups in boards])
+    bootstrap_runs = []
+    for _ in range(repeats):
+        ratings._standard_normals.cache_clear()
+        began = time.perf_counter()
+        for board in outcomes:
+            ratings.bootstrap_intervals(board, rounds=rounds, seed=seed)
+        bootstrap_runs.append(time.perf_counter() - began)
     games = list(zip(a.tolist(), b.tolist(), score.tolist(), strict=True))
     elo_began = time.perf_counter()
     ratings.online_elo(models, games)
@@ -324,6 +334,7 @@ def run_bench(
         "seconds_total": total,
         "seconds_total_each_repeat": totals,
         "elo_replay_seconds": elo_replay,
+        "bootstrap_comparison_seconds": float(np.median(bootstrap_runs)),
         "stuffers_flagged": sum(int(found.voter[1:]) < STUFFERS for found in flagged),
         "honest_flagged": sum(int(found.voter[1:]) >= STUFFERS for found in flagged),
         "reference": reference,
@@ -447,6 +458,8 @@ def format_table(result: dict[str, Any]) -> str:
     lines.append(f"{'whole refresh':<60} {result['seconds_total']:>9.3f} {max(each):>9.3f}")
     lines.append(f"{'  each repeat':<60} " + " ".join(f"{seconds:.3f}" for seconds in each))
     lines.append(f"{'(online Elo replayed from scratch)':<60} {result['elo_replay_seconds']:>9.3f}")
+    instead = f"(bootstrap intervals instead, {result['rounds']} rounds x {result['boards']} boards)"
+    lines.append(f"{instead:<60} {result['bootstrap_comparison_seconds']:>9.3f}")
     lines.append(
         f"anomaly detection: {result['stuffers_flagged']} of 25 stuffers flagged, {result['honest_flagged']} honest"
     )
