@@ -173,11 +173,13 @@ def compute_style_board(
     ci: str = "sandwich",
     rounds: int = 1000,
     seed: int = 0,
+    voters: style.StyleVoters | None = None,
 ) -> tuple[list[BoardRow], dict[str, Any]]:
     """The board with style control (leaderboard.style): rows of the models with a vote, ranked
     by their rating at equal style (no Elo), and each style coefficient with its interval
     (log-odds per unit of normalised difference). Sandwich intervals by default (one fit: what
-    the site's refresh shows), or bootstrap ones from ``rounds`` resamplings."""
+    the site's refresh shows; clustered by voter with ``voters``), or bootstrap ones from
+    ``rounds`` resamplings."""
     if ci not in CI_METHODS:
         raise ValueError(f"ci must be one of {', '.join(CI_METHODS)}, got {ci!r}.")
     played = outcomes.played()
@@ -188,7 +190,7 @@ def compute_style_board(
     if ci == "bootstrap":
         fitted = style.bootstrap_intervals(restricted, rounds=rounds, seed=seed)
     else:
-        fitted = style.style_controlled(restricted)
+        fitted = style.style_controlled(restricted, voters=None if voters is None else voters.restricted(played))
     counts = np.zeros(len(rated))
     games = restricted.first_wins + restricted.second_wins + restricted.ties
     np.add.at(counts, restricted.first, games)

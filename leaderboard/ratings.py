@@ -720,28 +720,35 @@ _CLUSTER_CHUNK = 20_000  # Voters per block of the meat's dense scores: 20,000 x
 
 def _cluster_meat(voter: np.ndarray, first: np.ndarray, second: np.ndarray, residual: np.ndarray, n: int) -> np.ndarray:
     """sum over voters of s_v s_v^T, s_v the voter's score (``residual`` on ``first``, minus it on
-    ``second``), times G / (G - 1) for G voters. The scores are built densely a block of voters at
-    a time (a bincount, then one product per block): several times faster than a sparse matrix
-    on a million rows, in bounded memory. Rows sorted by voter (as the tally keeps them) are
-    blocked without a sort."""
+    ``second``), times G / (G - 1) for G voters (``cluster_meat``)."""
+    return cluster_meat(voter, np.column_stack([first, second]), np.column_stack([residual, -residual]), n)
+
+
+def cluster_meat(voter: np.ndarray, columns: np.ndarray, values: np.ndarray, dims: int) -> np.ndarray:
+    """sum over voters of s_v s_v^T times G / (G - 1) for G voters, where s_v, a vector of
+    ``dims``, sums over the voter's rows r the ``values[r]`` placed at ``columns[r]`` (each row a
+    vote's or a cell's score). The scores are built densely a block of voters at a time (a
+    bincount, then one product per block): several times faster than a sparse matrix on a
+    million rows, in bounded memory. Rows sorted by voter (as the tally keeps them) are blocked
+    without a sort."""
+    if voter.size == 0:
+        return np.zeros((dims, dims))
     present = np.zeros(int(voter.max(initial=0)) + 1, dtype=bool)
     present[voter] = True
     code = (np.cumsum(present) - 1)[voter]  # Dense codes, in the voters' order.
     clusters = int(present.sum())
     if code.size > 1 and np.any(code[1:] < code[:-1]):
         order = np.argsort(code, kind="stable")
-        code, first, second, residual = code[order], first[order], second[order], residual[order]
-    meat = np.zeros((n, n))
+        code, columns, values = code[order], columns[order], values[order]
+    meat = np.zeros((dims, dims))
     chunk = max(min(_CLUSTER_CHUNK, clusters), 1)
     bounds = np.searchsorted(code, np.arange(0, clusters + chunk, chunk))
     with threadpool_limits(limits=1, user_api="blas"):
         for block, (low, high) in enumerate(itertools.pairwise(bounds)):
             if low == high:
                 continue
-            local = (code[low:high] - block * chunk) * n
-            scores = np.bincount(local + first[low:high], residual[low:high], chunk * n)
-            scores -= np.bincount(local + second[low:high], residual[low:high], chunk * n)
-            scores = scores.reshape(chunk, n)
+            at = ((code[low:high] - block * chunk) * dims)[:, None] + columns[low:high]
+            scores = np.bincount(at.ravel(), values[low:high].ravel(), chunk * dims).reshape(chunk, dims)
             meat += scores.T @ scores
     return meat * (clusters / max(clusters - 1, 1))
 

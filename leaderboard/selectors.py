@@ -215,7 +215,7 @@ def _style_rows(votes: QuerySet[Vote]) -> list[tuple]:
         steps[f"step_{feature}"] = Cast(Sign(difference) * Floor(Abs(difference) / style.BINS + 0.5), IntegerField())
     return _raw_rows(
         votes.annotate(**steps)
-        .values_list("battle__model_a_id", "battle__model_b_id", "choice", *steps)
+        .values_list("battle__voter_key", "battle__model_a_id", "battle__model_b_id", "choice", *steps)
         .annotate(n=Count("id"))
         .order_by()
     )
@@ -453,11 +453,29 @@ def style_outcomes(names: list[str], counts: tally.Tally | None = None) -> style
     keys = counts.style.keys
     return style.StyleOutcomes.from_arrays(
         len(names),
-        position[keys[:, 0]],
         position[keys[:, 1]],
-        np.array(tally.OUTCOMES)[keys[:, 2]],
-        keys[:, 3:7] * style.BINS,
+        position[keys[:, 2]],
+        np.array(tally.OUTCOMES)[keys[:, 3]],
+        keys[:, 4:8] * style.BINS,
         counts=counts.style.values[:, 0],
+    )
+
+
+def style_voters(names: list[str], counts: tally.Tally | None = None) -> style.StyleVoters:
+    """The overall board's counted votes as style rows per voter (what style control's
+    intervals, clustered by voter, read), from the same counts as ``style_outcomes``."""
+    counts = current_tally() if counts is None else counts
+    position = _position_array(names)
+    keys = counts.style.keys
+    a, b = (position[keys[:, 1]], position[keys[:, 2]]) if len(keys) else (keys[:, 1], keys[:, 2])
+    return style.StyleVoters(
+        len(names),
+        keys[:, 0],
+        a,
+        b,
+        np.array(tally.OUTCOMES)[keys[:, 3]],
+        keys[:, 4:8] * style.BINS,
+        counts.style.values[:, 0],
     )
 
 

@@ -136,7 +136,9 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0, recount: bo
         # Style control for the overall board: a toggle on the page, with its coefficients.
         with stopwatch("style control"):
             style_rows, style_coefficients = (
-                board.compute_style_board(names, selectors.style_outcomes(names, counts))
+                board.compute_style_board(
+                    names, selectors.style_outcomes(names, counts), voters=selectors.style_voters(names, counts)
+                )
                 if category == selectors.OVERALL
                 else ([], {})
             )

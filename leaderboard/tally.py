@@ -168,9 +168,10 @@ class Tally:
       intervals are clustered by voter);
     - ``left_out``: keys (category, reason), values (votes,): what each board left out, per
       reason (``LEFT_OUT_REASONS``; the first that applies);
-    - ``style``: keys (first model id, second model id, outcome (``OUTCOMES``), and the four
-      style differences, first minus second, in ``style.BINS`` steps), values (votes,): the
-      overall board's counted votes as style cells;
+    - ``style``: keys (voter, first model id, second model id, outcome (``OUTCOMES``), and the
+      four style differences, first minus second, in ``style.BINS`` steps), values (votes,): the
+      overall board's counted votes as style cells, per voter (style control's intervals are
+      clustered by voter);
     - ``ballots``: keys (voter, first model id, second model id, outcome), values (votes,): the
       votes of battles without an identity leak, by every voter, flagged or not (the anomaly
       detector's input);
@@ -185,7 +186,7 @@ class Tally:
     flagged: frozenset[str] = frozenset()
     boards: CountTable = field(default_factory=lambda: CountTable.empty(5, 3))
     left_out: CountTable = field(default_factory=lambda: CountTable.empty(2, 1))
-    style: CountTable = field(default_factory=lambda: CountTable.empty(7, 1))
+    style: CountTable = field(default_factory=lambda: CountTable.empty(8, 1))
     ballots: CountTable = field(default_factory=lambda: CountTable.empty(4, 1))
     episodes: CountTable = field(default_factory=lambda: CountTable.empty(7, 1))
 
@@ -201,7 +202,7 @@ class Tally:
             flagged=other.flagged,
             boards=self.boards.plus(other.boards.recoded(0, category_codes).recoded(1, voter_codes), sign),
             left_out=self.left_out.plus(other.left_out.recoded(0, category_codes), sign),
-            style=self.style.plus(other.style, sign),
+            style=self.style.plus(other.style.recoded(0, voter_codes), sign),
             ballots=self.ballots.plus(other.ballots.recoded(0, voter_codes), sign),
             episodes=self.episodes.plus(other.episodes, sign),
         )
@@ -328,13 +329,13 @@ class EpisodeRow:
 
 def tally_of(
     rows: Sequence[VoteRow],
-    style_rows: Sequence[tuple[int, int, str, int, int, int, int, int]],
+    style_rows: Sequence[tuple[str, int, int, str, int, int, int, int, int]],
     episode_rows: Sequence[EpisodeRow],
     flagged: frozenset[str],
     episode_category: str,
 ) -> Tally:
     """The tally of some battles' votes (``rows``), of their counted overall votes as style
-    cells (``style_rows``: model A id, model B id, choice, four steps, votes; flagged voters'
+    cells (``style_rows``: voter, model A id, model B id, choice, four steps, votes; flagged voters'
     already left out) and of their fix episodes (``episode_rows``: every episode of each of
     those battles), with ``flagged`` voters' votes and episodes left out."""
     category_position: dict[str, int] = {}
@@ -380,9 +381,10 @@ def tally_of(
         )
         episode_values.append((episode.episodes,))
     style_keys = []
-    for a, b, choice, *steps, _ in style_rows:
+    for voter, a, b, choice, *steps, _ in style_rows:
         first, second, outcome = _first_model_outcome(a, b, choice)
-        style_keys.append((first, second, outcome, *(steps if first == a else (-step for step in steps))))
+        code = voter_position.setdefault(voter, len(voter_position))
+        style_keys.append((code, first, second, outcome, *(steps if first == a else (-step for step in steps))))
     return Tally(
         categories=tuple(category_position),
         voters=tuple(voter_position),
@@ -390,7 +392,7 @@ def tally_of(
         boards=CountTable.summed(np.array(board_keys, np.int64).reshape(-1, 5), np.array(board_values).reshape(-1, 3)),
         left_out=CountTable.summed(np.array(left_keys, np.int64).reshape(-1, 2), np.array(left_values).reshape(-1, 1)),
         style=CountTable.summed(
-            np.array(style_keys, np.int64).reshape(-1, 7),
+            np.array(style_keys, np.int64).reshape(-1, 8),
             np.array([row[-1] for row in style_rows], float).reshape(-1, 1),
         ),
         ballots=CountTable.summed(

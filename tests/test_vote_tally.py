@@ -96,7 +96,7 @@ def canonical(tally: Tally) -> dict[str, Any]:
         "flagged": sorted(tally.flagged),
         "boards": rows(tally.boards, tally.categories, tally.voters),
         "left_out": rows(tally.left_out, tally.categories),
-        "style": rows(tally.style),
+        "style": rows(tally.style, tally.voters),
         "ballots": rows(tally.ballots, tally.voters),
     }
 
