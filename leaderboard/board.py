@@ -187,15 +187,39 @@ def compute_style_board(
     if not rated:
         return [], {}
     restricted = outcomes.restricted(played)
-    if ci == "bootstrap":
-        fitted = style.bootstrap_intervals(restricted, rounds=rounds, seed=seed)
-    else:
-        fitted = style.style_controlled(restricted, voters=None if voters is None else voters.restricted(played))
+    voters = None if voters is None else voters.restricted(played)
+
+    def fit(cells: style.StyleOutcomes, rows: style.StyleVoters | None) -> style.StyleControlled:
+        if ci == "bootstrap":
+            return style.bootstrap_intervals(cells, rounds=rounds, seed=seed)
+        return style.style_controlled(cells, voters=rows)
+
+    fitted = fit(restricted, voters)
     counts = np.zeros(len(rated))
     games = restricted.first_wins + restricted.second_wins + restricted.ties
     np.add.at(counts, restricted.first, games)
     np.add.at(counts, restricted.second, games)
-    rows = _ranked_rows(rated, fitted, counts)
+    # Comparison groups and open ends as on the plain board (``ratings.rate_board``): each group
+    # fitted on its own (the coefficients are the whole board's), open sides from the pairs.
+    pairs = _pair_outcomes(restricted)
+    group = ratings.comparison_groups(pairs)
+    n = len(rated)
+    board = {name: np.zeros(n) for name in ("ratings", "lower", "upper", "fitted")}
+    ranks, upper_open, lower_open = np.ones(n, dtype=np.intp), np.zeros(n, bool), np.zeros(n, bool)
+    for label in range(int(group.max(initial=-1)) + 1):
+        keep = group == label
+        part = fitted if keep.all() else fit(restricted.restricted(keep), voters and voters.restricted(keep))
+        shown, point, lower, upper, above, below = ratings.settle_open_ends(
+            pairs.restricted(keep), None, part.ratings, part.lower, part.upper
+        )
+        board["ratings"][keep], board["lower"][keep], board["upper"][keep] = shown, lower, upper
+        board["fitted"][keep] = point
+        ranks[keep] = ratings.ranks_from_intervals(lower, upper)
+        upper_open[keep], lower_open[keep] = above, below
+    settled = ratings.BoardFit(
+        board["ratings"], board["lower"], board["upper"], ranks, group, upper_open, lower_open, board["fitted"], ci
+    )
+    rows = _ranked_rows(rated, settled, counts, None, pairs)
     coefficients = {
         feature: {
             "value": round(float(fitted.coefficients[k]), 4),
@@ -205,6 +229,19 @@ def compute_style_board(
         for k, feature in enumerate(style.FEATURES)
     }
     return rows, coefficients
+
+
+def _pair_outcomes(outcomes: style.StyleOutcomes) -> ratings.PairOutcomes:
+    """The style cells summed per pair."""
+    n = outcomes.n_models
+    code = outcomes.first * n + outcomes.second
+    cells = np.stack(
+        [np.bincount(code, column, n * n) for column in (outcomes.first_wins, outcomes.second_wins, outcomes.ties)],
+        axis=1,
+    )
+    pairs = np.flatnonzero(cells.sum(axis=1))
+    kept = cells[pairs]
+    return ratings.PairOutcomes(n, pairs // n, pairs % n, kept[:, 0], kept[:, 1], kept[:, 2])
 
 
 def unrated(names: Sequence[str], outcomes: ratings.PairOutcomes) -> list[str]:

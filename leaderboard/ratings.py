@@ -664,33 +664,7 @@ def rate_board(
             raise ValueError(f"Unknown interval method {ci!r}.")
         method = fit.method
         point, lower, upper = fit.ratings.copy(), fit.lower.copy(), fit.upper.copy()
-        above, below, components = open_ends(sub)
-        if above.any() or below.any():
-            theta = (point - BASE_RATING) / _TO_RATING
-            games = sub.games() * _weight_matrix(sub, _checked_weights(sub, sub_weights))
-            scored = sub.wins() > 0
-            for label in sorted(set(components[above | below].tolist())):
-                members = components == label
-                rest = ~members
-                # Pairs across components went one way: won by the members (they bound them
-                # below) or lost (above).
-                won = games[np.ix_(members, rest)] * scored[np.ix_(members, rest)]
-                lost = games[np.ix_(members, rest)] * scored[np.ix_(rest, members)].T
-                gap = theta[members][:, None] - theta[rest][None, :]
-                floor = BASE_RATING + _TO_RATING * (theta[members] + _open_shift(gap.ravel(), won.ravel(), level))
-                ceiling = BASE_RATING + _TO_RATING * (theta[members] - _open_shift(-gap.ravel(), lost.ravel(), level))
-                if above[members].all():
-                    upper[members] = np.inf
-                    lower[members] = floor if won.any() else -np.inf
-                if below[members].all():
-                    lower[members] = -np.inf
-                    upper[members] = ceiling if lost.any() else np.inf
-            settled = ~(above | below)
-            shown = np.where(above & ~below, lower, np.where(below & ~above, upper, point))
-            centre = (point[settled] if settled.any() else shown).mean() - BASE_RATING
-            point, lower, upper, shown = point - centre, lower - centre, upper - centre, shown - centre
-        else:
-            shown = point
+        shown, point, lower, upper, above, below = settle_open_ends(sub, sub_weights, point, lower, upper, level)
         result["ratings"][keep], result["lower"][keep], result["upper"][keep] = shown, lower, upper
         result["fitted"][keep] = point
         ranks[keep] = ranks_from_intervals(lower, upper)
@@ -706,6 +680,48 @@ def rate_board(
         result["fitted"],
         method,
     )
+
+
+def settle_open_ends(
+    outcomes: PairOutcomes,
+    pair_weights: np.ndarray | None,
+    point: np.ndarray,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    level: float = 0.95,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A connected group's fit (ratings ``point`` with their bounds) as the votes support it:
+    (shown, point, lower, upper, upper open, lower open). An open side (``open_ends``) becomes
+    infinite; the finite one is the likelihood-ratio bound of the model's component against the
+    rest of the group, their ratings held at their estimates (``_open_shift``), and is what the
+    model's row shows; the ratings are centred on the settled models where there are any."""
+    point, lower, upper = point.copy(), lower.copy(), upper.copy()
+    above, below, components = open_ends(outcomes)
+    if not (above.any() or below.any()):
+        return point, point, lower, upper, above, below
+    theta = (point - BASE_RATING) / _TO_RATING
+    games = outcomes.games() * _weight_matrix(outcomes, _checked_weights(outcomes, pair_weights))
+    scored = outcomes.wins() > 0
+    for label in sorted(set(components[above | below].tolist())):
+        members = components == label
+        rest = ~members
+        # Pairs across components went one way: won by the members (they bound them below) or
+        # lost (above).
+        won = games[np.ix_(members, rest)] * scored[np.ix_(members, rest)]
+        lost = games[np.ix_(members, rest)] * scored[np.ix_(rest, members)].T
+        gap = theta[members][:, None] - theta[rest][None, :]
+        floor = BASE_RATING + _TO_RATING * (theta[members] + _open_shift(gap.ravel(), won.ravel(), level))
+        ceiling = BASE_RATING + _TO_RATING * (theta[members] - _open_shift(-gap.ravel(), lost.ravel(), level))
+        if above[members].all():
+            upper[members] = np.inf
+            lower[members] = floor if won.any() else -np.inf
+        if below[members].all():
+            lower[members] = -np.inf
+            upper[members] = ceiling if lost.any() else np.inf
+    settled = ~(above | below)
+    shown = np.where(above & ~below, lower, np.where(below & ~above, upper, point))
+    centre = (point[settled] if settled.any() else shown).mean() - BASE_RATING
+    return shown - centre, point - centre, lower - centre, upper - centre, above, below
 
 
 def _weight_matrix(outcomes: PairOutcomes, weights: np.ndarray | None) -> np.ndarray:

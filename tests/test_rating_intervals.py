@@ -202,3 +202,23 @@ def test_style_controlled_intervals_clustered_by_voter_cover_at_the_nominal_rate
     share = {name: count / (arenas * TRUE.size) for name, count in covered.items()}
     assert 0.93 <= share["clustered"] <= 0.97, share
     assert share["independent"] < 0.92, share
+
+
+def test_the_style_controlled_board_keeps_groups_and_open_ends_too() -> None:
+    """The overall board's style-control toggle: a single battle ranks nobody above the other,
+    and models that never met are separate groups."""
+    differences = np.zeros((1, len(style.FEATURES)))
+    one = style.StyleOutcomes.from_arrays(2, np.array([0]), np.array([1]), np.array([1.0]), differences)
+    rows, _ = board.compute_style_board(["winner", "loser"], one)
+    assert [(row.model, row.rank, row.upper_open, row.lower_open) for row in rows] == [
+        ("winner", 1, True, False),
+        ("loser", 1, False, True),
+    ]
+    rng = np.random.default_rng(4)
+    a = np.repeat([0, 2], 300)
+    b = a + 1
+    score = (rng.random(a.size) < 0.7).astype(float)
+    split = style.StyleOutcomes.from_arrays(4, a, b, score, rng.uniform(-1, 1, (a.size, len(style.FEATURES))))
+    rows, coefficients = board.compute_style_board(["a", "b", "c", "d"], split)
+    assert [(row.model, row.group, row.rank) for row in rows] == [("a", 1, 1), ("b", 1, 2), ("c", 2, 1), ("d", 2, 2)]
+    assert set(coefficients) == set(style.FEATURES)

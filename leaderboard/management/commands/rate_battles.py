@@ -100,10 +100,14 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(payload, indent=2))
             return
         self.stdout.write(f"{len(votes)} battles, {len(names)} models; style-controlled, 95% {options['ci']} intervals")
-        self.stdout.write(f"{'rank':>4}  {'model':<32} {'rating':>7} {'95% interval':>17} {'votes':>7}")
+        self.stdout.write(f"{'rank':>4}  {'model':<32} {'rating':>7} {'95% interval':>22} {'votes':>7}")
         for row in rows:
-            interval = f"{row.lower:.1f}-{row.upper:.1f}"
-            self.stdout.write(f"{row.rank:>4}  {row.model:<32} {row.rating:>7.1f} {interval:>17} {row.votes:>7}")
+            interval = (
+                board.interval_text(row.as_dict())
+                if row.lower_open or row.upper_open
+                else f"{row.lower:.1f}-{row.upper:.1f}"
+            )
+            self.stdout.write(f"{row.rank:>4}  {row.model:<32} {row.rating:>7.1f} {interval:>22} {row.votes:>7}")
         for feature, value in coefficients.items():
             self.stdout.write(
                 f"style coefficient {feature}: {value['value']:.3f} ({value['lower']:.3f} to {value['upper']:.3f}) "
