@@ -222,3 +222,37 @@ def test_the_style_controlled_board_keeps_groups_and_open_ends_too() -> None:
     rows, coefficients = board.compute_style_board(["a", "b", "c", "d"], split)
     assert [(row.model, row.group, row.rank) for row in rows] == [("a", 1, 1), ("b", 1, 2), ("c", 2, 1), ("d", 2, 2)]
     assert set(coefficients) == set(style.FEATURES)
+
+
+@pytest.mark.django_db
+def test_the_page_and_the_api_show_groups_and_open_ends_in_words(client) -> None:
+    """Through the refresh: one battle between a and b (a won), and c and d who met only each
+    other (a tie and a win each way): two groups, the first with open ends."""
+    from inference.models import LLM
+    from votes.models import Battle, Vote
+
+    models = {name: LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}") for name in "abcd"}
+
+    def battle(first: str, second: str, choice: str, voter: str) -> None:
+        played = Battle.objects.create(
+            model_a=models[first], model_b=models[second], voter_key=voter, state=Battle.State.ENDED
+        )
+        Vote.objects.create(battle=played, choice=choice, stage=Vote.Stage.FIRST_TRY)
+
+    battle("a", "b", "a", "v1")
+    for choice, voter in (("a", "v2"), ("b", "v3"), ("tie", "v4")):
+        battle("c", "d", choice, voter)
+    html = client.get("/leaderboard/").content.decode()  # The first visit refreshes the board.
+    board_json = client.get("/api/v1/leaderboard").json()
+    assert board_json["method"] == "voter-clustered"
+    rows = {row["model"]: row for row in board_json["rows"]}
+    assert rows["a"]["upper_open"] and rows["a"]["upper"] is None and rows["a"]["bound_note"] == "unbeaten"
+    assert rows["b"]["lower_open"] and rows["b"]["lower"] is None and rows["b"]["bound_note"] == "never won"
+    assert rows["a"]["rank"] == rows["b"]["rank"] == 1
+    assert {rows[name]["group"] for name in "ab"} != {rows[name]["group"] for name in "cd"}
+    assert [group["models"] for group in board_json["groups"]] in (
+        [["a", "b"], ["c", "d"]],
+        [["c", "d"], ["a", "b"]],
+    )
+    assert f"≥ {rows['a']['lower']:.0f}, unbeaten" in html and f"≤ {rows['b']['upper']:.0f}, never won" in html
+    assert "groups that never met" in html and "Group 2: These models never met a model of group 1" in html
