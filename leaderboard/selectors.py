@@ -305,11 +305,18 @@ def vote_tally(names: list[str], counts: tally.Tally | None = None) -> VoteTally
     n = len(names)
     position = _position_array(names)
     keys, values = counts.boards.keys, counts.boards.values
-    a, b = position[keys[:, 2]], position[keys[:, 3]]
-    score = np.array([ratings.VOTE_SCORES[choice] for choice in tally.CHOICES])[keys[:, 4]]
+    a, b = position[keys[:, 1]], position[keys[:, 2]]
+    score = np.array([ratings.VOTE_SCORES[choice] for choice in tally.CHOICES])[keys[:, 3]]
     score_i = np.where(a < b, score, 1.0 - score)  # For the pair's first model (i < j).
     outcome = np.where(score_i == 1.0, 0, np.where(score_i == 0.0, 1, 2))
     pair = np.minimum(a, b) * n + np.maximum(a, b)
+    # The votes per voter, once each (by class: the categories a vote counts in), sorted by voter.
+    per_voter = counts.voter_boards.keys
+    first_position, second_position = position[per_voter[:, 2]], position[per_voter[:, 3]]
+    score_first = np.array(tally.OUTCOMES)[per_voter[:, 4]]  # Of the model with the smaller id.
+    score_first = np.where(first_position < second_position, score_first, 1.0 - score_first)
+    voter_outcome = np.where(score_first == 1.0, 0, np.where(score_first == 0.0, 1, 2))
+    low, high = np.minimum(first_position, second_position), np.maximum(first_position, second_position)
     boards: dict[str, BoardCounts] = {}
     for code, category in enumerate(counts.categories):
         rows = keys[:, 0] == code
@@ -318,8 +325,10 @@ def vote_tally(names: list[str], counts: tally.Tally | None = None) -> VoteTally
         cells = np.bincount(pair[rows] * 3 + outcome[rows], values[rows, 0], minlength=n * n * 3).reshape(-1, 3)
         inverse = np.bincount(pair[rows], values[rows, 2], minlength=n * n)
         played = np.flatnonzero(cells.sum(axis=1))
+        kinds = [kind for kind, name in enumerate(counts.classes) if category in name.split("|")]
+        mine = np.isin(per_voter[:, 1], kinds)
         voters = ratings.VoterCells(
-            n, keys[rows, 1], pair[rows] // n, pair[rows] % n, outcome[rows], values[rows, 0].copy()
+            n, per_voter[mine, 0], low[mine], high[mine], voter_outcome[mine], counts.voter_boards.values[mine, 0]
         )
         boards[category] = BoardCounts(
             {(p // n, p % n): cells[p].tolist() for p in played.tolist()},

@@ -162,10 +162,14 @@ def _codes(names: Sequence[str], into: list[str]) -> np.ndarray:
 class Tally:
     """The refresh's counts for some battles' votes, as their voters were flagged (``flagged``):
 
-    - ``boards``: keys (category, voter, model A id, model B id, choice), values (votes, votes
-      whose battle recorded its pair probability, sum of 1 / that probability): every board's
-      counted votes, flagged voters' and leaked battles' left out, per voter (the boards'
-      intervals are clustered by voter);
+    - ``boards``: keys (category, model A id, model B id, choice), values (votes, votes whose
+      battle recorded its pair probability, sum of 1 / that probability): every board's counted
+      votes, flagged voters' and leaked battles' left out;
+    - ``voter_boards``: keys (voter, class, first model id, second model id, outcome
+      (``OUTCOMES``)), values (votes,): the same votes per voter (the boards' intervals are
+      clustered by voter), once each: a class (``classes``) is the set of categories a vote
+      counts in ("overall|task:Dates"), so the overall board's votes are not stored again for
+      their task's board;
     - ``left_out``: keys (category, reason), values (votes,): what each board left out, per
       reason (``LEFT_OUT_REASONS``; the first that applies);
     - ``style``: keys (voter, first model id, second model id, outcome (``OUTCOMES``), and the
@@ -184,27 +188,34 @@ class Tally:
     categories: tuple[str, ...] = ()
     voters: tuple[str, ...] = ()
     flagged: frozenset[str] = frozenset()
-    boards: CountTable = field(default_factory=lambda: CountTable.empty(5, 3))
+    classes: tuple[str, ...] = ()
+    boards: CountTable = field(default_factory=lambda: CountTable.empty(4, 3))
     left_out: CountTable = field(default_factory=lambda: CountTable.empty(2, 1))
     style: CountTable = field(default_factory=lambda: CountTable.empty(8, 1))
     ballots: CountTable = field(default_factory=lambda: CountTable.empty(4, 1))
     episodes: CountTable = field(default_factory=lambda: CountTable.empty(7, 1))
+    voter_boards: CountTable = field(default_factory=lambda: CountTable.empty(5, 1))
 
     def plus(self, other: Tally, sign: float = 1.0) -> Tally:
         """This tally with ``other``'s counts added (``sign`` -1: taken out), in this one's codes.
         Both must count the same flagged voters; ``other``'s set is kept."""
-        categories, voters = list(self.categories), list(self.voters)
+        categories, voters, classes = list(self.categories), list(self.voters), list(self.classes)
         category_codes = _codes(other.categories, categories)
         voter_codes = _codes(other.voters, voters)
+        class_codes = _codes(other.classes, classes)
         return Tally(
             categories=tuple(categories),
             voters=tuple(voters),
             flagged=other.flagged,
-            boards=self.boards.plus(other.boards.recoded(0, category_codes).recoded(1, voter_codes), sign),
+            classes=tuple(classes),
+            boards=self.boards.plus(other.boards.recoded(0, category_codes), sign),
             left_out=self.left_out.plus(other.left_out.recoded(0, category_codes), sign),
             style=self.style.plus(other.style.recoded(0, voter_codes), sign),
             ballots=self.ballots.plus(other.ballots.recoded(0, voter_codes), sign),
             episodes=self.episodes.plus(other.episodes, sign),
+            voter_boards=self.voter_boards.plus(
+                other.voter_boards.recoded(0, voter_codes).recoded(1, class_codes), sign
+            ),
         )
 
     def reflagged(self, flagged: frozenset[str], old: Tally, new: Tally) -> Tally:
@@ -234,15 +245,23 @@ class Tally:
         )
 
     def to_bytes(self) -> bytes:
-        """The tally as an uncompressed ``.npz``, each table in the narrowest exact dtypes (a
-        million ballots: about 12 MB instead of 40)."""
+        """The tally as an uncompressed ``.npz``, each column of each table in its narrowest
+        exact dtype (a million ballots: a few bytes a row instead of 40)."""
         buffer = io.BytesIO()
-        names = {"categories": self.categories, "voters": self.voters, "flagged": sorted(self.flagged)}
+        names = {
+            "categories": self.categories,
+            "voters": self.voters,
+            "flagged": sorted(self.flagged),
+            "classes": self.classes,
+        }
         tables = {
-            f"{name}_{part}": _narrowed(getattr(getattr(self, name), part))
+            f"{name}_{part}_{column}": _narrowed(values)
             for name in TABLES
             for part in ("keys", "values")
+            for column, values in enumerate(getattr(getattr(self, name), part).T)
         }
+        shapes = {name: [getattr(self, name).keys.shape[1], getattr(self, name).values.shape[1]] for name in TABLES}
+        names["shapes"] = shapes
         np.savez(
             buffer,
             version=np.array(VERSION),
@@ -258,19 +277,25 @@ class Tally:
             if int(stored["version"]) != VERSION:
                 return None
             names = json.loads(stored["names"].tobytes())
+
+            def columns(name: str, part: str, count: int, dtype: type) -> np.ndarray:
+                rows = [stored[f"{name}_{part}_{column}"].astype(dtype) for column in range(count)]
+                return np.column_stack(rows) if rows else np.zeros((0, 0), dtype)
+
             tables = {
-                name: CountTable(stored[f"{name}_keys"].astype(np.int64), stored[f"{name}_values"].astype(float))
-                for name in TABLES
+                name: CountTable(columns(name, "keys", keys, np.int64), columns(name, "values", values, float))
+                for name, (keys, values) in names["shapes"].items()
             }
         return cls(
             categories=tuple(names["categories"]),
             voters=tuple(names["voters"]),
             flagged=frozenset(names["flagged"]),
+            classes=tuple(names["classes"]),
             **tables,
         )
 
 
-TABLES = ("boards", "left_out", "style", "ballots", "episodes")
+TABLES = ("boards", "left_out", "style", "ballots", "episodes", "voter_boards")
 
 
 def _narrowed(array: np.ndarray) -> np.ndarray:
@@ -340,23 +365,29 @@ def tally_of(
     those battles), with ``flagged`` voters' votes and episodes left out."""
     category_position: dict[str, int] = {}
     voter_position: dict[str, int] = {}
+    class_position: dict[str, int] = {}
     board_keys, board_values, left_keys, left_values, ballot_keys, ballot_values = [], [], [], [], [], []
+    voter_keys, voter_values = [], []
     choice_code = {choice: i for i, choice in enumerate(CHOICES)}
     for row in rows:
         choice = choice_code[row.choice]
         reason = 0 if row.leaked else 1 if row.voter in flagged else 2 if row.over_cap else None
-        voter = voter_position.setdefault(row.voter, len(voter_position)) if not row.leaked else -1
         if not row.leaked:
+            voter = voter_position.setdefault(row.voter, len(voter_position))
             first, second, outcome = _first_model_outcome(row.model_a, row.model_b, row.choice)
             ballot_keys.append((voter, first, second, outcome))
             ballot_values.append((row.votes,))
+            if reason is None and row.categories:
+                kind = class_position.setdefault("|".join(row.categories), len(class_position))
+                voter_keys.append((voter, kind, first, second, outcome))
+                voter_values.append((row.votes,))
         for name in row.categories:
             category = category_position.setdefault(name, len(category_position))
             if reason is not None:
                 left_keys.append((category, reason))
                 left_values.append((row.votes,))
             else:
-                board_keys.append((category, voter, row.model_a, row.model_b, choice))
+                board_keys.append((category, row.model_a, row.model_b, choice))
                 board_values.append((row.votes, row.recorded, row.inverse))
     per_battle: dict[int, int] = {}
     for episode in episode_rows:
@@ -389,7 +420,11 @@ def tally_of(
         categories=tuple(category_position),
         voters=tuple(voter_position),
         flagged=flagged,
-        boards=CountTable.summed(np.array(board_keys, np.int64).reshape(-1, 5), np.array(board_values).reshape(-1, 3)),
+        classes=tuple(class_position),
+        voter_boards=CountTable.summed(
+            np.array(voter_keys, np.int64).reshape(-1, 5), np.array(voter_values).reshape(-1, 1)
+        ),
+        boards=CountTable.summed(np.array(board_keys, np.int64).reshape(-1, 4), np.array(board_values).reshape(-1, 3)),
         left_out=CountTable.summed(np.array(left_keys, np.int64).reshape(-1, 2), np.array(left_values).reshape(-1, 1)),
         style=CountTable.summed(
             np.array(style_keys, np.int64).reshape(-1, 8),

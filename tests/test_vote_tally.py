@@ -60,23 +60,19 @@ def test_a_tally_survives_storage_and_adds_up_in_its_own_codes() -> None:
     first = Tally(
         categories=("overall",),
         voters=("v1",),
-        boards=CountTable.summed(np.array([[0, 0, 1, 2, 0]]), np.array([[3.0, 3.0, 9.0]])),
+        boards=CountTable.summed(np.array([[0, 1, 2, 0]]), np.array([[3.0, 3.0, 9.0]])),
         ballots=CountTable.summed(np.array([[0, 1, 2, 0]]), np.array([[3.0]])),
     )
     second = Tally(
         categories=("task:API calls", "overall"),
         voters=("v2", "v1"),
-        boards=CountTable.summed(
-            np.array([[1, 1, 1, 2, 0], [0, 0, 1, 2, 1]]), np.array([[1.0, 0.0, 0.0], [2.0, 2.0, 6.0]])
-        ),
+        boards=CountTable.summed(np.array([[1, 1, 2, 0], [0, 1, 2, 1]]), np.array([[1.0, 0.0, 0.0], [2.0, 2.0, 6.0]])),
         ballots=CountTable.summed(np.array([[1, 1, 2, 0], [0, 1, 2, 1]]), np.array([[1.0], [2.0]])),
     )
     both = Tally.from_bytes(first.plus(second).to_bytes())
     assert both is not None
     assert both.categories == ("overall", "task:API calls") and both.voters == ("v1", "v2")
-    # Boards by (category, voter, models, choice), in the first tally's codes: v1's overall votes
-    # add up, v2's task vote is recoded.
-    assert both.boards.keys.tolist() == [[0, 0, 1, 2, 0], [1, 1, 1, 2, 1]]
+    assert both.boards.keys.tolist() == [[0, 1, 2, 0], [1, 1, 2, 1]]
     assert both.boards.values.tolist() == [[4.0, 3.0, 9.0], [2.0, 2.0, 6.0]]
     assert both.ballots.keys.tolist() == [[0, 1, 2, 0], [1, 1, 2, 1]]
     assert both.ballots.values.tolist() == [[4.0], [2.0]]
@@ -86,6 +82,7 @@ def canonical(tally: Tally) -> dict[str, Any]:
     """A tally by names instead of codes, rows sorted: equal for equal counts."""
 
     def rows(table: CountTable, *names: tuple[str, ...]) -> list[tuple]:
+        """Rows with their first key columns decoded by ``names``, one list per column."""
         decoded = [
             ((*(n[k] for n, k in zip(names, key, strict=False)), *key[len(names) :]), tuple(round(v, 9) for v in value))
             for key, value in zip(table.keys.tolist(), table.values.tolist(), strict=True)
@@ -94,10 +91,11 @@ def canonical(tally: Tally) -> dict[str, Any]:
 
     return {
         "flagged": sorted(tally.flagged),
-        "boards": rows(tally.boards, tally.categories, tally.voters),
+        "boards": rows(tally.boards, tally.categories),
         "left_out": rows(tally.left_out, tally.categories),
         "style": rows(tally.style, tally.voters),
         "ballots": rows(tally.ballots, tally.voters),
+        "voter_boards": rows(tally.voter_boards, tally.voters, tally.classes),
     }
 
 
