@@ -740,15 +740,18 @@ def _cluster_meat(voter: np.ndarray, first: np.ndarray, second: np.ndarray, resi
     return cluster_meat(voter, np.column_stack([first, second]), np.column_stack([residual, -residual]), n)
 
 
-def cluster_meat(voter: np.ndarray, columns: np.ndarray, values: np.ndarray, dims: int) -> np.ndarray:
-    """sum over voters of s_v s_v^T times G / (G - 1) for G voters, where s_v, a vector of
-    ``dims``, sums over the voter's rows r the ``values[r]`` placed at ``columns[r]`` (each row a
-    vote's or a cell's score). The scores are built densely a block of voters at a time (a
-    bincount, then one product per block): several times faster than a sparse matrix on a
-    million rows, in bounded memory. Rows sorted by voter (as the tally keeps them) are blocked
-    without a sort."""
+def cluster_meat(
+    voter: np.ndarray, columns: np.ndarray, values: np.ndarray, dims: int, dense: np.ndarray | None = None
+) -> np.ndarray:
+    """sum over voters of s_v s_v^T times G / (G - 1) for G voters, where s_v sums over the
+    voter's rows r the ``values[r]`` placed at ``columns[r]`` (of ``dims``), followed by the sum
+    of their ``dense[r]`` (rows x k: the covariates' part of a score, if any). The scores are
+    built densely a block of voters at a time (a bincount, then one product per block): several
+    times faster than a sparse matrix on a million rows, in bounded memory. Rows sorted by voter
+    (as the tally keeps them) are blocked without a sort."""
+    extra = 0 if dense is None else dense.shape[1]
     if voter.size == 0:
-        return np.zeros((dims, dims))
+        return np.zeros((dims + extra, dims + extra))
     present = np.zeros(int(voter.max(initial=0)) + 1, dtype=bool)
     present[voter] = True
     code = (np.cumsum(present) - 1)[voter]  # Dense codes, in the voters' order.
@@ -756,15 +759,23 @@ def cluster_meat(voter: np.ndarray, columns: np.ndarray, values: np.ndarray, dim
     if code.size > 1 and np.any(code[1:] < code[:-1]):
         order = np.argsort(code, kind="stable")
         code, columns, values = code[order], columns[order], values[order]
-    meat = np.zeros((dims, dims))
+        dense = None if dense is None else dense[order]
+    meat = np.zeros((dims + extra, dims + extra))
     chunk = max(min(_CLUSTER_CHUNK, clusters), 1)
     bounds = np.searchsorted(code, np.arange(0, clusters + chunk, chunk))
     with threadpool_limits(limits=1, user_api="blas"):
         for block, (low, high) in enumerate(itertools.pairwise(bounds)):
             if low == high:
                 continue
-            at = ((code[low:high] - block * chunk) * dims)[:, None] + columns[low:high]
+            local = code[low:high] - block * chunk
+            at = (local * dims)[:, None] + columns[low:high]
             scores = np.bincount(at.ravel(), values[low:high].ravel(), chunk * dims).reshape(chunk, dims)
+            if dense is not None:
+                # Rows are grouped by voter: each voter's covariate sums by one reduceat.
+                starts = np.flatnonzero(np.r_[True, local[1:] != local[:-1]])
+                sums = np.zeros((chunk, extra))
+                sums[local[starts]] = np.add.reduceat(dense[low:high], starts, axis=0)
+                scores = np.hstack([scores, sums])
             meat += scores.T @ scores
     return meat * (clusters / max(clusters - 1, 1))
 

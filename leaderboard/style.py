@@ -361,12 +361,11 @@ def style_controlled(
     inverse = np.linalg.pinv(fit.hessian)
     variance = np.diag(inverse @ meat @ inverse)
     if voters is not None and voters.voter.size:
-        k = voters.features.shape[1]
         logit = fit.params[voters.a] - fit.params[voters.b] + voters.features @ fit.params[n:]
         residual = voters.count * (voters.score - 1.0 / (1.0 + np.exp(-logit)))
-        columns = np.column_stack([voters.a, voters.b, np.broadcast_to(n + np.arange(k), (voters.a.size, k))])
-        values = np.column_stack([residual, -residual, voters.features * residual[:, None]])
-        clustered = ratings.cluster_meat(voters.voter, columns, values, n + k)
+        columns = np.column_stack([voters.a, voters.b])
+        values = np.column_stack([residual, -residual])
+        clustered = ratings.cluster_meat(voters.voter, columns, values, n, voters.features * residual[:, None])
         variance = np.maximum(variance, np.diag(inverse @ clustered @ inverse))
     spread = ratings._z(level) * np.sqrt(np.maximum(variance, 0.0))
     return _controlled(n, fit.params, fit.params - spread, fit.params + spread)
