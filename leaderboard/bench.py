@@ -264,6 +264,18 @@ def run_bench(
     episodes = synthetic_episodes(max(votes // 10, 1), models, seed)
     table = synthetic_voters(a, b, score, seed)
     voter = synthetic_board_voters(votes, seed)
+    # Style control's votes per voter, sorted by voter as the running counts keep them (untimed:
+    # the refresh reads them from its counts, as it reads the cells).
+    by_voter = np.argsort(voter, kind="stable")
+    style_voters = style.StyleVoters(
+        models,
+        voter[by_voter],
+        a[by_voter],
+        b[by_voter],
+        score[by_voter],
+        style.rounded_steps(differences[by_voter]) * style.BINS,
+        np.ones(votes),
+    )
     stages = _Stages()
 
     def refresh() -> list[anomaly.Anomaly]:
@@ -287,7 +299,8 @@ def run_bench(
             "style control: votes to cells", lambda: style.StyleOutcomes.from_arrays(models, a, b, score, differences)
         )
         stages.run(
-            f"style control: fit and intervals ({styled.first.size:,} cells)", lambda: style.style_controlled(styled)
+            f"style control: fit and intervals clustered by voter ({styled.first.size:,} cells)",
+            lambda: style.style_controlled(styled, voters=style_voters),
         )
         stages.run(f"fix-ability ({len(episodes):,} episodes)", lambda: fixing.rate_fixes(episodes))
         return stages.run(
