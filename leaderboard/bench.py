@@ -109,27 +109,18 @@ def reduce_to_voter_boards(
     voter: np.ndarray,
     boards: list[np.ndarray],
 ) -> list[ratings.VoterCells]:
-    """Every board's votes per (voter, pair, outcome), as the refresh's running tally holds them
-    (``leaderboard.tally``, sorted by voter): one count per (voter, group, pair, outcome), then
-    each board takes its groups' rows (a voter's rows of several groups add up in the meat)."""
+    """Every board's votes by voter: each board takes its groups' rows, as the refresh takes
+    each board's from its running counts (``leaderboard.tally``: sorted by voter, as the votes
+    given here should be). Repeated (voter, pair, outcome) rows need not be merged: a voter's
+    rows add up in the meat."""
     first, second = np.minimum(a, b), np.maximum(a, b)
     score_first = np.where(a < b, score, 1.0 - score)
     outcome = np.where(score_first == 1.0, 0, np.where(score_first == 0.0, 1, 2))
-    groups = int(group.max()) + 1 if group.size else 1
-    key = (((voter * groups + group) * models + first) * models + second) * 3 + outcome
-    cells, counts = np.unique(key, return_counts=True)
-    code, rest = cells % 3, cells // 3
-    row_second, rest = rest % models, rest // models
-    row_first, rest = rest % models, rest // models
-    row_group, row_voter = rest % groups, rest // groups
     reduced = []
     for board in boards:
-        keep = np.asarray(board)[row_group]
-        reduced.append(
-            ratings.VoterCells(
-                models, row_voter[keep], row_first[keep], row_second[keep], code[keep], counts[keep].astype(float)
-            )
-        )
+        keep = np.asarray(board)[group]
+        rows = int(keep.sum())
+        reduced.append(ratings.VoterCells(models, voter[keep], first[keep], second[keep], outcome[keep], np.ones(rows)))
     return reduced
 
 
@@ -264,9 +255,10 @@ def run_bench(
     episodes = synthetic_episodes(max(votes // 10, 1), models, seed)
     table = synthetic_voters(a, b, score, seed)
     voter = synthetic_board_voters(votes, seed)
-    # Style control's votes per voter, sorted by voter as the running counts keep them (untimed:
-    # the refresh reads them from its counts, as it reads the cells).
-    by_voter = np.argsort(voter, kind="stable")
+    # The votes by voter, sorted by voter as the refresh's running counts keep them (untimed: the
+    # refresh reads them so, as it reads the cells); style control's too.
+    by_voter = np.argsort(voter)
+    sorted_votes = (a[by_voter], b[by_voter], score[by_voter], group[by_voter], voter[by_voter])
     style_voters = style.StyleVoters(
         models,
         voter[by_voter],
@@ -284,8 +276,8 @@ def run_bench(
             lambda: reduce_to_boards(models, a, b, score, group, [groups for _, groups in boards]),
         )
         per_voter = stages.run(
-            f"reduce votes to (voter, pair, outcome) counts ({BOARD_VOTERS:,} voters)",
-            lambda: reduce_to_voter_boards(models, a, b, score, group, voter, [groups for _, groups in boards]),
+            f"votes by voter, per board ({BOARD_VOTERS:,} voters)",
+            lambda: reduce_to_voter_boards(models, *sorted_votes, [groups for _, groups in boards]),
         )
         stages.run("Bradley-Terry fits", lambda: [ratings.bradley_terry(o.wins()) for o in outcomes])
         stages.run(

@@ -746,36 +746,38 @@ def cluster_meat(
     """sum over voters of s_v s_v^T times G / (G - 1) for G voters, where s_v sums over the
     voter's rows r the ``values[r]`` placed at ``columns[r]`` (of ``dims``), followed by the sum
     of their ``dense[r]`` (rows x k: the covariates' part of a score, if any). The scores are
-    built densely a block of voters at a time (a bincount, then one product per block): several
-    times faster than a sparse matrix on a million rows, in bounded memory. Rows sorted by voter
-    (as the tally keeps them) are blocked without a sort."""
+    built densely a block of voters at a time (bincounts, then one product per block): several
+    times faster than a sparse matrix on a million rows, in bounded memory. Rows need only be
+    grouped by block (a counting sort of the block numbers when they are not; rows sorted by
+    voter, as the tally keeps them, already are)."""
     extra = 0 if dense is None else dense.shape[1]
     if voter.size == 0:
         return np.zeros((dims + extra, dims + extra))
     present = np.zeros(int(voter.max(initial=0)) + 1, dtype=bool)
     present[voter] = True
-    code = (np.cumsum(present) - 1)[voter]  # Dense codes, in the voters' order.
+    code = (np.cumsum(present) - 1)[voter]  # Dense codes 0..G-1.
     clusters = int(present.sum())
-    if code.size > 1 and np.any(code[1:] < code[:-1]):
-        order = np.argsort(code, kind="stable")
-        code, columns, values = code[order], columns[order], values[order]
+    chunk = max(min(_CLUSTER_CHUNK, clusters), 1)
+    block = code // chunk
+    blocks = int(block[-1] if block.size else 0) + 1
+    if block.size > 1 and np.any(block[1:] < block[:-1]):
+        blocks = int(block.max()) + 1
+        narrow = block.astype(np.uint16) if blocks < 2**16 else block
+        order = np.argsort(narrow, kind="stable")  # Radix sort on 16 bits: linear.
+        code, block, columns, values = code[order], block[order], columns[order], values[order]
         dense = None if dense is None else dense[order]
     meat = np.zeros((dims + extra, dims + extra))
-    chunk = max(min(_CLUSTER_CHUNK, clusters), 1)
-    bounds = np.searchsorted(code, np.arange(0, clusters + chunk, chunk))
+    bounds = np.searchsorted(block, np.arange(blocks + 1))
     with threadpool_limits(limits=1, user_api="blas"):
-        for block, (low, high) in enumerate(itertools.pairwise(bounds)):
+        for number, (low, high) in enumerate(itertools.pairwise(bounds)):
             if low == high:
                 continue
-            local = code[low:high] - block * chunk
+            local = code[low:high] - number * chunk
             at = (local * dims)[:, None] + columns[low:high]
             scores = np.bincount(at.ravel(), values[low:high].ravel(), chunk * dims).reshape(chunk, dims)
             if dense is not None:
-                # Rows are grouped by voter: each voter's covariate sums by one reduceat.
-                starts = np.flatnonzero(np.r_[True, local[1:] != local[:-1]])
-                sums = np.zeros((chunk, extra))
-                sums[local[starts]] = np.add.reduceat(dense[low:high], starts, axis=0)
-                scores = np.hstack([scores, sums])
+                sums = [np.bincount(local, column, chunk) for column in dense[low:high].T]
+                scores = np.column_stack([scores, *sums])
             meat += scores.T @ scores
     return meat * (clusters / max(clusters - 1, 1))
 
