@@ -279,8 +279,11 @@ class Tally:
             names = json.loads(stored["names"].tobytes())
 
             def columns(name: str, part: str, count: int, dtype: type) -> np.ndarray:
-                rows = [stored[f"{name}_{part}_{column}"].astype(dtype) for column in range(count)]
-                return np.column_stack(rows) if rows else np.zeros((0, 0), dtype)
+                first = stored[f"{name}_{part}_0"] if count else np.zeros(0)
+                table = np.empty((first.size, count), dtype)
+                for column in range(count):
+                    table[:, column] = first if column == 0 else stored[f"{name}_{part}_{column}"]
+                return table
 
             tables = {
                 name: CountTable(columns(name, "keys", keys, np.int64), columns(name, "values", values, float))
