@@ -599,10 +599,11 @@ def open_ends(outcomes: PairOutcomes) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 def _open_shift(differences: np.ndarray, games: np.ndarray, level: float) -> float:
-    """The shift s at which sum games * log sigma(differences + s) falls to -z^2 / 2: the
-    likelihood-ratio bound (chi-square, one degree of freedom) of a set of models that won every
-    one of these games, the others' ratings held at their estimates."""
-    target = -(_z(level) ** 2) / 2.0
+    """The shift s at which the chance of winning every one of these games, prod sigma(differences
+    + s) ** games, falls to (1 - level) / 2: the exact one-sided bound (as Clopper-Pearson's for a
+    proportion with no failure) of a set of models that won them all, the others' ratings held at
+    their estimates. Below it, a clean sweep would have had less than a 2.5% chance."""
+    target = float(np.log((1.0 - level) / 2.0))
 
     def loglik(shift: float) -> float:
         return float(-(games * np.logaddexp(0.0, -(differences + shift))).sum())
@@ -634,7 +635,7 @@ def rate_board(
     - each group of models that met (``comparison_groups``) is fitted on its own, its ratings
       averaging 1000, and ranked within itself;
     - an open-ended side (``open_ends``) gets an infinite bound; the finite one is the
-      likelihood-ratio bound of the model's set against the rest of its group, their ratings
+      exact one-sided bound of the model's set against the rest of its group, their ratings
       held at their estimates (``_open_shift``), and shown as the model's rating; the group's
       ratings are centred on its settled models (those with both bounds) where it has any;
     - ``ci``: "bootstrap" (``bootstrap_intervals``), "sandwich" (``sandwich_intervals``) or
@@ -692,7 +693,7 @@ def settle_open_ends(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A connected group's fit (ratings ``point`` with their bounds) as the votes support it:
     (shown, point, lower, upper, upper open, lower open). An open side (``open_ends``) becomes
-    infinite; the finite one is the likelihood-ratio bound of the model's component against the
+    infinite; the finite one is the exact one-sided bound of the model's component against the
     rest of the group, their ratings held at their estimates (``_open_shift``), and is what the
     model's row shows; the ratings are centred on the settled models where there are any."""
     point, lower, upper = point.copy(), lower.copy(), upper.copy()

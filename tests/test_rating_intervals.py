@@ -133,8 +133,8 @@ def test_an_unbeaten_model_has_an_open_upper_bound_and_ranks_by_its_lower_one() 
         assert newcomer.rank == 1 and rows[0].model == "newcomer"
         settled = [row for row in rows if row.model != "newcomer"]
         assert not any(row.upper_open or row.lower_open for row in settled)
-        # Thirty wins put it above the settled models by a bound the votes support (the
-        # likelihood-ratio bound: about 470 points above its opponents for 30 straight wins).
+        # Thirty wins put it above the settled models by a bound the votes support (about 350
+        # points above its opponents: below that, 30 straight wins had less than a 2.5% chance).
         assert newcomer.lower > max(row.upper for row in settled)
         assert np.mean([row.rating for row in settled]) == pytest.approx(1000.0, abs=0.1)
         text = board.interval_text(newcomer.as_dict())
@@ -144,6 +144,36 @@ def test_an_unbeaten_model_has_an_open_upper_bound_and_ranks_by_its_lower_one() 
     newcomer = next(row for row in rows if row.model == "newcomer")
     assert newcomer.upper_open and newcomer.rank == 1
     assert newcomer.lower < max(row.upper for row in rows if row.model != "newcomer")
+
+
+def test_an_unbeaten_newcomers_floor_holds_its_true_rating() -> None:
+    """The audit's case: a newcomer truly 400 points above six settled models (spread evenly
+    around their mean, so its true rating on the board's scale, centred on them, is 1400), with
+    30 votes. In the arenas where it happens to win all 30 (about 5% of them), its floor must not
+    claim more than that: 400 arenas, every unbeaten one checked."""
+    rng = np.random.default_rng(8)
+    names = [f"m{i}" for i in range(6)] + ["newcomer"]
+    offsets = (np.arange(6) - 2.5) * 50.0
+    unbeaten = covered = 0
+    for _ in range(400):
+        games = []
+        for _ in range(2000):
+            a, b = rng.choice(6, 2, replace=False)
+            games.append(
+                (int(a), int(b), float(rng.random() < 1.0 / (1.0 + 10.0 ** ((offsets[b] - offsets[a]) / 400.0))))
+            )
+        for _ in range(30):
+            b = int(rng.integers(0, 6))
+            games.append((6, b, float(rng.random() < 1.0 / (1.0 + 10.0 ** ((offsets[b] - 400.0) / 400.0)))))
+        if not all(score == 1.0 for a, _, score in games if a == 6):
+            continue
+        unbeaten += 1
+        rows = board.compute_board(names, ratings.PairOutcomes.from_games(7, games), ci="sandwich")
+        newcomer = next(row for row in rows if row.model == "newcomer")
+        assert newcomer.upper_open
+        covered += newcomer.lower <= 1400.0
+    assert unbeaten >= 10
+    assert covered == unbeaten
 
 
 def test_a_model_that_never_won_has_an_open_lower_bound() -> None:
