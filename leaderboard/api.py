@@ -9,6 +9,7 @@ from ninja.errors import HttpError
 
 from arena_site.api_common import ERRORS, Error
 from leaderboard import selectors as leaderboard_selectors
+from leaderboard import wording
 
 router = Router()
 
@@ -20,11 +21,20 @@ class LeaderboardRow(Schema):
     failure, observed: that side is open) or the rating is (no episode to compare)."""
 
     model: str
-    rating: float | None = Field(description="Null: fix-ability with no episode to compare (unrated).")
-    lower: float | None = Field(description="Null: open-ended (fix-ability of a model with no fix observed).")
-    upper: float | None = Field(description="Null: open-ended (fix-ability of a model with no failure observed).")
-    rank: int | None = Field(description="Null: unrated.")
+    rating: float | None = Field(
+        description="On an open-ended vote-board interval: its finite bound (what the votes support). "
+        "Null: fix-ability with no episode to compare (unrated)."
+    )
+    lower: float | None = Field(description="Null: open-ended, no lower bound (lower_open; bound_note says why).")
+    upper: float | None = Field(description="Null: open-ended, no upper bound (upper_open; bound_note says why).")
+    rank: int | None = Field(
+        description="1 + the models of its group whose interval lies wholly above this one's. Null: unrated."
+    )
     provisional: bool
+    group: int = Field(1, description="Comparison group (1: the largest); models of different groups never met.")
+    lower_open: bool = Field(False, description="No lower bound: the model never won a vote (or never beat the rest).")
+    upper_open: bool = Field(False, description="No upper bound: the model is unbeaten (or never beaten by the rest).")
+    bound_note: str = Field("", description="Why an interval is open, in words (e.g. 'unbeaten').")
     votes: int | None = None
     elo: float | None = None
     fix_rate: dict[str, Any] | float | None = None
@@ -61,6 +71,9 @@ class Leaderboard(Schema):
         description="With style control: each style coefficient {value, lower, upper}, log-odds per unit of difference."
     )
     unrated: list[str] = Field(description="Models without a vote in this category: not yet rated, not ranked.")
+    groups: list[dict[str, Any]] = Field(
+        description="With models in several comparison groups: per group {group, models, reason}; else empty."
+    )
     categories: list[str]
 
 
@@ -78,6 +91,7 @@ def leaderboard(
     snapshot = snapshots.get(category)
     if snapshot is None:
         raise HttpError(404, f"No category {category!r}; known: {', '.join(snapshots)}.")
+    rows = snapshot.style_rows if style and snapshot.style_rows else snapshot.rows
     return {
         "refresh_id": found.pk,
         "refreshed": found.created,
@@ -86,7 +100,8 @@ def leaderboard(
         "method": snapshot.method,
         "votes": snapshot.votes,
         "excluded": snapshot.excluded,
-        "rows": snapshot.style_rows if style and snapshot.style_rows else snapshot.rows,
+        "rows": rows,
+        "groups": wording.group_notes(rows),
         "style_control": bool(style and snapshot.style_rows),
         "style_coefficients": snapshot.style_coefficients if style else {},
         "unrated": snapshot.unrated,

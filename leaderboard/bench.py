@@ -2,12 +2,14 @@
 
 Stages, each timed (wall clock) on every repeat of the whole refresh and run once more for its
 peak traced memory (tracemalloc, which numpy reports to): reduction of the votes to pairwise
-counts, the Bradley-Terry fits, bootstrap intervals, rank fragility (leaderboard.fragility), the
-matrices, style control (the votes reduced to cells with their style differences, then the
-contextual fit with its intervals), fix-ability on synthetic episodes (one for every ten votes)
-and anomaly detection. As in the site's refresh (leaderboard.services), BLAS keeps to one
-thread throughout. With ``busy`` processes, the whole refresh is timed again while that many
-processes spin on the machine's cores (leaderboard.busy). Online Elo is
+counts and to counts per (voter, pair, outcome), the Bradley-Terry fits, the intervals clustered
+by voter with the comparison groups and open ends (``ratings.rate_board``, as the site's refresh
+rates its vote boards), rank fragility (leaderboard.fragility), the matrices, style control (the
+votes reduced to cells with their style differences, then the contextual fit with its intervals
+clustered by voter), fix-ability on synthetic episodes (one for every ten votes) and anomaly
+detection. As in the site's refresh (leaderboard.services), BLAS keeps to one thread throughout.
+With ``busy`` processes, the whole refresh is timed again while that many processes spin on the
+machine's cores (leaderboard.busy). Online Elo is
 maintained as votes arrive in a live arena, so a refresh does not pay for it; replaying it from
 scratch is timed on its own line.
 
@@ -54,14 +56,17 @@ def synthetic_style(a: np.ndarray, b: np.ndarray, seed: int = 0) -> np.ndarray:
 
 
 def synthetic_episodes(count: int, models: int, seed: int = 0) -> list[fixing.Episode]:
-    """Fix episodes over ``models`` models and 30 task turns, two to a battle."""
+    """Fix episodes over ``models`` models and 30 task turns, two to a battle, each correction of
+    one of the three kinds, one in five a second attempt."""
     rng = np.random.default_rng(seed + 2)
     ability, difficulty = rng.normal(0, 1, models), rng.normal(0, 1, 30)
     model, cell = rng.integers(0, models, count), rng.integers(0, 30, count)
-    fixed = rng.random(count) < 1.0 / (1.0 + np.exp(-(ability[model] + difficulty[cell])))
+    kind, attempt = rng.integers(0, len(fixing.KINDS), count), 1 + (rng.random(count) < 0.2)
+    fixed = rng.random(count) < 1.0 / (1.0 + np.exp(-(ability[model] + difficulty[cell] + 0.5 * kind)))
+    rows = zip(model.tolist(), cell.tolist(), fixed.tolist(), kind.tolist(), attempt.tolist(), strict=True)
     return [
-        fixing.Episode(f"m{m}", f"t{c // 6}", int(c % 6), bool(f), f"b{k // 2}")
-        for k, (m, c, f) in enumerate(zip(model.tolist(), cell.tolist(), fixed.tolist(), strict=True))
+        fixing.Episode(f"m{m}", f"t{c // 6}", int(c % 6), bool(f), f"b{i // 2}", fixing.KINDS[k], int(n))
+        for i, (m, c, f, k, n) in enumerate(rows)
     ]
 
 
@@ -88,6 +93,41 @@ def reduce_to_boards(
         present = cells.sum(axis=1) > 0
         kept = cells[present]
         reduced.append(ratings.PairOutcomes(models, i[present], j[present], kept[:, 0], kept[:, 1], kept[:, 2]))
+    return reduced
+
+
+BOARD_VOTERS = 200_000  # Voters of the synthetic votes, by whom the boards' intervals are clustered.
+
+
+def synthetic_board_voters(votes: int, seed: int = 0) -> np.ndarray:
+    """A voter per vote among ``BOARD_VOTERS``, unevenly active (lognormal activity: a few
+    voters cast dozens of votes, most one to five)."""
+    rng = np.random.default_rng(seed + 6)
+    activity = rng.lognormal(0.0, 1.0, BOARD_VOTERS)
+    return rng.choice(BOARD_VOTERS, votes, p=activity / activity.sum())
+
+
+def reduce_to_voter_boards(
+    models: int,
+    a: np.ndarray,
+    b: np.ndarray,
+    score: np.ndarray,
+    group: np.ndarray,
+    voter: np.ndarray,
+    boards: list[np.ndarray],
+) -> list[ratings.VoterCells]:
+    """Every board's votes by voter: each board takes its groups' rows, as the refresh takes
+    each board's from its running counts (``leaderboard.tally``: sorted by voter, as the votes
+    given here should be). Repeated (voter, pair, outcome) rows need not be merged: a voter's
+    rows add up in the meat."""
+    first, second = np.minimum(a, b), np.maximum(a, b)
+    score_first = np.where(a < b, score, 1.0 - score)
+    outcome = np.where(score_first == 1.0, 0, np.where(score_first == 0.0, 1, 2))
+    reduced = []
+    for board in boards:
+        keep = np.asarray(board)[group]
+        rows = int(keep.sum())
+        reduced.append(ratings.VoterCells(models, voter[keep], first[keep], second[keep], outcome[keep], np.ones(rows)))
     return reduced
 
 
@@ -224,8 +264,23 @@ def run_bench(
     a, b, score = synthetic_votes(votes, models, seed)  # Inputs: not timed.
     group, boards = synthetic_categories(votes, seed)
     differences = synthetic_style(a, b, seed)
-    episodes = synthetic_episodes(max(votes // 10, 1), models, seed)
+    # As the refresh reads them: counted (the running counts keep the episodes as arrays).
+    episodes = fixing.EpisodeCounts.from_episodes(synthetic_episodes(max(votes // 10, 1), models, seed))
     table = synthetic_voters(a, b, score, seed)
+    voter = synthetic_board_voters(votes, seed)
+    # The votes by voter, sorted by voter as the refresh's running counts keep them (untimed: the
+    # refresh reads them so, as it reads the cells); style control's too.
+    by_voter = np.argsort(voter)
+    sorted_votes = (a[by_voter], b[by_voter], score[by_voter], group[by_voter], voter[by_voter])
+    style_voters = style.StyleVoters(
+        models,
+        voter[by_voter],
+        a[by_voter],
+        b[by_voter],
+        score[by_voter],
+        style.rounded_steps(differences[by_voter]) * style.BINS,
+        np.ones(votes),
+    )
 
     def refresh(stages: _Stages) -> list[anomaly.Anomaly]:
         with threadpool_limits(limits=1, user_api="blas"):  # As the site's refresh.
@@ -236,10 +291,14 @@ def run_bench(
             f"reduce votes to pair counts, one pass ({len(boards)} vote boards)",
             lambda: reduce_to_boards(models, a, b, score, group, [groups for _, groups in boards]),
         )
+        per_voter = stages.run(
+            f"votes by voter, per board ({BOARD_VOTERS:,} voters)",
+            lambda: reduce_to_voter_boards(models, *sorted_votes, [groups for _, groups in boards]),
+        )
         fitted = stages.run("Bradley-Terry fits", lambda: [ratings.bradley_terry(o.wins()) for o in outcomes])
         stages.run(
-            f"bootstrap intervals ({rounds} rounds x {len(boards)} boards)",
-            lambda: [ratings.bootstrap_intervals(o, rounds=rounds, seed=seed) for o in outcomes],
+            f"intervals clustered by voter, groups and open ends ({len(boards)} boards)",
+            lambda: [ratings.rate_board(o, ci="clustered", voters=v) for o, v in zip(outcomes, per_voter, strict=True)],
         )
         orders = [[int(i) for i in np.argsort(-f, kind="stable")] for f in fitted]
         stages.run(
@@ -253,9 +312,10 @@ def run_bench(
             "style control: votes to cells", lambda: style.StyleOutcomes.from_arrays(models, a, b, score, differences)
         )
         stages.run(
-            f"style control: fit and intervals ({styled.first.size:,} cells)", lambda: style.style_controlled(styled)
+            f"style control: fit and intervals clustered by voter ({styled.first.size:,} cells)",
+            lambda: style.style_controlled(styled, voters=style_voters),
         )
-        stages.run(f"fix-ability ({len(episodes):,} episodes)", lambda: fixing.rate_fixes(episodes))
+        stages.run(f"fix-ability ({round(episodes.count.sum()):,} episodes)", lambda: fixing.rate_fixes(episodes))
         return stages.run(
             f"anomaly detection ({len(table.voters):,} voters, {table.voter.size:,} rows)",
             lambda: anomaly.suspicious_voters(table, false_alarms=anomaly.FALSE_ALARMS),
@@ -279,6 +339,16 @@ def run_bench(
             "seconds_total_each_repeat": busy_totals,
             "spinner_cpu_seconds": spinners.cpu_seconds,
         }
+    # The boards' bootstrap intervals (votes taken as independent; rate_battles' default on dumps
+    # that name no voter), timed beside the refresh for comparison, the median of ``repeats``.
+    outcomes = reduce_to_boards(models, a, b, score, group, [groups for _, groups in boards])
+    bootstrap_runs = []
+    for _ in range(repeats):
+        ratings._standard_normals.cache_clear()
+        began = time.perf_counter()
+        for board in outcomes:
+            ratings.bootstrap_intervals(board, rounds=rounds, seed=seed)
+        bootstrap_runs.append(time.perf_counter() - began)
     games = list(zip(a.tolist(), b.tolist(), score.tolist(), strict=True))
     elo_began = time.perf_counter()
     ratings.online_elo(models, games)
@@ -308,6 +378,7 @@ def run_bench(
         "seconds_total_each_repeat": totals,
         "busy": busy_result,
         "elo_replay_seconds": elo_replay,
+        "bootstrap_comparison_seconds": float(np.median(bootstrap_runs)),
         "stuffers_flagged": sum(int(found.voter[1:]) < STUFFERS for found in flagged),
         "honest_flagged": sum(int(found.voter[1:]) >= STUFFERS for found in flagged),
         "reference": reference,
@@ -446,6 +517,8 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(f"{'  each repeat':<60} " + " ".join(f"{seconds:.3f}" for seconds in busy_each))
         lines.append(f"{'  CPU seconds each spinner used':<60} {spun}")
     lines.append(f"{'(online Elo replayed from scratch)':<60} {result['elo_replay_seconds']:>9.3f}")
+    instead = f"(bootstrap intervals instead, {result['rounds']} rounds x {result['boards']} boards)"
+    lines.append(f"{instead:<60} {result['bootstrap_comparison_seconds']:>9.3f}")
     lines.append(
         f"anomaly detection: {result['stuffers_flagged']} of 25 stuffers flagged, {result['honest_flagged']} honest"
     )

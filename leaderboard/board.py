@@ -6,7 +6,7 @@ Shared by the site's refresh and by ``manage.py rate_battles`` (public arena dum
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
@@ -15,25 +15,55 @@ import numpy as np
 from leaderboard import fragility, ratings, style
 
 CI_METHODS = ("bootstrap", "sandwich")
+# The site's boards: the voter-clustered sandwich (``ratings.clustered_intervals``), which needs
+# the votes per voter; public dumps name no voter and take one of ``CI_METHODS``.
+CLUSTERED = "clustered"
 # The public arena's clean_battle "winner" values, as the score of model_a.
 WINNER_SCORES = {"model_a": 1.0, "model_b": 0.0, "tie": 0.5, "tie (bothbad)": 0.5}
 
 
 @dataclass(frozen=True)
 class BoardRow:
+    """A model's row. ``lower`` / ``upper`` are None on an open side (``lower_open`` /
+    ``upper_open``: the votes put no bound there), and ``rating`` is then the finite bound, the
+    figure the votes support; ``bound_note`` says why in words. ``group``: the comparison group
+    (1: the largest); ``rank`` counts within it."""
+
     model: str
     rating: float
-    lower: float
-    upper: float
+    lower: float | None
+    upper: float | None
     rank: int
     votes: int
     elo: float | None
+    group: int = 1
+    lower_open: bool = False
+    upper_open: bool = False
+    bound_note: str = ""
     # Votes whose removal would swap this model with the next one down (leaderboard.fragility);
-    # None for the last row, and on boards that do not compute it (style control).
+    # None for the last row, for the last of its comparison group, and on boards that do not
+    # compute it (style control).
     swap_votes: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def interval_text(row: Mapping[str, Any]) -> str:
+    """A row's 95% interval in words: "lower – upper"; an open side as "≥ 1210, unbeaten" or
+    "≤ 850, never won"; with too little evidence for any width (a bootstrap whose rounds all
+    agree), "too few to tell"."""
+    lower, upper = row.get("lower"), row.get("upper")
+    note = row.get("bound_note") or ""
+    if row.get("upper_open") and row.get("lower_open"):
+        return f"no bound either way, {note}" if note else "no bound either way"
+    if row.get("upper_open"):
+        return f"≥ {lower:.0f}, {note}" if note else f"≥ {lower:.0f}"
+    if row.get("lower_open"):
+        return f"≤ {upper:.0f}, {note}" if note else f"≤ {upper:.0f}"
+    if upper - lower < 0.05:
+        return "too few to tell"
+    return f"{lower:.1f} – {upper:.1f}"
 
 
 def compute_board(
@@ -42,32 +72,45 @@ def compute_board(
     *,
     elo: np.ndarray | None = None,
     ci: str = "bootstrap",
+    voters: ratings.VoterCells | None = None,
     rounds: int = 1000,
     seed: int = 0,
     prior: float | None = None,
     pair_weights: np.ndarray | None = None,
 ) -> list[BoardRow]:
-    """Rows ranked by rating (ties in rank share the number), each with its interval: one per
-    model with a vote. A model without one is not rated at all (``unrated``), rather than shown
-    at the prior's 1000 with an interval of width 0. ``pair_weights`` (one per pair of
-    ``outcomes``): inverse-probability weights for pairs sampled unevenly."""
-    if ci not in CI_METHODS:
-        raise ValueError(f"ci must be one of {', '.join(CI_METHODS)}, got {ci!r}.")
+    """Rows, each with its interval: one per model with a vote, by comparison group (models
+    that never met, directly or through others, are not ranked against each other), then by
+    rating; ties in rank share the number (``ratings.rate_board``). A model without a vote is
+    not rated at all (``unrated``). ``pair_weights`` (one per pair of ``outcomes``):
+    inverse-probability weights for pairs sampled unevenly. ``ci`` "clustered": intervals
+    clustered by voter, from ``voters`` (the votes per voter, in ``names``' numbering)."""
+    if ci not in (*CI_METHODS, CLUSTERED):
+        raise ValueError(f"ci must be one of {', '.join((*CI_METHODS, CLUSTERED))}, got {ci!r}.")
     if outcomes.n_models != len(names):
         raise ValueError("One name per model is needed.")
     played = outcomes.played()
     rated = [name for name, flag in zip(names, played, strict=True) if flag]
     # Every pair with a vote is between played models: restricting keeps the pairs and their order.
     outcomes = outcomes.restricted(played)
-    if ci == "bootstrap":
-        fitted = ratings.bootstrap_intervals(outcomes, rounds=rounds, seed=seed, prior=prior, pair_weights=pair_weights)
-    else:
-        fitted = ratings.sandwich_intervals(outcomes, prior=prior, pair_weights=pair_weights)
+    fitted = ratings.rate_board(
+        outcomes,
+        ci=ci,
+        voters=None if voters is None else voters.restricted(played),
+        rounds=rounds,
+        seed=seed,
+        prior=prior,
+        pair_weights=pair_weights,
+    )
     elo_values = np.asarray(elo)[played] if elo is not None else np.full(len(rated), ratings.BASE_RATING)
-    rows = _ranked_rows(rated, fitted, outcomes.games().sum(axis=1), elo_values)
+    rows = _ranked_rows(rated, fitted, outcomes.games().sum(axis=1), elo_values, outcomes)
     order = [rated.index(row.model) for row in rows]
     swaps = fragility.swap_votes(outcomes, order, prior=prior, pair_weights=pair_weights)
-    return [replace(row, swap_votes=swap) for row, swap in zip(rows, swaps, strict=True)]
+    # Models of comparison groups that never met are not ordered: no number of votes swaps them.
+    following = [row.group for row in rows[1:]] + [None] if rows else []
+    return [
+        replace(row, swap_votes=swap if group == row.group else None)
+        for row, swap, group in zip(rows, swaps, following, strict=True)
+    ]
 
 
 class _Fitted(Protocol):
@@ -77,21 +120,59 @@ class _Fitted(Protocol):
     ranks: np.ndarray
 
 
+def _bound(value: float) -> float | None:
+    return round(float(value), 1) if np.isfinite(value) else None
+
+
+def _bound_notes(fitted: ratings.BoardFit, outcomes: ratings.PairOutcomes) -> list[str]:
+    """Why a model's interval is open, in words."""
+    wins = outcomes.wins()
+    scored, conceded = (wins > 0).sum(axis=1), (wins > 0).sum(axis=0)
+    notes = []
+    for i in range(outcomes.n_models):
+        if fitted.upper_open[i] and fitted.lower_open[i]:
+            notes.append("never compared in either direction with the settled models")
+        elif fitted.upper_open[i]:
+            notes.append("unbeaten" if conceded[i] == 0 else "never beaten by the settled models")
+        elif fitted.lower_open[i]:
+            notes.append("never won" if scored[i] == 0 else "never beat the settled models")
+        else:
+            notes.append("")
+    return notes
+
+
 def _ranked_rows(
-    rated: Sequence[str], fitted: _Fitted, votes: np.ndarray, elo: np.ndarray | None = None
+    rated: Sequence[str],
+    fitted: _Fitted,
+    votes: np.ndarray,
+    elo: np.ndarray | None = None,
+    outcomes: ratings.PairOutcomes | None = None,
 ) -> list[BoardRow]:
     """One row per rated model, best first (ties in rating by name), from a fit's ratings,
-    intervals and ranks (``ratings.RatingsWithIntervals`` or ``style.StyleControlled``)."""
-    order = sorted(range(len(rated)), key=lambda i: (-fitted.ratings[i], rated[i]))
+    intervals and ranks (``ratings.BoardFit``, ``ratings.RatingsWithIntervals`` or
+    ``style.StyleControlled``): by comparison group, then by the fitted rating."""
+    if isinstance(fitted, ratings.BoardFit) and outcomes is not None:
+        group, point = fitted.group, fitted.fitted
+        upper_open, lower_open = fitted.upper_open, fitted.lower_open
+        notes = _bound_notes(fitted, outcomes)
+    else:
+        group, point = np.zeros(len(rated), dtype=np.intp), fitted.ratings
+        upper_open = lower_open = np.zeros(len(rated), dtype=bool)
+        notes = [""] * len(rated)
+    order = sorted(range(len(rated)), key=lambda i: (group[i], -point[i], rated[i]))
     return [
         BoardRow(
             model=rated[i],
             rating=round(float(fitted.ratings[i]), 1),
-            lower=round(float(fitted.lower[i]), 1),
-            upper=round(float(fitted.upper[i]), 1),
+            lower=_bound(fitted.lower[i]),
+            upper=_bound(fitted.upper[i]),
             rank=int(fitted.ranks[i]),
             votes=round(float(votes[i])),
             elo=None if elo is None else round(float(elo[i]), 1),
+            group=int(group[i]) + 1,
+            lower_open=bool(lower_open[i]),
+            upper_open=bool(upper_open[i]),
+            bound_note=notes[i],
         )
         for i in order
     ]
@@ -104,11 +185,13 @@ def compute_style_board(
     ci: str = "sandwich",
     rounds: int = 1000,
     seed: int = 0,
+    voters: style.StyleVoters | None = None,
 ) -> tuple[list[BoardRow], dict[str, Any]]:
     """The board with style control (leaderboard.style): rows of the models with a vote, ranked
     by their rating at equal style (no Elo), and each style coefficient with its interval
     (log-odds per unit of normalised difference). Sandwich intervals by default (one fit: what
-    the site's refresh shows), or bootstrap ones from ``rounds`` resamplings."""
+    the site's refresh shows; clustered by voter with ``voters``), or bootstrap ones from
+    ``rounds`` resamplings."""
     if ci not in CI_METHODS:
         raise ValueError(f"ci must be one of {', '.join(CI_METHODS)}, got {ci!r}.")
     played = outcomes.played()
@@ -116,15 +199,39 @@ def compute_style_board(
     if not rated:
         return [], {}
     restricted = outcomes.restricted(played)
-    if ci == "bootstrap":
-        fitted = style.bootstrap_intervals(restricted, rounds=rounds, seed=seed)
-    else:
-        fitted = style.style_controlled(restricted)
+    voters = None if voters is None else voters.restricted(played)
+
+    def fit(cells: style.StyleOutcomes, rows: style.StyleVoters | None) -> style.StyleControlled:
+        if ci == "bootstrap":
+            return style.bootstrap_intervals(cells, rounds=rounds, seed=seed)
+        return style.style_controlled(cells, voters=rows)
+
+    fitted = fit(restricted, voters)
     counts = np.zeros(len(rated))
     games = restricted.first_wins + restricted.second_wins + restricted.ties
     np.add.at(counts, restricted.first, games)
     np.add.at(counts, restricted.second, games)
-    rows = _ranked_rows(rated, fitted, counts)
+    # Comparison groups and open ends as on the plain board (``ratings.rate_board``): each group
+    # fitted on its own (the coefficients are the whole board's), open sides from the pairs.
+    pairs = _pair_outcomes(restricted)
+    group = ratings.comparison_groups(pairs)
+    n = len(rated)
+    board = {name: np.zeros(n) for name in ("ratings", "lower", "upper", "fitted")}
+    ranks, upper_open, lower_open = np.ones(n, dtype=np.intp), np.zeros(n, bool), np.zeros(n, bool)
+    for label in range(int(group.max(initial=-1)) + 1):
+        keep = group == label
+        part = fitted if keep.all() else fit(restricted.restricted(keep), voters and voters.restricted(keep))
+        shown, point, lower, upper, above, below = ratings.settle_open_ends(
+            pairs.restricted(keep), None, part.ratings, part.lower, part.upper
+        )
+        board["ratings"][keep], board["lower"][keep], board["upper"][keep] = shown, lower, upper
+        board["fitted"][keep] = point
+        ranks[keep] = ratings.ranks_from_intervals(lower, upper)
+        upper_open[keep], lower_open[keep] = above, below
+    settled = ratings.BoardFit(
+        board["ratings"], board["lower"], board["upper"], ranks, group, upper_open, lower_open, board["fitted"], ci
+    )
+    rows = _ranked_rows(rated, settled, counts, None, pairs)
     coefficients = {
         feature: {
             "value": round(float(fitted.coefficients[k]), 4),
@@ -134,6 +241,19 @@ def compute_style_board(
         for k, feature in enumerate(style.FEATURES)
     }
     return rows, coefficients
+
+
+def _pair_outcomes(outcomes: style.StyleOutcomes) -> ratings.PairOutcomes:
+    """The style cells summed per pair."""
+    n = outcomes.n_models
+    code = outcomes.first * n + outcomes.second
+    cells = np.stack(
+        [np.bincount(code, column, n * n) for column in (outcomes.first_wins, outcomes.second_wins, outcomes.ties)],
+        axis=1,
+    )
+    pairs = np.flatnonzero(cells.sum(axis=1))
+    kept = cells[pairs]
+    return ratings.PairOutcomes(n, pairs // n, pairs % n, kept[:, 0], kept[:, 1], kept[:, 2])
 
 
 def unrated(names: Sequence[str], outcomes: ratings.PairOutcomes) -> list[str]:
@@ -186,6 +306,23 @@ def style_votes_from_battles(records: Sequence[Any], names: Sequence[str]) -> li
         score = WINNER_SCORES[record["winner"]]
         votes.append((index_of[record["model_a"]], index_of[record["model_b"]], score, difference))
     return votes
+
+
+def voters_from_battles(records: Sequence[Any], names: Sequence[str]) -> ratings.VoterCells | None:
+    """The battles' votes per voter, the voter being the record's ``judge`` (this arena's dumps
+    and LMArena's releases name one: a stable pseudonym); None when a record names none."""
+    judges = [record.get("judge") for record in records]
+    if not judges or not all(isinstance(judge, str) and judge for judge in judges):
+        return None
+    index_of = {name: i for i, name in enumerate(names)}
+    code = {judge: i for i, judge in enumerate(dict.fromkeys(judges))}
+    return ratings.VoterCells.from_votes(
+        len(names),
+        (
+            (code[judge], index_of[record["model_a"]], index_of[record["model_b"]], WINNER_SCORES[record["winner"]])
+            for judge, record in zip(judges, records, strict=True)
+        ),
+    )
 
 
 def games_from_battles(records: Iterable[Any]) -> tuple[list[str], list[tuple[int, int, float]]]:

@@ -22,8 +22,10 @@ def interval_chart(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     rows = [row for row in rows if row["rating"] is not None]
     if not rows:
         return {"width": WIDTH, "height": ROW, "bars": [], "ticks": []}
-    values = [value for row in rows for value in (row["lower"], row["rating"], row["upper"]) if value is not None]
-    low, high = min(values), max(values)
+    # An open side (``lower`` or ``upper`` None: the votes put no bound there) runs to the
+    # chart's edge, with an arrow in the label.
+    finite = [value for row in rows for value in (row["lower"], row["upper"], row["rating"]) if value is not None]
+    low, high = min(finite), max(finite)
     step = _nice_step(high - low)
     low, high = math.floor(low / step) * step, math.ceil(high / step) * step
     if high == low:
@@ -40,7 +42,7 @@ def interval_chart(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "x1": x(low if row["lower"] is None else row["lower"]),
             "x2": x(high if row["upper"] is None else row["upper"]),
             "cx": x(row["rating"]),
-            "label": f"{row['rating']:.0f} ({_bound(row['lower'])}–{_bound(row['upper'])})",
+            "label": _label(row),
         }
         for index, row in enumerate(rows)
     ]
@@ -55,8 +57,14 @@ def interval_chart(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _bound(value: float | None) -> str:
-    return "open" if value is None else f"{value:.0f}"
+def _label(row: dict[str, Any]) -> str:
+    if row["lower"] is None and row["upper"] is None:
+        return "no bound either way"
+    if row["upper"] is None:
+        return f"≥ {row['lower']:.0f} (no upper bound)"
+    if row["lower"] is None:
+        return f"≤ {row['upper']:.0f} (no lower bound)"
+    return f"{row['rating']:.0f} ({row['lower']:.0f}–{row['upper']:.0f})"
 
 
 def _nice_step(span: float) -> float:

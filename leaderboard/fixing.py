@@ -133,7 +133,14 @@ class FixAbility:
     open_ended: str = ""  # NO_FIX, NO_FAILURE or NO_COMPARISON; empty: an estimate with a closed interval.
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The row, with the open ends flagged as the vote boards' rows flag them
+        (``lower_open``, ``upper_open``, ``bound_note``), so that one display serves both."""
+        rated = self.rating is not None
+        return asdict(self) | {
+            "lower_open": rated and self.lower is None,
+            "upper_open": rated and self.upper is None,
+            "bound_note": self.open_ended,
+        }
 
 
 @dataclass(frozen=True)

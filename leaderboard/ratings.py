@@ -12,6 +12,7 @@ geometric mean is 1 (the ratings average 1000).
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -415,6 +416,371 @@ def sandwich_intervals(
     half = _z(level) * _TO_RATING * np.sqrt(np.maximum(np.diag(covariance), 0.0))
     lower, upper = ratings - half, ratings + half
     return RatingsWithIntervals(ratings, lower, upper, ranks_from_intervals(lower, upper), "sandwich")
+
+
+@dataclass(frozen=True)
+class VoterCells:
+    """The votes per (voter, pair, outcome): what a cluster-robust interval needs besides the
+    pair counts. A voter's votes share the voter's taste, so they are not independent pieces of
+    evidence; the voter is the cluster. Models are indices as in ``PairOutcomes`` (i < j)."""
+
+    n_models: int
+    voter: np.ndarray  # A code per row (any non-negative integers).
+    first: np.ndarray
+    second: np.ndarray
+    outcome: np.ndarray  # 0: the first won, 1: the second won, 2: a tie.
+    count: np.ndarray
+
+    @classmethod
+    def from_votes(cls, n_models: int, votes: Iterable[tuple[int, int, int, float]]) -> VoterCells:
+        """From (voter code, model a, model b, score of a) votes, one row each."""
+        rows = np.array(list(votes), dtype=float).reshape(-1, 4)
+        a, b, score = rows[:, 1].astype(np.intp), rows[:, 2].astype(np.intp), rows[:, 3]
+        score_first = np.where(a < b, score, 1.0 - score)
+        return cls(
+            n_models,
+            rows[:, 0].astype(np.intp),
+            np.minimum(a, b),
+            np.maximum(a, b),
+            np.where(score_first == 1.0, 0, np.where(score_first == 0.0, 1, 2)),
+            np.ones(len(rows)),
+        )
+
+    def outcomes(self) -> PairOutcomes:
+        """The pair counts, summed over voters."""
+        n = self.n_models
+        cells = np.bincount((self.first * n + self.second) * 3 + self.outcome, self.count, n * n * 3).reshape(-1, 3)
+        pairs = np.flatnonzero(cells.sum(axis=1))
+        kept = cells[pairs]
+        return PairOutcomes(n, pairs // n, pairs % n, kept[:, 0], kept[:, 1], kept[:, 2])
+
+    def restricted(self, keep: np.ndarray) -> VoterCells:
+        """The rows among the models where ``keep`` is true, renumbered in their order."""
+        keep = np.asarray(keep, dtype=bool)
+        if keep.all():
+            return self
+        new_index = np.cumsum(keep) - 1
+        inside = keep[self.first] & keep[self.second]
+        return VoterCells(
+            int(keep.sum()),
+            self.voter[inside],
+            new_index[self.first[inside]],
+            new_index[self.second[inside]],
+            self.outcome[inside],
+            self.count[inside],
+        )
+
+
+CLUSTERED = "voter-clustered"  # The method's name, as snapshots store it.
+
+
+def clustered_intervals(
+    outcomes: PairOutcomes,
+    voters: VoterCells,
+    *,
+    prior: float | None = None,
+    pair_weights: np.ndarray | None = None,
+    level: float = 0.95,
+) -> RatingsWithIntervals:
+    """Ratings with cluster-robust (sandwich) intervals, the voter as the cluster: the votes of
+    one voter share that voter's taste, and counting them as independent evidence makes the
+    intervals too narrow when voters differ (tests/test_rating_intervals.py).
+
+    The fit is the penalised Bradley-Terry of ``outcomes`` (which must be ``voters`` summed over
+    voters). The bread is the penalised likelihood's Hessian; the meat sums, over voters, the
+    outer product of each voter's score (the sum over the voter's votes of the vote's residual
+    times e_i - e_j), with the small-sample factor G / (G - 1) for G voters: O(rows) in all.
+    Each model's variance is at least the one that counts every vote as independent (the
+    vote-level sandwich), so that a board of a few voters, whose cluster estimate is noisy, is
+    not made more certain by clustering.
+    """
+    weights = _checked_weights(outcomes, pair_weights)
+    n = outcomes.n_models
+    prior = _prior(prior, n)
+    scale = np.ones(outcomes.first.size) if weights is None else weights
+    theta = _fit_log_strengths(outcomes.wins(weights), prior)
+    ratings = BASE_RATING + _TO_RATING * theta
+    if n < 2 or round(outcomes.total) == 0:
+        return RatingsWithIntervals(
+            ratings, ratings.copy(), ratings.copy(), ranks_from_intervals(ratings, ratings), CLUSTERED
+        )
+    i, j = outcomes.first, outcomes.second
+    p = 1.0 / (1.0 + np.exp(theta[j] - theta[i]))
+    games = outcomes.first_wins + outcomes.second_wins + outcomes.ties
+    every_first, every_second = np.triu_indices(n, 1)
+    p_every = 1.0 / (1.0 + np.exp(theta[every_second] - theta[every_first]))
+    bread = _laplacian(n, i, j, scale * games * p * (1.0 - p))
+    bread += _laplacian(n, every_first, every_second, prior * p_every * (1.0 - p_every))
+    inverse = np.linalg.pinv(bread)  # The centred gauge: the null space is the common shift.
+    squared = outcomes.first_wins * (1.0 - p) ** 2 + outcomes.second_wins * p**2 + outcomes.ties * (0.5 - p) ** 2
+    vote_level = np.diag(inverse @ _laplacian(n, i, j, scale**2 * squared) @ inverse)
+    # Per row: its votes' residual, weighted as their pair is.
+    pair_weight = np.ones((n, n))
+    pair_weight[i, j] = scale
+    vi, vj = voters.first, voters.second
+    p_row = 1.0 / (1.0 + np.exp(theta[vj] - theta[vi]))
+    residual = voters.count * pair_weight[vi, vj] * (np.array([1.0, 0.0, 0.5])[voters.outcome] - p_row)
+    meat = _cluster_meat(voters.voter, vi, vj, residual, n)
+    clustered = np.diag(inverse @ meat @ inverse)
+    half = _z(level) * _TO_RATING * np.sqrt(np.maximum(np.maximum(clustered, vote_level), 0.0))
+    lower, upper = ratings - half, ratings + half
+    return RatingsWithIntervals(ratings, lower, upper, ranks_from_intervals(lower, upper), CLUSTERED)
+
+
+@dataclass(frozen=True)
+class BoardFit:
+    """A board's ratings as the data supports them (``rate_board``), per model:
+
+    - ``group``: its component of the comparison graph (0: the largest). Models of different
+      groups never met, directly or through other models: their ratings are on scales of their
+      own, and ranks count within a group only;
+    - ``upper_open`` / ``lower_open``: the votes put no bound on that side (an unbeaten model,
+      or a set of models that never lost a vote to the rest of their group: above; one that
+      never won: below). The bound is then infinite, and ``ratings`` holds the finite one;
+    - ``ranks``: 1 + the models of its group whose lower bound is above its upper bound.
+    - ``fitted``: the penalised fit's point (for ordering rows only: for an open-ended model it
+      is set by the prior, not by the data).
+    """
+
+    ratings: np.ndarray
+    lower: np.ndarray
+    upper: np.ndarray
+    ranks: np.ndarray
+    group: np.ndarray
+    upper_open: np.ndarray
+    lower_open: np.ndarray
+    fitted: np.ndarray
+    method: str
+
+
+def comparison_groups(outcomes: PairOutcomes) -> np.ndarray:
+    """Each model's component of the graph of pairs that met, numbered by size (0: the largest;
+    equal sizes by their first model)."""
+    from scipy.sparse.csgraph import connected_components
+
+    _, labels = connected_components(outcomes.games() > 0, directed=False)
+    order = sorted(set(labels.tolist()), key=lambda label: (-(labels == label).sum(), np.argmax(labels == label)))
+    renumber = np.empty(len(order), dtype=np.intp)
+    renumber[order] = np.arange(len(order))
+    return renumber[labels]
+
+
+def open_ends(outcomes: PairOutcomes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(upper open, lower open, component) per model of one connected group: the sides on which
+    the votes put no bound. Draw an arrow i -> j when i scored against j (a win or a tie). The
+    Bradley-Terry maximum exists when every model reaches every other (one strongly connected
+    component); otherwise the components drift apart without bound. Where one component is
+    larger than every other and holds two models or more, it is the reference (the settled
+    models): another component is open above when the reference never reaches it (never beat
+    it, directly or through others), open below when it never reaches the reference. Else
+    (every component one model, as after a few decisive votes): a component no arrow enters
+    (it never lost a vote) is open above, one no arrow leaves (it never won one) open below."""
+    from scipy.sparse.csgraph import breadth_first_order, connected_components
+
+    scored = outcomes.wins() > 0
+    count, labels = connected_components(scored, directed=True, connection="strong")
+    upper, lower = np.zeros(outcomes.n_models, bool), np.zeros(outcomes.n_models, bool)
+    if count < 2:
+        return upper, lower, labels
+    sizes = np.bincount(labels, minlength=count)
+    largest = np.flatnonzero(sizes == sizes.max())
+    if sizes.max() >= 2 and largest.size == 1:
+        start = int(np.flatnonzero(labels == largest[0])[0])
+        reached = np.zeros(outcomes.n_models, bool)
+        reached[breadth_first_order(scored, start, directed=True, return_predecessors=False)] = True
+        reaching = np.zeros(outcomes.n_models, bool)
+        reaching[breadth_first_order(scored.T, start, directed=True, return_predecessors=False)] = True
+        return ~reached, ~reaching, labels
+    for label in range(count):
+        inside = labels == label
+        upper[inside] = not scored[np.ix_(~inside, inside)].any()
+        lower[inside] = not scored[np.ix_(inside, ~inside)].any()
+    return upper, lower, labels
+
+
+def _open_shift(differences: np.ndarray, games: np.ndarray, level: float) -> float:
+    """The shift s at which the chance of winning every one of these games, prod sigma(differences
+    + s) ** games, falls to (1 - level) / 2: the exact one-sided bound (as Clopper-Pearson's for a
+    proportion with no failure) of a set of models that won them all, the others' ratings held at
+    their estimates. Below it, a clean sweep would have had less than a 2.5% chance."""
+    target = float(np.log((1.0 - level) / 2.0))
+
+    def loglik(shift: float) -> float:
+        return float(-(games * np.logaddexp(0.0, -(differences + shift))).sum())
+
+    low, high = -60.0, 60.0
+    for _ in range(80):
+        middle = (low + high) / 2.0
+        if loglik(middle) < target:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2.0
+
+
+def rate_board(
+    outcomes: PairOutcomes,
+    *,
+    ci: str = "bootstrap",
+    voters: VoterCells | None = None,
+    rounds: int = 1000,
+    seed: int = 0,
+    prior: float | None = None,
+    pair_weights: np.ndarray | None = None,
+    level: float = 0.95,
+) -> BoardFit:
+    """Ratings, intervals and ranks of models that each have a vote, claiming no more than the
+    votes support:
+
+    - each group of models that met (``comparison_groups``) is fitted on its own, its ratings
+      averaging 1000, and ranked within itself;
+    - an open-ended side (``open_ends``) gets an infinite bound; the finite one is the
+      exact one-sided bound of the model's set against the rest of its group, their ratings
+      held at their estimates (``_open_shift``), and shown as the model's rating; the group's
+      ratings are centred on its settled models (those with both bounds) where it has any;
+    - ``ci``: "bootstrap" (``bootstrap_intervals``), "sandwich" (``sandwich_intervals``) or
+      "clustered" (``clustered_intervals``, which needs ``voters``).
+    """
+    n = outcomes.n_models
+    weights = None if pair_weights is None else np.asarray(pair_weights, dtype=float)
+    group = comparison_groups(outcomes) if n else np.zeros(0, dtype=np.intp)
+    result = {name: np.zeros(n) for name in ("ratings", "lower", "upper", "fitted")}
+    ranks = np.ones(n, dtype=np.intp)
+    upper_open, lower_open = np.zeros(n, bool), np.zeros(n, bool)
+    method = ci
+    for label in range(int(group.max(initial=-1)) + 1):
+        keep = group == label
+        inside = keep[outcomes.first] & keep[outcomes.second]
+        sub = outcomes.restricted(keep)
+        sub_weights = None if weights is None else weights[inside]
+        if ci == "bootstrap":
+            fit = bootstrap_intervals(sub, rounds=rounds, seed=seed, prior=prior, pair_weights=sub_weights, level=level)
+        elif ci == "sandwich":
+            fit = sandwich_intervals(sub, prior=prior, pair_weights=sub_weights, level=level)
+        elif ci == "clustered":
+            if voters is None:
+                raise ValueError("Intervals clustered by voter need the votes per voter.")
+            fit = clustered_intervals(sub, voters.restricted(keep), prior=prior, pair_weights=sub_weights, level=level)
+        else:
+            raise ValueError(f"Unknown interval method {ci!r}.")
+        method = fit.method
+        point, lower, upper = fit.ratings.copy(), fit.lower.copy(), fit.upper.copy()
+        shown, point, lower, upper, above, below = settle_open_ends(sub, sub_weights, point, lower, upper, level)
+        result["ratings"][keep], result["lower"][keep], result["upper"][keep] = shown, lower, upper
+        result["fitted"][keep] = point
+        ranks[keep] = ranks_from_intervals(lower, upper)
+        upper_open[keep], lower_open[keep] = above, below
+    return BoardFit(
+        result["ratings"],
+        result["lower"],
+        result["upper"],
+        ranks,
+        group,
+        upper_open,
+        lower_open,
+        result["fitted"],
+        method,
+    )
+
+
+def settle_open_ends(
+    outcomes: PairOutcomes,
+    pair_weights: np.ndarray | None,
+    point: np.ndarray,
+    lower: np.ndarray,
+    upper: np.ndarray,
+    level: float = 0.95,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A connected group's fit (ratings ``point`` with their bounds) as the votes support it:
+    (shown, point, lower, upper, upper open, lower open). An open side (``open_ends``) becomes
+    infinite; the finite one is the exact one-sided bound of the model's component against the
+    rest of the group, their ratings held at their estimates (``_open_shift``), and is what the
+    model's row shows; the ratings are centred on the settled models where there are any."""
+    point, lower, upper = point.copy(), lower.copy(), upper.copy()
+    above, below, components = open_ends(outcomes)
+    if not (above.any() or below.any()):
+        return point, point, lower, upper, above, below
+    theta = (point - BASE_RATING) / _TO_RATING
+    games = outcomes.games() * _weight_matrix(outcomes, _checked_weights(outcomes, pair_weights))
+    scored = outcomes.wins() > 0
+    for label in sorted(set(components[above | below].tolist())):
+        members = components == label
+        rest = ~members
+        # Pairs across components went one way: won by the members (they bound them below) or
+        # lost (above).
+        won = games[np.ix_(members, rest)] * scored[np.ix_(members, rest)]
+        lost = games[np.ix_(members, rest)] * scored[np.ix_(rest, members)].T
+        gap = theta[members][:, None] - theta[rest][None, :]
+        floor = BASE_RATING + _TO_RATING * (theta[members] + _open_shift(gap.ravel(), won.ravel(), level))
+        ceiling = BASE_RATING + _TO_RATING * (theta[members] - _open_shift(-gap.ravel(), lost.ravel(), level))
+        if above[members].all():
+            upper[members] = np.inf
+            lower[members] = floor if won.any() else -np.inf
+        if below[members].all():
+            lower[members] = -np.inf
+            upper[members] = ceiling if lost.any() else np.inf
+    settled = ~(above | below)
+    shown = np.where(above & ~below, lower, np.where(below & ~above, upper, point))
+    centre = (point[settled] if settled.any() else shown).mean() - BASE_RATING
+    return shown - centre, point - centre, lower - centre, upper - centre, above, below
+
+
+def _weight_matrix(outcomes: PairOutcomes, weights: np.ndarray | None) -> np.ndarray:
+    matrix = np.ones((outcomes.n_models, outcomes.n_models))
+    if weights is not None:
+        matrix[outcomes.first, outcomes.second] = matrix[outcomes.second, outcomes.first] = weights
+    return matrix
+
+
+_CLUSTER_CHUNK = 20_000  # Voters per block of the meat's dense scores: 20,000 x models floats.
+
+
+def _cluster_meat(voter: np.ndarray, first: np.ndarray, second: np.ndarray, residual: np.ndarray, n: int) -> np.ndarray:
+    """sum over voters of s_v s_v^T, s_v the voter's score (``residual`` on ``first``, minus it on
+    ``second``), times G / (G - 1) for G voters (``cluster_meat``)."""
+    return cluster_meat(voter, np.column_stack([first, second]), np.column_stack([residual, -residual]), n)
+
+
+def cluster_meat(
+    voter: np.ndarray, columns: np.ndarray, values: np.ndarray, dims: int, dense: np.ndarray | None = None
+) -> np.ndarray:
+    """sum over voters of s_v s_v^T times G / (G - 1) for G voters, where s_v sums over the
+    voter's rows r the ``values[r]`` placed at ``columns[r]`` (of ``dims``), followed by the sum
+    of their ``dense[r]`` (rows x k: the covariates' part of a score, if any). The scores are
+    built densely a block of voters at a time (bincounts, then one product per block): several
+    times faster than a sparse matrix on a million rows, in bounded memory. Rows need only be
+    grouped by block (a counting sort of the block numbers when they are not; rows sorted by
+    voter, as the tally keeps them, already are)."""
+    extra = 0 if dense is None else dense.shape[1]
+    if voter.size == 0:
+        return np.zeros((dims + extra, dims + extra))
+    present = np.zeros(int(voter.max(initial=0)) + 1, dtype=bool)
+    present[voter] = True
+    code = (np.cumsum(present) - 1)[voter]  # Dense codes 0..G-1.
+    clusters = int(present.sum())
+    chunk = max(min(_CLUSTER_CHUNK, clusters), 1)
+    block = code // chunk
+    blocks = int(block[-1] if block.size else 0) + 1
+    if block.size > 1 and np.any(block[1:] < block[:-1]):
+        blocks = int(block.max()) + 1
+        narrow = block.astype(np.uint16) if blocks < 2**16 else block
+        order = np.argsort(narrow, kind="stable")  # Radix sort on 16 bits: linear.
+        code, block, columns, values = code[order], block[order], columns[order], values[order]
+        dense = None if dense is None else dense[order]
+    meat = np.zeros((dims + extra, dims + extra))
+    bounds = np.searchsorted(block, np.arange(blocks + 1))
+    with threadpool_limits(limits=1, user_api="blas"):
+        for number, (low, high) in enumerate(itertools.pairwise(bounds)):
+            if low == high:
+                continue
+            local = code[low:high] - number * chunk
+            at = (local * dims)[:, None] + columns[low:high]
+            scores = np.bincount(at.ravel(), values[low:high].ravel(), chunk * dims).reshape(chunk, dims)
+            if dense is not None:
+                sums = [np.bincount(local, column, chunk) for column in dense[low:high].T]
+                scores = np.column_stack([scores, *sums])
+            meat += scores.T @ scores
+    return meat * (clusters / max(clusters - 1, 1))
 
 
 def _laplacian(n: int, i: np.ndarray, j: np.ndarray, weight: np.ndarray) -> np.ndarray:

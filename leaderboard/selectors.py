@@ -141,12 +141,14 @@ EXCLUSION_REASONS = ("identity leak", "flagged voter", "over daily cap", "unfini
 @dataclass
 class BoardCounts:
     """One category's counted votes per unordered pair (model positions i < j): wins of i,
-    wins of j, ties; the sum of 1 / pair probability of their battles; and how many votes have
-    no recorded probability."""
+    wins of j, ties; the sum of 1 / pair probability of their battles; how many votes have
+    no recorded probability; and the same votes per voter (``voters``, in the roster's
+    positions: what the intervals clustered by voter read)."""
 
     cells: dict[tuple[int, int], list[float]]
     inverse: dict[tuple[int, int], float]
     unrecorded: int
+    voters: ratings.VoterCells | None = None
 
 
 @dataclass(frozen=True)
@@ -213,7 +215,7 @@ def _style_rows(votes: QuerySet[Vote]) -> list[tuple]:
         steps[f"step_{feature}"] = Cast(Sign(difference) * Floor(Abs(difference) / style.BINS + 0.5), IntegerField())
     return _raw_rows(
         votes.annotate(**steps)
-        .values_list("battle__model_a_id", "battle__model_b_id", "choice", *steps)
+        .values_list("battle__voter_key", "battle__model_a_id", "battle__model_b_id", "choice", *steps)
         .annotate(n=Count("id"))
         .order_by()
     )
@@ -349,6 +351,13 @@ def vote_tally(names: list[str], counts: tally.Tally | None = None) -> VoteTally
     score_i = np.where(a < b, score, 1.0 - score)  # For the pair's first model (i < j).
     outcome = np.where(score_i == 1.0, 0, np.where(score_i == 0.0, 1, 2))
     pair = np.minimum(a, b) * n + np.maximum(a, b)
+    # The votes per voter, once each (by class: the categories a vote counts in), sorted by voter.
+    per_voter = counts.voter_boards.keys
+    first_position, second_position = position[per_voter[:, 2]], position[per_voter[:, 3]]
+    score_first = np.array(tally.OUTCOMES)[per_voter[:, 4]]  # Of the model with the smaller id.
+    score_first = np.where(first_position < second_position, score_first, 1.0 - score_first)
+    voter_outcome = np.where(score_first == 1.0, 0, np.where(score_first == 0.0, 1, 2))
+    low, high = np.minimum(first_position, second_position), np.maximum(first_position, second_position)
     boards: dict[str, BoardCounts] = {}
     for code, category in enumerate(counts.categories):
         rows = keys[:, 0] == code
@@ -357,10 +366,16 @@ def vote_tally(names: list[str], counts: tally.Tally | None = None) -> VoteTally
         cells = np.bincount(pair[rows] * 3 + outcome[rows], values[rows, 0], minlength=n * n * 3).reshape(-1, 3)
         inverse = np.bincount(pair[rows], values[rows, 2], minlength=n * n)
         played = np.flatnonzero(cells.sum(axis=1))
+        kinds = [kind for kind, name in enumerate(counts.classes) if category in name.split("|")]
+        mine = np.isin(per_voter[:, 1], kinds)
+        voters = ratings.VoterCells(
+            n, per_voter[mine, 0], low[mine], high[mine], voter_outcome[mine], counts.voter_boards.values[mine, 0]
+        )
         boards[category] = BoardCounts(
             {(p // n, p % n): cells[p].tolist() for p in played.tolist()},
             {(p // n, p % n): float(inverse[p]) for p in played.tolist()},
             round(values[rows, 0].sum() - values[rows, 1].sum()),
+            voters,
         )
     left_out: dict[str, dict[str, int]] = {}
     for (category, reason), (votes,) in zip(
@@ -400,6 +415,8 @@ class CategoryData:
     # Per pair (in ``outcomes`` order): the mean inverse sampling probability of its votes' battles;
     # None when a counted battle has none recorded (drawn before it was).
     pair_weights: np.ndarray | None = None
+    # The same votes per voter (the intervals are clustered by voter).
+    voters: ratings.VoterCells | None = None
 
 
 def _positions_by_id(names: list[str]) -> dict[int, int]:
@@ -430,7 +447,8 @@ def category_data(category: str, names: list[str], counts: BoardCounts | None = 
         if cells and not counts.unrecorded
         else None
     )
-    return CategoryData(names, ratings.PairOutcomes.from_cells(len(names), cells), pair_weights)
+    voters = counts.voters if counts.voters is not None else ratings.VoterCells.from_votes(len(names), [])
+    return CategoryData(names, ratings.PairOutcomes.from_cells(len(names), cells), pair_weights, voters)
 
 
 @dataclass
@@ -485,11 +503,29 @@ def style_outcomes(names: list[str], counts: tally.Tally | None = None) -> style
     keys = counts.style.keys
     return style.StyleOutcomes.from_arrays(
         len(names),
-        position[keys[:, 0]],
         position[keys[:, 1]],
-        np.array(tally.OUTCOMES)[keys[:, 2]],
-        keys[:, 3:7] * style.BINS,
+        position[keys[:, 2]],
+        np.array(tally.OUTCOMES)[keys[:, 3]],
+        keys[:, 4:8] * style.BINS,
         counts=counts.style.values[:, 0],
+    )
+
+
+def style_voters(names: list[str], counts: tally.Tally | None = None) -> style.StyleVoters:
+    """The overall board's counted votes as style rows per voter (what style control's
+    intervals, clustered by voter, read), from the same counts as ``style_outcomes``."""
+    counts = current_tally() if counts is None else counts
+    position = _position_array(names)
+    keys = counts.style.keys
+    a, b = (position[keys[:, 1]], position[keys[:, 2]]) if len(keys) else (keys[:, 1], keys[:, 2])
+    return style.StyleVoters(
+        len(names),
+        keys[:, 0],
+        a,
+        b,
+        np.array(tally.OUTCOMES)[keys[:, 3]],
+        keys[:, 4:8] * style.BINS,
+        counts.style.values[:, 0],
     )
 
 

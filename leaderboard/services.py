@@ -131,12 +131,21 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0, recount: bo
             elo = ratings.online_elo(len(names), games.games, k=settings.LEADERBOARD_ELO_K, start=start)
         with stopwatch("ratings and intervals"):
             rows = board.compute_board(
-                names, data.outcomes, elo=elo, rounds=rounds, seed=seed, pair_weights=data.pair_weights
+                names,
+                data.outcomes,
+                elo=elo,
+                ci=board.CLUSTERED,
+                voters=data.voters,
+                rounds=rounds,
+                seed=seed,
+                pair_weights=data.pair_weights,
             )
         # Style control for the overall board: a toggle on the page, with its coefficients.
         with stopwatch("style control"):
             style_rows, style_coefficients = (
-                board.compute_style_board(names, selectors.style_outcomes(names, counts))
+                board.compute_style_board(
+                    names, selectors.style_outcomes(names, counts), voters=selectors.style_voters(names, counts)
+                )
                 if category == selectors.OVERALL
                 else ([], {})
             )
@@ -153,6 +162,7 @@ def refresh_leaderboard(*, rounds: int | None = None, seed: int = 0, recount: bo
             category=category,
             title=title,
             votes=round(data.outcomes.total),
+            method=ratings.CLUSTERED,
             pair_weighted=data.pair_weights is not None,
             rows=[
                 {

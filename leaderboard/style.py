@@ -175,6 +175,38 @@ class StyleOutcomes:
 
 
 @dataclass(frozen=True)
+class StyleVoters:
+    """The votes per (voter, pair, outcome, style differences): what intervals clustered by
+    voter need besides the cells. Per row: models ``a`` and ``b``, the score of a, the
+    differences a minus b ([rows, features]) and how many votes it stands for."""
+
+    n_models: int
+    voter: np.ndarray
+    a: np.ndarray
+    b: np.ndarray
+    score: np.ndarray
+    features: np.ndarray
+    count: np.ndarray
+
+    def restricted(self, keep: np.ndarray) -> StyleVoters:
+        """The rows among the models where ``keep`` is true, renumbered in their order."""
+        keep = np.asarray(keep, dtype=bool)
+        if keep.all():
+            return self
+        new_index = np.cumsum(keep) - 1
+        inside = keep[self.a] & keep[self.b]
+        return StyleVoters(
+            int(keep.sum()),
+            self.voter[inside],
+            new_index[self.a[inside]],
+            new_index[self.b[inside]],
+            self.score[inside],
+            self.features[inside],
+            self.count[inside],
+        )
+
+
+@dataclass(frozen=True)
 class StyleControlled:
     ratings: np.ndarray  # Elo scale, mean 1000: the ratings at equal style.
     lower: np.ndarray
@@ -310,8 +342,13 @@ def _controlled(n: int, params: np.ndarray, lower: np.ndarray, upper: np.ndarray
     )
 
 
-def style_controlled(outcomes: StyleOutcomes, *, prior: float | None = None, level: float = 0.95) -> StyleControlled:
-    """The contextual Bradley-Terry fit with sandwich intervals (see the module docstring)."""
+def style_controlled(
+    outcomes: StyleOutcomes, *, prior: float | None = None, level: float = 0.95, voters: StyleVoters | None = None
+) -> StyleControlled:
+    """The contextual Bradley-Terry fit with sandwich intervals (see the module docstring);
+    with ``voters`` (the same votes per voter), clustered by voter as the vote boards' are
+    (``ratings.clustered_intervals``): the meat sums each voter's score's outer product, and no
+    variance is below the one that takes the votes as independent."""
     n = outcomes.n_models
     fit = _fit(outcomes, ratings.default_prior(n) if prior is None else prior)
     cells = fit.cells
@@ -322,8 +359,15 @@ def style_controlled(outcomes: StyleOutcomes, *, prior: float | None = None, lev
     squared = cells.wins_i * (1.0 - p) ** 2 + cells.wins_j * p**2 + cells.ties * (0.5 - p) ** 2
     meat = cells.blocks(squared, np.zeros(cells.first.size))
     inverse = np.linalg.pinv(fit.hessian)
-    covariance = inverse @ meat @ inverse
-    spread = ratings._z(level) * np.sqrt(np.maximum(np.diag(covariance), 0.0))
+    variance = np.diag(inverse @ meat @ inverse)
+    if voters is not None and voters.voter.size:
+        logit = fit.params[voters.a] - fit.params[voters.b] + voters.features @ fit.params[n:]
+        residual = voters.count * (voters.score - 1.0 / (1.0 + np.exp(-logit)))
+        columns = np.column_stack([voters.a, voters.b])
+        values = np.column_stack([residual, -residual])
+        clustered = ratings.cluster_meat(voters.voter, columns, values, n, voters.features * residual[:, None])
+        variance = np.maximum(variance, np.diag(inverse @ clustered @ inverse))
+    spread = ratings._z(level) * np.sqrt(np.maximum(variance, 0.0))
     return _controlled(n, fit.params, fit.params - spread, fit.params + spread)
 
 

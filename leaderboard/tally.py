@@ -38,7 +38,7 @@ CHOICES = ("a", "b", "tie", "both_bad")  # Codes of the boards' choice column.
 OUTCOMES = (0.0, 0.5, 1.0)
 LEFT_OUT_REASONS = ("identity leak", "flagged voter", "over daily cap")  # Codes of left_out's reason column.
 JUDGED = (None, False, True)  # Codes of a judge's verdict on an episode (None: not judged).
-VERSION = 5  # Of the stored layout: a tally stored by another version is rebuilt.
+VERSION = 6  # Of the stored layout: a tally stored by another version is rebuilt.
 
 
 @dataclass(frozen=True)
@@ -166,11 +166,17 @@ class Tally:
     - ``boards``: keys (category, model A id, model B id, choice), values (votes, votes whose
       battle recorded its pair probability, sum of 1 / that probability): every board's counted
       votes, flagged voters' and leaked battles' left out;
+    - ``voter_boards``: keys (voter, class, first model id, second model id, outcome
+      (``OUTCOMES``)), values (votes,): the same votes per voter (the boards' intervals are
+      clustered by voter), once each: a class (``classes``) is the set of categories a vote
+      counts in ("overall|task:Dates"), so the overall board's votes are not stored again for
+      their task's board;
     - ``left_out``: keys (category, reason), values (votes,): what each board left out, per
       reason (``LEFT_OUT_REASONS``; the first that applies);
-    - ``style``: keys (first model id, second model id, outcome (``OUTCOMES``), and the four
-      style differences, first minus second, in ``style.BINS`` steps), values (votes,): the
-      overall board's counted votes as style cells;
+    - ``style``: keys (voter, first model id, second model id, outcome (``OUTCOMES``), and the
+      four style differences, first minus second, in ``style.BINS`` steps), values (votes,): the
+      overall board's counted votes as style cells, per voter (style control's intervals are
+      clustered by voter);
     - ``ballots``: keys (voter, first model id, second model id, outcome), values (votes,): the
       votes of battles without an identity leak, by every voter, flagged or not (the anomaly
       detector's input);
@@ -179,37 +185,45 @@ class Tally:
       has more than one episode, else 0, the correction's kind (``KINDS``), the attempt), values
       (episodes,): the counted fix episodes, flagged voters' and leaked battles' left out (under
       ``episode_category`` in ``left_out``);
-    - ``replies``: keys (model id, judged wrong), values (replies,): the replies of the same
-      battles judged by the voter or the checker, and how many were judged wrong (the rate at
+    - ``replies``: keys (model id, judged wrong), values (replies,): the first tries (replies to
+      a prompt both sides got) of the same battles judged by the voter or the checker, and how
+      many were judged wrong (the rate at
       which fix episodes start, shown beside fix-ability).
     """
 
     categories: tuple[str, ...] = ()
     voters: tuple[str, ...] = ()
     flagged: frozenset[str] = frozenset()
+    classes: tuple[str, ...] = ()
     boards: CountTable = field(default_factory=lambda: CountTable.empty(4, 3))
     left_out: CountTable = field(default_factory=lambda: CountTable.empty(2, 1))
-    style: CountTable = field(default_factory=lambda: CountTable.empty(7, 1))
+    style: CountTable = field(default_factory=lambda: CountTable.empty(8, 1))
     ballots: CountTable = field(default_factory=lambda: CountTable.empty(4, 1))
     episodes: CountTable = field(default_factory=lambda: CountTable.empty(9, 1))
     replies: CountTable = field(default_factory=lambda: CountTable.empty(2, 1))
+    voter_boards: CountTable = field(default_factory=lambda: CountTable.empty(5, 1))
 
     def plus(self, other: Tally, sign: float = 1.0) -> Tally:
         """This tally with ``other``'s counts added (``sign`` -1: taken out), in this one's codes.
         Both must count the same flagged voters; ``other``'s set is kept."""
-        categories, voters = list(self.categories), list(self.voters)
+        categories, voters, classes = list(self.categories), list(self.voters), list(self.classes)
         category_codes = _codes(other.categories, categories)
         voter_codes = _codes(other.voters, voters)
+        class_codes = _codes(other.classes, classes)
         return Tally(
             categories=tuple(categories),
             voters=tuple(voters),
             flagged=other.flagged,
+            classes=tuple(classes),
             boards=self.boards.plus(other.boards.recoded(0, category_codes), sign),
             left_out=self.left_out.plus(other.left_out.recoded(0, category_codes), sign),
-            style=self.style.plus(other.style, sign),
+            style=self.style.plus(other.style.recoded(0, voter_codes), sign),
             ballots=self.ballots.plus(other.ballots.recoded(0, voter_codes), sign),
             episodes=self.episodes.plus(other.episodes, sign),
             replies=self.replies.plus(other.replies, sign),
+            voter_boards=self.voter_boards.plus(
+                other.voter_boards.recoded(0, voter_codes).recoded(1, class_codes), sign
+            ),
         )
 
     def reflagged(self, flagged: frozenset[str], old: Tally, new: Tally) -> Tally:
@@ -239,15 +253,23 @@ class Tally:
         )
 
     def to_bytes(self) -> bytes:
-        """The tally as an uncompressed ``.npz``, each table in the narrowest exact dtypes (a
-        million ballots: about 12 MB instead of 40)."""
+        """The tally as an uncompressed ``.npz``, each column of each table in its narrowest
+        exact dtype (a million ballots: a few bytes a row instead of 40)."""
         buffer = io.BytesIO()
-        names = {"categories": self.categories, "voters": self.voters, "flagged": sorted(self.flagged)}
+        names = {
+            "categories": self.categories,
+            "voters": self.voters,
+            "flagged": sorted(self.flagged),
+            "classes": self.classes,
+        }
         tables = {
-            f"{name}_{part}": _narrowed(getattr(getattr(self, name), part))
+            f"{name}_{part}_{column}": _narrowed(values)
             for name in TABLES
             for part in ("keys", "values")
+            for column, values in enumerate(getattr(getattr(self, name), part).T)
         }
+        shapes = {name: [getattr(self, name).keys.shape[1], getattr(self, name).values.shape[1]] for name in TABLES}
+        names["shapes"] = shapes
         np.savez(
             buffer,
             version=np.array(VERSION),
@@ -263,19 +285,28 @@ class Tally:
             if int(stored["version"]) != VERSION:
                 return None
             names = json.loads(stored["names"].tobytes())
+
+            def columns(name: str, part: str, count: int, dtype: type) -> np.ndarray:
+                first = stored[f"{name}_{part}_0"] if count else np.zeros(0)
+                table = np.empty((first.size, count), dtype)
+                for column in range(count):
+                    table[:, column] = first if column == 0 else stored[f"{name}_{part}_{column}"]
+                return table
+
             tables = {
-                name: CountTable(stored[f"{name}_keys"].astype(np.int64), stored[f"{name}_values"].astype(float))
-                for name in TABLES
+                name: CountTable(columns(name, "keys", keys, np.int64), columns(name, "values", values, float))
+                for name, (keys, values) in names["shapes"].items()
             }
         return cls(
             categories=tuple(names["categories"]),
             voters=tuple(names["voters"]),
             flagged=frozenset(names["flagged"]),
+            classes=tuple(names["classes"]),
             **tables,
         )
 
 
-TABLES = ("boards", "left_out", "style", "ballots", "episodes", "replies")
+TABLES = ("boards", "left_out", "style", "ballots", "episodes", "replies", "voter_boards")
 
 
 def _narrowed(array: np.ndarray) -> np.ndarray:
@@ -347,20 +378,22 @@ class ReplyRow:
 
 def tally_of(
     rows: Sequence[VoteRow],
-    style_rows: Sequence[tuple[int, int, str, int, int, int, int, int]],
+    style_rows: Sequence[tuple[str, int, int, str, int, int, int, int, int]],
     episode_rows: Sequence[EpisodeRow],
     flagged: frozenset[str],
     episode_category: str,
     reply_rows: Sequence[ReplyRow] = (),
 ) -> Tally:
     """The tally of some battles' votes (``rows``), of their counted overall votes as style
-    cells (``style_rows``: model A id, model B id, choice, four steps, votes; flagged voters'
+    cells (``style_rows``: voter, model A id, model B id, choice, four steps, votes; flagged voters'
     already left out) and of their fix episodes (``episode_rows``: every episode of each of
     those battles) and judged replies (``reply_rows``), with ``flagged`` voters' votes, episodes
     and replies left out."""
     category_position: dict[str, int] = {}
     voter_position: dict[str, int] = {}
+    class_position: dict[str, int] = {}
     board_keys, board_values, left_keys, left_values, ballot_keys, ballot_values = [], [], [], [], [], []
+    voter_keys, voter_values = [], []
     choice_code = {choice: i for i, choice in enumerate(CHOICES)}
     for row in rows:
         choice = choice_code[row.choice]
@@ -370,6 +403,10 @@ def tally_of(
             first, second, outcome = _first_model_outcome(row.model_a, row.model_b, row.choice)
             ballot_keys.append((voter, first, second, outcome))
             ballot_values.append((row.votes,))
+            if reason is None and row.categories:
+                kind = class_position.setdefault("|".join(row.categories), len(class_position))
+                voter_keys.append((voter, kind, first, second, outcome))
+                voter_values.append((row.votes,))
         for name in row.categories:
             category = category_position.setdefault(name, len(category_position))
             if reason is not None:
@@ -406,17 +443,22 @@ def tally_of(
     reply_keys = [(row.model, int(row.wrong)) for row in counted]
     reply_values = [(row.replies,) for row in counted]
     style_keys = []
-    for a, b, choice, *steps, _ in style_rows:
+    for voter, a, b, choice, *steps, _ in style_rows:
         first, second, outcome = _first_model_outcome(a, b, choice)
-        style_keys.append((first, second, outcome, *(steps if first == a else (-step for step in steps))))
+        code = voter_position.setdefault(voter, len(voter_position))
+        style_keys.append((code, first, second, outcome, *(steps if first == a else (-step for step in steps))))
     return Tally(
         categories=tuple(category_position),
         voters=tuple(voter_position),
         flagged=flagged,
+        classes=tuple(class_position),
+        voter_boards=CountTable.summed(
+            np.array(voter_keys, np.int64).reshape(-1, 5), np.array(voter_values).reshape(-1, 1)
+        ),
         boards=CountTable.summed(np.array(board_keys, np.int64).reshape(-1, 4), np.array(board_values).reshape(-1, 3)),
         left_out=CountTable.summed(np.array(left_keys, np.int64).reshape(-1, 2), np.array(left_values).reshape(-1, 1)),
         style=CountTable.summed(
-            np.array(style_keys, np.int64).reshape(-1, 7),
+            np.array(style_keys, np.int64).reshape(-1, 8),
             np.array([row[-1] for row in style_rows], float).reshape(-1, 1),
         ),
         ballots=CountTable.summed(

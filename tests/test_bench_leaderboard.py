@@ -34,7 +34,9 @@ def test_bench_command_json() -> None:
     result = json.loads(out.getvalue())
     stages = [stage["stage"] for stage in result["stages"]]
     assert stages[0] == "reduce votes to pair counts, one pass (7 vote boards)"
-    assert "bootstrap intervals (50 rounds x 7 boards)" in stages
+    # The vote boards' intervals are clustered by voter, as the refresh computes them.
+    assert "intervals clustered by voter, groups and open ends (7 boards)" in stages
+    assert "votes by voter, per board (200,000 voters)" in stages
     assert any(stage.startswith("fix-ability (500 episodes)") for stage in stages)
     assert any(stage.startswith("anomaly detection (20,000 voters") for stage in stages)
     assert any(stage.startswith("style control: fit and intervals") for stage in stages)

@@ -282,7 +282,7 @@ def test_refresh_stores_the_episodes_and_rates_fixing_on_them(client, pair) -> N
     assert (fixer["wrong_rate"]["wrong"], fixer["wrong_rate"]["judged"]) == (3, 3)
     assert (stubborn["wrong_rate"]["wrong"], stubborn["wrong_rate"]["judged"]) == (3, 3)
     page = client.get("/leaderboard/", {"category": "fixing"}).content.decode()
-    assert "open-ended: no fix observed" in page and "Judged wrong" in page and "100% <small>of 3</small>" in page
+    assert "no fix observed" in page and "Judged wrong" in page and "100% <small>of 3</small>" in page
     api = client.get("/api/v1/leaderboard", {"category": "fixing"}).json()["rows"]
     assert [(row["model"], row["open_ended"], row["wrong_rate"]["rate"]) for row in api] == [
         ("fixer", "no failure observed", 1.0),

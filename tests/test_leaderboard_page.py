@@ -355,24 +355,31 @@ def test_an_interval_without_width_says_there_is_too_little_to_tell() -> None:
 def test_open_ended_and_unrated_fix_ability_rows_are_said_so() -> None:
     """Fix-ability of a model that fixed every correction has no upper bound, of one that fixed
     none no lower bound, and one with nothing to compare has no rating (leaderboard.fixing): the
-    interval, the chart and the headline say so instead of inventing a number."""
-    always = {**row("fixer", 1, 1190.8, 981.1, None), "open_ended": "no failure observed"}
-    never = {**row("stubborn", 1, 852.8, None, 1172.0), "open_ended": "no fix observed"}
-    lone = {**row("lone", None, None, None, None), "open_ended": "no comparable episode"}
-    assert board.interval(always) == "above 981.1 (open-ended: no failure observed)"
-    assert board.interval(never) == "below 1172.0 (open-ended: no fix observed)"
+    interval, the chart and the headline say so, as the vote boards' open ends, instead of
+    inventing a number."""
+    from leaderboard.fixing import NO_COMPARISON, NO_FAILURE, NO_FIX, FixAbility
+
+    def fix_row(model: str, rank: int | None, rating, lower, upper, open_ended: str) -> dict:
+        return FixAbility(model, rating, lower, upper, rank, 0.5, 0.3, 0.7, 10, 5, open_ended).as_dict()
+
+    always = fix_row("fixer", 1, 1190.8, 981.1, None, NO_FAILURE)
+    never = fix_row("stubborn", 1, 852.8, None, 1172.0, NO_FIX)
+    lone = fix_row("lone", None, None, None, None, NO_COMPARISON)
+    assert (always["upper_open"], never["lower_open"], lone["lower_open"]) == (True, True, False)
+    assert board.interval(always) == "≥ 981, no failure observed"
+    assert board.interval(never) == "≤ 1172, no fix observed"
     assert board.interval(lone) == "unrated: no comparable episode"
+    assert (board.rating(always), board.rating(lone)) == ("≥ 1190.8", "—")
     chart = charts.interval_chart([always, never, lone])
     assert [bar["model"] for bar in chart["bars"]] == ["fixer", "stubborn"]
-    assert chart["bars"][0]["label"] == "1191 (981–open)" and chart["bars"][1]["label"] == "853 (open–1172)"
+    assert (
+        chart["bars"][0]["label"] == "≥ 981 (no upper bound)" and chart["bars"][1]["label"] == "≤ 1172 (no lower bound)"
+    )
     assert chart["bars"][0]["x2"] == max(tick["x"] for tick in chart["ticks"])  # To the edge.
     assert chart["bars"][1]["x1"] == min(tick["x"] for tick in chart["ticks"])
-    assert wording.headline([always, never, lone], measure="fix-ability", evidence="fix episodes").startswith(
-        "fixer and stubborn share first place"
-    )
-    assert "1191 (95% interval open-ended, at least 981: no failure observed)" in wording.headline(
-        [always, never, lone], measure="fix-ability", evidence="fix episodes"
-    )
+    headline = wording.headline([always, never, lone], measure="fix-ability", evidence="fix episodes")
+    assert headline.startswith("fixer and stubborn share first place")
+    assert "at least 981 (no failure observed: the fix episodes so far put no upper bound on it)" in headline
 
 
 def test_every_stage_of_the_refresh_keeps_blas_to_one_thread(models, monkeypatch) -> None:

@@ -31,7 +31,20 @@ def test_json_list_and_json_lines_give_the_same_board(tmp_path: Path) -> None:
     board = json.loads(rate(listed, "--json", "--rounds=200", "--seed=7"))
     assert json.loads(rate(lines, "--json", "--rounds=200", "--seed=7")) == board
     assert [row["model"] for row in board] == ["alpha", "gamma", "beta"]
-    assert set(board[0]) == {"model", "rating", "lower", "upper", "rank", "votes", "elo", "swap_votes"}
+    assert set(board[0]) == {
+        "model",
+        "rating",
+        "lower",
+        "upper",
+        "rank",
+        "votes",
+        "elo",
+        "group",  # Comparison group, and open-ended intervals (issue 38 point 5).
+        "lower_open",
+        "upper_open",
+        "bound_note",
+        "swap_votes",  # Rank fragility (issue 38 point 6).
+    }
     # Each row but the last: the votes whose removal swaps it with the next (leaderboard.fragility).
     assert all(row["swap_votes"] > 0 for row in board[:-1]) and board[-1]["swap_votes"] is None
     assert all(row["lower"] <= row["rating"] <= row["upper"] for row in board)

@@ -81,9 +81,10 @@ def test_a_tally_survives_storage_and_adds_up_in_its_own_codes() -> None:
 def canonical(tally: Tally) -> dict[str, Any]:
     """A tally by names instead of codes, rows sorted: equal for equal counts."""
 
-    def rows(table: CountTable, names: tuple[str, ...] | None) -> list[tuple]:
+    def rows(table: CountTable, *names: tuple[str, ...]) -> list[tuple]:
+        """Rows with their first key columns decoded by ``names``, one list per column."""
         decoded = [
-            ((names[key[0]], *key[1:]) if names is not None else tuple(key), tuple(round(v, 9) for v in value))
+            ((*(n[k] for n, k in zip(names, key, strict=False)), *key[len(names) :]), tuple(round(v, 9) for v in value))
             for key, value in zip(table.keys.tolist(), table.values.tolist(), strict=True)
         ]
         return sorted(decoded)
@@ -92,10 +93,11 @@ def canonical(tally: Tally) -> dict[str, Any]:
         "flagged": sorted(tally.flagged),
         "boards": rows(tally.boards, tally.categories),
         "left_out": rows(tally.left_out, tally.categories),
-        "style": rows(tally.style, None),
+        "style": rows(tally.style, tally.voters),
         "ballots": rows(tally.ballots, tally.voters),
-        "episodes": rows(tally.episodes, None),
-        "replies": rows(tally.replies, None),
+        "episodes": rows(tally.episodes),
+        "replies": rows(tally.replies),
+        "voter_boards": rows(tally.voter_boards, tally.voters, tally.classes),
     }
 
 

@@ -19,7 +19,14 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("file", help="The battles file; - reads stdin.")
         parser.add_argument("--rounds", type=int, default=1000, help="Bootstrap rounds (default 1000).")
-        parser.add_argument("--ci", choices=board.CI_METHODS, default="bootstrap", help="Interval method.")
+        parser.add_argument(
+            "--ci",
+            choices=(*board.CI_METHODS, board.CLUSTERED),
+            default=None,
+            help="Interval method: clustered (by voter: the records' judge; the default when every record names "
+            "one, as the site's boards do), bootstrap (the default otherwise) or sandwich (votes taken as "
+            "independent).",
+        )
         parser.add_argument("--seed", type=int, default=0, help="Bootstrap seed (default 0).")
         parser.add_argument("--json", action="store_true", help="Print a JSON list instead of a table.")
         parser.add_argument(
@@ -40,14 +47,23 @@ class Command(BaseCommand):
             styled = board.style_votes_from_battles(records, names) if options["style_control"] else None
         except board.BattleFileError as error:
             raise CommandError(f"{name}: {error}") from None
+        voters = board.voters_from_battles(records, names)
         if styled is not None:
+            if options["ci"] == board.CLUSTERED:
+                raise CommandError("--style-control takes --ci bootstrap or sandwich.")
+            options["ci"] = options["ci"] or "bootstrap"
             self._style_controlled(names, styled, options)
             return
+        if options["ci"] is None:
+            options["ci"] = board.CLUSTERED if voters is not None else "bootstrap"
+        if options["ci"] == board.CLUSTERED and voters is None:
+            raise CommandError(f"{name}: --ci clustered needs a judge (the voter) in every record.")
         rows = board.compute_board(
             names,
             ratings.PairOutcomes.from_games(len(names), games),
             elo=ratings.online_elo(len(names), games),
             ci=options["ci"],
+            voters=voters,
             rounds=options["rounds"],
             seed=options["seed"],
         )
@@ -55,15 +71,23 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps([row.as_dict() for row in rows], indent=2))
             return
         self.stdout.write(f"{len(games)} battles, {len(names)} models; 95% {options['ci']} intervals")
+        groups = len({row.group for row in rows})
+        if groups > 1:
+            self.stdout.write(f"{groups} groups of models that never met: each rated and ranked on its own.")
         self.stdout.write(
-            f"{'rank':>4}  {'model':<32} {'rating':>7} {'95% interval':>17} {'votes':>7} {'elo':>7} {'swap':>6}"
+            f"{'group':>5} {'rank':>4}  {'model':<32} {'rating':>7} {'95% interval':>22} {'votes':>7} {'elo':>7}"
+            f" {'swap':>6}"
         )
         for row in rows:
-            interval = f"{row.lower:.1f}-{row.upper:.1f}"
+            interval = (
+                board.interval_text(row.as_dict())
+                if row.lower_open or row.upper_open
+                else f"{row.lower:.1f}-{row.upper:.1f}"
+            )
             swap = "" if row.swap_votes is None else str(row.swap_votes)
             self.stdout.write(
-                f"{row.rank:>4}  {row.model:<32} {row.rating:>7.1f} {interval:>17} {row.votes:>7} {row.elo:>7.1f}"
-                f" {swap:>6}"
+                f"{row.group:>5} {row.rank:>4}  {row.model:<32} {row.rating:>7.1f} {interval:>22} {row.votes:>7}"
+                f" {row.elo:>7.1f} {swap:>6}"
             )
         self.stdout.write(
             "swap: votes whose removal would swap the model with the next one down (an upper bound of the "
@@ -83,10 +107,14 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(payload, indent=2))
             return
         self.stdout.write(f"{len(votes)} battles, {len(names)} models; style-controlled, 95% {options['ci']} intervals")
-        self.stdout.write(f"{'rank':>4}  {'model':<32} {'rating':>7} {'95% interval':>17} {'votes':>7}")
+        self.stdout.write(f"{'rank':>4}  {'model':<32} {'rating':>7} {'95% interval':>22} {'votes':>7}")
         for row in rows:
-            interval = f"{row.lower:.1f}-{row.upper:.1f}"
-            self.stdout.write(f"{row.rank:>4}  {row.model:<32} {row.rating:>7.1f} {interval:>17} {row.votes:>7}")
+            interval = (
+                board.interval_text(row.as_dict())
+                if row.lower_open or row.upper_open
+                else f"{row.lower:.1f}-{row.upper:.1f}"
+            )
+            self.stdout.write(f"{row.rank:>4}  {row.model:<32} {row.rating:>7.1f} {interval:>22} {row.votes:>7}")
         for feature, value in coefficients.items():
             self.stdout.write(
                 f"style coefficient {feature}: {value['value']:.3f} ({value['lower']:.3f} to {value['upper']:.3f}) "
