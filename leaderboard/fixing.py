@@ -466,7 +466,7 @@ def _rate(table: EpisodeCounts, level: float) -> list[FixAbility]:
 
     rated = ~np.isnan(ability)
     ranks = np.zeros(n_models, dtype=int)
-    ranks[rated] = ranks_from_intervals(lower[rated], upper[rated])
+    ranks[rated] = ranks_from_intervals(_TO_RATING * lower[rated], _TO_RATING * upper[rated])  # On the rating scale.
     counts = np.bincount(table.model, weights=table.count, minlength=n_models)
     fixes = np.bincount(table.model, weights=table.count * table.fixed, minlength=n_models)
 

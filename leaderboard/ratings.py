@@ -713,10 +713,13 @@ def settle_open_ends(
         gap = theta[members][:, None] - theta[rest][None, :]
         floor = BASE_RATING + _TO_RATING * (theta[members] + _open_shift(gap.ravel(), won.ravel(), level))
         ceiling = BASE_RATING + _TO_RATING * (theta[members] - _open_shift(-gap.ravel(), lost.ravel(), level))
-        if above[members].all():
+        if above[members].all() and below[members].all():
+            # Never met the reference either way (below a model above it, say): no bound at all.
+            lower[members], upper[members] = -np.inf, np.inf
+        elif above[members].all():
             upper[members] = np.inf
             lower[members] = floor if won.any() else -np.inf
-        if below[members].all():
+        elif below[members].all():
             lower[members] = -np.inf
             upper[members] = ceiling if lost.any() else np.inf
     settled = ~(above | below)
@@ -819,10 +822,15 @@ def inverse_probability_weights(outcomes: PairOutcomes, pair_probabilities: np.n
     return 1.0 / probabilities
 
 
+RANK_RESOLUTION = 0.1  # Rating points: the board's precision; bounds closer than this do not rank.
+
+
 def ranks_from_intervals(lower: np.ndarray, upper: np.ndarray) -> np.ndarray:
-    """Rank = 1 + the number of models whose lower bound is above this model's upper bound:
+    """Rank = 1 + the number of models whose lower bound is above this model's upper bound (by
+    more than the board's precision, ``RANK_RESOLUTION``: two intervals of no width a millionth
+    of a point apart, as a fit whose covariate separates a tiny group gives, do not rank):
     models whose intervals overlap share a rank."""
-    return 1 + (lower[None, :] > upper[:, None]).sum(axis=1)
+    return 1 + (lower[None, :] > upper[:, None] + RANK_RESOLUTION).sum(axis=1)
 
 
 def win_fraction_matrix(outcomes: PairOutcomes) -> np.ndarray:

@@ -405,3 +405,11 @@ def test_a_refresh_reads_only_the_battles_ended_since_the_last_one(pair) -> None
     Task.objects.create(slug="new", title="New")
     leaderboard_services.refresh_leaderboard(rounds=10)
     assert sorted(FixEpisode.objects.values_list("battle_id", "fixed")) == [(old.pk, False), (new.pk, False)]
+
+
+@pytest.mark.django_db
+def test_a_direct_chat_has_no_voter_corrections(pair) -> None:
+    """A direct chat has one side and none that waits: a prompt after its 🍄 is no correction."""
+    battle = battle_with(pair, [("Add a meeting", None, "mistake", ""), ("The time is wrong.", None, "fixed", "")])
+    Battle.objects.filter(pk=battle.pk).update(mode=Battle.Mode.DIRECT, model_b=pair[0])
+    assert episodes() == []

@@ -286,3 +286,18 @@ def test_the_page_and_the_api_show_groups_and_open_ends_in_words(client) -> None
     )
     assert f"≥ {rows['a']['lower']:.0f}, unbeaten" in html and f"≤ {rows['b']['upper']:.0f}, never won" in html
     assert "groups that never met" in html and "Group 2: These models never met a model of group 1" in html
+
+
+def test_a_model_that_never_met_the_settled_ones_either_way_has_no_bound() -> None:
+    """Model 3 lost only to model 2, which beat the settled pair 0-1: above or below the pair,
+    the votes cannot say, so neither of its bounds is finite."""
+    games = [(0, 1, 1.0), (1, 0, 1.0), (0, 1, 0.5), (2, 0, 1.0), (2, 1, 1.0), *[(2, 3, 1.0)] * 3]
+    fit = ratings.rate_board(ratings.PairOutcomes.from_games(4, games), ci="sandwich")
+    assert fit.upper_open[3] and fit.lower_open[3]
+    assert fit.lower[3] == -np.inf and fit.upper[3] == np.inf
+
+
+def test_intervals_of_no_width_a_hair_apart_share_a_rank() -> None:
+    lower, upper = np.array([1000.0, 1000.000001]), np.array([1000.0, 1000.000001])
+    assert ratings.ranks_from_intervals(lower, upper).tolist() == [1, 1]
+    assert ratings.ranks_from_intervals(np.array([900.0, 1000.0]), np.array([950.0, 1100.0])).tolist() == [2, 1]

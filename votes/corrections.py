@@ -189,8 +189,12 @@ def battle_episodes(
     messages: list[Message],
     scripted_corrections: Collection[int],
     judge_parts: Callable[[int, str], Parts] = lambda position, reply: {},
+    *,
+    one_side_corrects: bool = True,
 ) -> dict[str, list[Episode]]:
-    """Every side's fix episodes of one battle, from its messages (any order)."""
+    """Every side's fix episodes of one battle, from its messages (any order).
+    ``one_side_corrects``: False for a direct chat, which has one side and none that waits, so
+    its voter's prompts are never corrections (its scripted corrections still are)."""
     sides_at: dict[int, set[str]] = {}
     for message in messages:
         if message.role == "user":
@@ -203,7 +207,8 @@ def battle_episodes(
             if message.side != side:
                 continue
             if message.role == "user":
-                prompts[message.turn] = Prompt(message.content, message.script_turn, sides_at[message.turn] == {side})
+                alone = one_side_corrects and sides_at[message.turn] == {side}
+                prompts[message.turn] = Prompt(message.content, message.script_turn, alone)
             else:
                 replies[message.turn] = Reply(
                     message.script_turn, message.rating, message.verdict, message.parts or {}, message.content

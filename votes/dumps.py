@@ -78,8 +78,9 @@ FIELD_DOCS = {
     "ratings_a / ratings_b": "per reply: turn, status, voter rating (correct, mistake, fixed, garbage), "
     "checker verdict and reason",
     "task / task_category": "the curated task, or null for free chat",
-    "system_prompt / script": "the task's system prompt and scripted turns (prompt, expected_output, "
-    "corrects_previous) as the battle's models were given them when it started, or null for free chat",
+    "system_prompt / context / script": "the task's system prompt, context (a conversation handed to both "
+    "models as their own) and scripted turns (prompt, expected_output, corrects_previous) as the battle's "
+    "models were given them when it started, or null for free chat",
     "excluded / excluded_reason": "whether the leaderboard leaves the vote out, and why",
     "episodes.jsonl.gz": "fix episodes (a reply judged wrong, the correction to that side, the reply to it): "
     "episode_id, battle, model, task, turn (the scripted turn: the difficulty), wrong_turn, side, attempt, "

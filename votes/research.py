@@ -204,6 +204,7 @@ def vote_record(vote: Vote, *, with_exclusion: bool = False) -> dict[str, Any]:
         "task": battle.task.slug if battle.task else None,
         "task_category": battle.task.category if battle.task else None,
         "system_prompt": battle.system_prompt if battle.task_id else None,
+        "context": battle.context if battle.task_id else None,
         "script": research_script(battle),
     }
     if with_exclusion:
@@ -266,6 +267,7 @@ CSV_FIELDS = (
     "ratings_a",
     "ratings_b",
     "system_prompt",
+    "context",
     "script",
     "excluded",
     "excluded_reason",

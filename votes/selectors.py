@@ -41,7 +41,13 @@ def pairing_candidates(*, with_ratings: bool = False) -> list[Candidate]:
 
         refresh = latest_refresh()
         overall = refresh.snapshots.filter(category="overall").first() if refresh else None
-        ratings = {row["model"]: row["rating"] for row in (overall.rows if overall else [])}
+        # Only ratings the votes settle: a model of another comparison group, or with an open end
+        # (its row shows a bound, not an estimate), is sampled as one not rated yet.
+        ratings = {
+            row["model"]: row["rating"]
+            for row in (overall.rows if overall else [])
+            if row.get("group", 1) == 1 and not row.get("lower_open") and not row.get("upper_open")
+        }
     return [
         Candidate(id=m.pk, weight=m.sampling_weight, battles=battles[m.pk], rating=ratings.get(m.name)) for m in models
     ]
@@ -132,6 +138,7 @@ def battle_state(battle: Battle) -> dict[str, Any]:
             scripted[message.turn, message.side] = message.script_turn
             continue
         turn["replies"][message.side] = reply_state(message, reveal=ended)
+    direct = battle.mode == Battle.Mode.DIRECT  # One side, none that waits: no voter's correction.
     for turn in turns.values():
         # The sides on which this prompt corrects the reply before, should that be judged wrong:
         # only there does the page offer 🥦 on its answer (votes.corrections).
@@ -139,7 +146,9 @@ def battle_state(battle: Battle) -> dict[str, Any]:
             side
             for side in turn["sides"]
             if corrections.may_correct(
-                corrections.Prompt(turn["prompt"], scripted[turn["turn"], side], len(turn["sides"]) == 1),
+                corrections.Prompt(
+                    turn["prompt"], scripted[turn["turn"], side], len(turn["sides"]) == 1 and not direct
+                ),
                 battle.scripted_corrections,
             )
         ]
@@ -471,6 +480,7 @@ def research_battle(battle: Battle) -> dict[str, Any]:
         "judge": judge_id(battle.voter_key),
         "task": battle.task.slug if battle.task else None,
         "system_prompt": battle.system_prompt if battle.task_id else None,
+        "context": battle.context if battle.task_id else None,
         "script": research_script(battle),
         "created": battle.created.isoformat(),
         "ended": battle.ended.isoformat() if battle.ended else None,
@@ -528,50 +538,53 @@ def research_evaluation(run: EvaluationRun, *, reveal_texts: bool = False) -> di
     }
 
 
+EPISODE_CHUNK = 2000  # Battles read at a time: their scripts and messages, never every battle's at once.
+
+
 def fix_episodes(battles: QuerySet[Battle] | None = None) -> list[FixEpisode]:
     """The fix episodes of ended battles (or of ``battles``), unsaved: what votes.corrections
-    finds in each side's messages, judged against the battle's own script (Battle.script)."""
+    finds in each side's messages, judged against the battle's own script (Battle.script). A
+    direct chat has one side and none that waits: its prompts are no voter's corrections."""
     battles = Battle.objects.filter(state=Battle.State.ENDED) if battles is None else battles
-    scripts = {pk: Battle(script=script) for pk, script in battles.values_list("pk", "script")}
-    rows = (
-        Message.objects.filter(battle__in=battles)
-        .order_by("battle_id")
-        .values_list(
-            "battle_id",
-            "battle__task_id",
-            "battle__model_a_id",
-            "battle__model_b_id",
-            "side",
-            "turn",
-            "role",
-            "content",
-            "script_turn",
-            "rating",
-            "check_verdict",
-            "check_parts",
-        )
-    )
+    ids = list(battles.order_by("pk").values_list("pk", flat=True))
     found: list[FixEpisode] = []
-    for battle_id, battle_rows in itertools.groupby(rows.iterator(chunk_size=2000), key=lambda row: row[0]):
-        battle_rows = list(battle_rows)
-        _, task_id, model_a, model_b = battle_rows[0][:4]
-        battle = scripts[battle_id]
-        messages = [
-            corrections.Message(side, turn, role, content, script_turn, rating, verdict, parts)
-            for _, _, _, _, side, turn, role, content, script_turn, rating, verdict, parts in battle_rows
-        ]
-        by_side = corrections.battle_episodes(messages, battle.scripted_corrections, _scripted_parts(battle))
-        for side, episodes in by_side.items():
-            found += [
-                FixEpisode(
-                    battle_id=battle_id,
-                    side=side,
-                    task_id=task_id,
-                    model_id=model_a if side == "a" else model_b,
-                    **episode.row(),
-                )
-                for episode in episodes
-            ]
+    for start in range(0, len(ids), EPISODE_CHUNK):
+        chunk = ids[start : start + EPISODE_CHUNK]
+        chunk_battles = {
+            battle.pk: battle
+            for battle in Battle.objects.filter(pk__in=chunk).only(
+                "pk", "task_id", "model_a_id", "model_b_id", "mode", "script"
+            )
+        }
+        rows = (
+            Message.objects.filter(battle_id__in=chunk)
+            .order_by("battle_id")
+            .values_list(
+                "battle_id", "side", "turn", "role", "content", "script_turn", "rating", "check_verdict", "check_parts"
+            )
+        )
+        for battle_id, battle_rows in itertools.groupby(
+            rows.iterator(chunk_size=EPISODE_CHUNK), key=lambda row: row[0]
+        ):
+            battle = chunk_battles[battle_id]
+            messages = [corrections.Message(*row[1:]) for row in battle_rows]
+            by_side = corrections.battle_episodes(
+                messages,
+                battle.scripted_corrections,
+                _scripted_parts(battle),
+                one_side_corrects=battle.mode != Battle.Mode.DIRECT,
+            )
+            for side, episodes in by_side.items():
+                found += [
+                    FixEpisode(
+                        battle_id=battle_id,
+                        side=side,
+                        task_id=battle.task_id,
+                        model_id=battle.model_a_id if side == "a" else battle.model_b_id,
+                        **episode.row(),
+                    )
+                    for episode in episodes
+                ]
     return found
 
 
@@ -587,7 +600,8 @@ def correction_prompt(reply: Message) -> corrections.Prompt:
     own = sides.get(reply.side)
     if own is None:
         return corrections.Prompt("", None, False)
-    return corrections.Prompt(own.content, own.script_turn, set(sides) == {reply.side})
+    alone = set(sides) == {reply.side} and reply.battle.mode != Battle.Mode.DIRECT
+    return corrections.Prompt(own.content, own.script_turn, alone)
 
 
 def episode_history(episode: FixEpisode) -> list[Message]:

@@ -298,7 +298,7 @@ def submit_prompt(*, battle: Battle, text: str, side: str | None = None) -> Subm
             battle=battle, side=target, turn=turn, role=Message.Role.USER, content=text, script_turn=script_turn
         )
         jobs.append(_new_reply(battle, target, turn, checked_turn))
-        prompt = corrections.Prompt(text, script_turn, one_side=len(targets) == 1)
+        prompt = corrections.Prompt(text, script_turn, one_side=len(targets) == 1 and not direct)
         if corrections.may_correct(prompt, battle.scripted_corrections):
             corrects.append(target)
     return SubmittedPrompt(turn=turn, text=text, jobs=jobs, side=side, corrects=tuple(corrects))

@@ -51,8 +51,11 @@ def recompute_episodes(apps: Any, schema_editor: Any) -> None:
     stored = FixEpisode.objects.filter(battle__isnull=False)
     before = {tuple(row) for row in stored.values_list(*KEY_FIELDS)}
     found = []
-    battles = Battle.objects.filter(state="ended").values_list("pk", "task_id", "model_a_id", "model_b_id", "script")
-    for battle_id, task_id, model_a, model_b, script in battles.iterator(chunk_size=500):
+    fields = {field.name for field in FixEpisode._meta.get_fields()}
+    battles = Battle.objects.filter(state="ended").values_list(
+        "pk", "task_id", "model_a_id", "model_b_id", "mode", "script"
+    )
+    for battle_id, task_id, model_a, model_b, mode, script in battles.iterator(chunk_size=500):
         messages = [
             corrections.Message(side, turn, role, content, script_turn, rating, verdict, parts)
             for side, turn, role, content, script_turn, rating, verdict, parts in Message.objects.filter(
@@ -60,14 +63,17 @@ def recompute_episodes(apps: Any, schema_editor: Any) -> None:
             ).values_list("side", "turn", "role", "content", "script_turn", "rating", "check_verdict", "check_parts")
         ]
         marked = frozenset(i for i, turn in enumerate(script or []) if turn.get("corrects_previous"))
-        for side, episodes in corrections.battle_episodes(messages, marked, _judge(script or [])).items():
+        found_here = corrections.battle_episodes(
+            messages, marked, _judge(script or []), one_side_corrects=mode != "direct"
+        )
+        for side, episodes in found_here.items():
             found += [
                 FixEpisode(
                     battle_id=battle_id,
                     model_id=model_a if side == "a" else model_b,
                     task_id=task_id,
                     side=side,
-                    **episode.row(),
+                    **{key: value for key, value in episode.row().items() if key in fields},
                 )
                 for episode in episodes
             ]
