@@ -10,6 +10,8 @@ voter's 🍄 or 🔥, or the checker's mistake or garbage) and either
   "The current year is 2024."), sent to one side or both. A scripted turn that is not marked
   ("I'm going to a rock concert…") is never a correction, whoever it was sent to.
 
+A direct chat has one side and none that waits: its voter's prompts are never corrections.
+
 A **fix episode** is a wrong reply, the correction sent to that side, and the reply to it: fixed
 when the checker judges that reply correct or the voter rates it 🥦 or ✓. When that reply is
 wrong too and the next prompt corrects it again, the next episode is the same mistake's next
