@@ -380,9 +380,9 @@ def test_the_arena_works_at_phone_width(live_url: str, models: list[LLM], browse
         expect(page.get_by_role("columnheader", name="Rating", exact=True)).to_be_visible()
         expect(page.get_by_role("columnheader", name="95% interval")).to_be_hidden()
         first_row = page.locator("table.leaderboard tbody tr").first
-        expect(first_row.get_by_text("Votes")).to_be_hidden()
+        expect(first_row.get_by_text("Votes", exact=True)).to_be_hidden()
         first_row.get_by_text("More").tap()
-        expect(first_row.get_by_text("Votes")).to_be_visible()
+        expect(first_row.get_by_text("Votes", exact=True)).to_be_visible()
         shot(page, "07-phone-leaderboard")
     finally:
         context.close()
