@@ -93,7 +93,7 @@ class SubmittedPrompt:
     text: str
     jobs: list[GenerationJob]
     side: str | None = None  # None: both sides.
-    corrects: tuple[str, ...] = ()  # The sides on which it corrects a reply judged wrong (votes.corrections).
+    corrects: tuple[str, ...] = ()  # The sides where it corrects the reply before, if judged wrong (votes.corrections).
 
 
 @dataclass(frozen=True)
