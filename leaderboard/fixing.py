@@ -41,7 +41,8 @@ episodes alone in their battles) is shown unrated.
 The abilities are reported as contrasts with the mean of the models with a finite estimate, on
 the Elo scale of the other boards (1000 + 400·log10 of the odds ratio to the average model: 400
 points above is ten times the odds of fixing the same correction). Their intervals are sandwich
-(Huber-White) intervals clustered by battle: the episodes of one battle share a voter and a
+(Huber-White) intervals clustered by voter (by battle where the voter is not known: a file of
+episodes without one): a voter's episodes share their judgement and tastes, and one battle's a
 conversation, so they are not independent (for the pairwise likelihood this is its Godambe
 variance). Beside the rating: the raw fix rate with its Wilson interval, and the episodes.
 """
@@ -83,6 +84,7 @@ class Episode:
     battle: str | None = None  # Episodes of one battle form a cluster; None: its own.
     specificity: str = feedback.GENERIC  # The correction's kind (KINDS).
     attempt: int = 1  # 1 for the first correction of this mistake, 2 for the next, ...
+    voter: str | None = None  # The intervals' cluster where known (else the battle).
 
 
 Parts = Mapping[str, bool]  # A checker's judgement part by part (votes.checkers.CheckResult.parts).
@@ -149,8 +151,9 @@ class EpisodeCounts:
     ``models``), its difficulty cell (into ``cells``: task and turn; FREE_CHAT cells are free
     chat), whether it was fixed, how many episodes it counts, its cluster (rows of one battle
     share a code; -1: each of the row's episodes is a cluster of its own, a battle with one
-    episode or no battle), the correction's kind (a code into ``KINDS``; None: all generic) and
-    the attempt (None: all first)."""
+    episode or no battle), the correction's kind (a code into ``KINDS``; None: all generic), the
+    attempt (None: all first) and the voter (a code; -1 or None: unknown), by whom the
+    intervals are clustered where known."""
 
     models: list[str]
     cells: list[tuple[str, int]]
@@ -161,6 +164,7 @@ class EpisodeCounts:
     cluster: np.ndarray
     kind: np.ndarray | None = None
     attempt: np.ndarray | None = None
+    voter: np.ndarray | None = None
 
     @classmethod
     def from_episodes(cls, episodes: Iterable[Episode]) -> EpisodeCounts:
@@ -170,6 +174,7 @@ class EpisodeCounts:
         model_of = {name: i for i, name in enumerate(models)}
         cell_of = {cell: i for i, cell in enumerate(cells)}
         clusters: dict[Any, int] = {}
+        voters: dict[str, int] = {}
         return cls(
             models,
             cells,
@@ -183,13 +188,15 @@ class EpisodeCounts:
             ),
             np.array([KINDS.index(e.specificity) for e in episodes], dtype=np.intp),
             np.array([e.attempt for e in episodes], dtype=np.intp),
+            np.array([-1 if e.voter is None else voters.setdefault(e.voter, len(voters)) for e in episodes], np.intp),
         )
 
 
 @dataclass(frozen=True)
 class _Rows:
     """The regression's rows: each a design (up to ``cols.shape[1]`` coefficients ``coefs`` on
-    parameters ``cols``), its trials, successes, cluster (-1: each trial its own), and the models
+    parameters ``cols``), its trials, successes, cluster of the intervals (the voter where known,
+    else the battle; -1: each trial its own), and the models
     it compares (``winner``: the model of a full row, or the fixed one of a pair; ``loser``: -1 for
     a full row, else the pair's unfixed one), and a code equal for rows of equal design."""
 
@@ -232,6 +239,11 @@ def _rows(table: EpisodeCounts) -> tuple[_Rows, int]:
     is_free = free[table.cell]
     full = np.flatnonzero(~is_free)
 
+    # The intervals' clusters: the voter where known (a voter's episodes share their judgement and
+    # tastes, across battles), else the battle (a pair's two episodes share both).
+    voter = np.full(n, -1, np.intp) if table.voter is None else np.asarray(table.voter, dtype=np.intp)
+    meat = np.where(voter >= 0, voter, np.where(table.cluster >= 0, int(voter.max(initial=-1)) + 1 + table.cluster, -1))
+
     # Pairs: every fixed free-chat row against every unfixed one of another model in its battle.
     pooled = np.flatnonzero(is_free & (table.cluster >= 0))
     order = pooled[np.argsort(table.cluster[pooled], kind="stable")]
@@ -262,7 +274,7 @@ def _rows(table: EpisodeCounts) -> tuple[_Rows, int]:
         ).reshape(-1, 2 * width),
         trials=np.concatenate([table.count[full], pair_trials]),
         successes=np.concatenate([table.count[full] * table.fixed[full], pair_trials]),
-        cluster=np.concatenate([table.cluster[full], table.cluster[i]]).astype(np.intp),
+        cluster=np.concatenate([meat[full], meat[i]]).astype(np.intp),
         winner=np.concatenate([table.model[full], table.model[i]]).astype(np.intp),
         loser=np.concatenate([np.full(len(full), -1), table.model[j]]).astype(np.intp),
         code=np.concatenate([design_type[full] * types, design_type[i] * types + design_type[j] + 1]).astype(np.int64),
@@ -404,7 +416,7 @@ def _rate(table: EpisodeCounts, level: float) -> list[FixAbility]:
     penalty[:n_models] = np.where(active, ABILITY_RIDGE, 1.0)
     theta, hessian = _fit(design, trials, successes, penalty)
 
-    # Sandwich covariance, clustered by battle: the meat sums each cluster's score first. A row
+    # Sandwich covariance, clustered by voter (else battle): the meat sums each cluster's score first. A row
     # of c episodes that are each their own cluster adds c times its score's outer product, as
     # one cluster of score sqrt(c) times it would.
     eta = np.sum(theta[fitted.cols] * fitted.coefs, axis=1)

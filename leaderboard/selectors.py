@@ -561,6 +561,7 @@ def fix_episode_counts(counts: tally.Tally | None = None) -> fixing.EpisodeCount
         cluster=cluster,
         kind=keys[:, 7].astype(np.intp),
         attempt=keys[:, 8].astype(np.intp),
+        voter=np.unique(keys[:, 9], return_inverse=True)[1].reshape(-1).astype(np.intp),
     )
 
 

@@ -38,7 +38,7 @@ CHOICES = ("a", "b", "tie", "both_bad")  # Codes of the boards' choice column.
 OUTCOMES = (0.0, 0.5, 1.0)
 LEFT_OUT_REASONS = ("identity leak", "flagged voter", "over daily cap")  # Codes of left_out's reason column.
 JUDGED = (None, False, True)  # Codes of a judge's verdict on an episode (None: not judged).
-VERSION = 6  # Of the stored layout: a tally stored by another version is rebuilt.
+VERSION = 7  # Of the stored layout: a tally stored by another version is rebuilt.
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,8 @@ class Tally:
       detector's input);
     - ``episodes``: keys (model id, task id or 0 for free chat, script turn, fixed, fixed as the
       voter rated it, as the checker judged it (``JUDGED``), cluster: the battle's id where it
-      has more than one episode, else 0, the correction's kind (``KINDS``), the attempt), values
+      has more than one episode, else 0, the correction's kind (``KINDS``), the attempt, the voter
+      (fix-ability's intervals are clustered by voter)), values
       (episodes,): the counted fix episodes, flagged voters' and leaked battles' left out (under
       ``episode_category`` in ``left_out``);
     - ``replies``: keys (model id, judged wrong), values (replies,): the first tries (replies to
@@ -199,7 +200,7 @@ class Tally:
     left_out: CountTable = field(default_factory=lambda: CountTable.empty(2, 1))
     style: CountTable = field(default_factory=lambda: CountTable.empty(8, 1))
     ballots: CountTable = field(default_factory=lambda: CountTable.empty(4, 1))
-    episodes: CountTable = field(default_factory=lambda: CountTable.empty(9, 1))
+    episodes: CountTable = field(default_factory=lambda: CountTable.empty(10, 1))
     replies: CountTable = field(default_factory=lambda: CountTable.empty(2, 1))
     voter_boards: CountTable = field(default_factory=lambda: CountTable.empty(5, 1))
 
@@ -219,7 +220,7 @@ class Tally:
             left_out=self.left_out.plus(other.left_out.recoded(0, category_codes), sign),
             style=self.style.plus(other.style.recoded(0, voter_codes), sign),
             ballots=self.ballots.plus(other.ballots.recoded(0, voter_codes), sign),
-            episodes=self.episodes.plus(other.episodes, sign),
+            episodes=self.episodes.plus(other.episodes.recoded(9, voter_codes), sign),
             replies=self.replies.plus(other.replies, sign),
             voter_boards=self.voter_boards.plus(
                 other.voter_boards.recoded(0, voter_codes).recoded(1, class_codes), sign
@@ -436,6 +437,7 @@ def tally_of(
                 episode.battle if per_battle[episode.battle] > 1 else 0,
                 KINDS.index(episode.specificity) if episode.specificity in KINDS else 0,
                 episode.attempt,
+                voter_position.setdefault(episode.voter, len(voter_position)),
             )
         )
         episode_values.append((episode.episodes,))
@@ -465,7 +467,7 @@ def tally_of(
             np.array(ballot_keys, np.int64).reshape(-1, 4), np.array(ballot_values).reshape(-1, 1)
         ),
         episodes=CountTable.summed(
-            np.array(episode_keys, np.int64).reshape(-1, 9), np.array(episode_values).reshape(-1, 1)
+            np.array(episode_keys, np.int64).reshape(-1, 10), np.array(episode_values).reshape(-1, 1)
         ),
         replies=CountTable.summed(
             np.array(reply_keys, np.int64).reshape(-1, 2), np.array(reply_values, float).reshape(-1, 1)

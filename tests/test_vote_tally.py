@@ -95,7 +95,11 @@ def canonical(tally: Tally) -> dict[str, Any]:
         "left_out": rows(tally.left_out, tally.categories),
         "style": rows(tally.style, tally.voters),
         "ballots": rows(tally.ballots, tally.voters),
-        "episodes": rows(tally.episodes),
+        # The episodes' last key column is the voter: by name too.
+        "episodes": sorted(
+            ((*key[:-1], tally.voters[key[-1]]), tuple(round(v, 9) for v in value))
+            for key, value in zip(tally.episodes.keys.tolist(), tally.episodes.values.tolist(), strict=True)
+        ),
         "replies": rows(tally.replies),
         "voter_boards": rows(tally.voter_boards, tally.voters, tally.classes),
     }
@@ -175,13 +179,20 @@ def test_each_refresh_counts_only_what_changed_and_equals_a_count_from_scratch(
         assert canonical(stored_tally()) == canonical(from_scratch)
         # Fix-ability from the counted episodes equals fix-ability over the episodes one by one.
         listed = [
-            fixing.Episode(model, task or fixing.FREE_CHAT, turn or 0, fixed, battle, kind, attempt)
-            for model, task, turn, fixed, battle, kind, attempt in FixEpisode.objects.filter(
+            fixing.Episode(model, task or fixing.FREE_CHAT, turn or 0, fixed, battle, kind, attempt, voter)
+            for model, task, turn, fixed, battle, kind, attempt, voter in FixEpisode.objects.filter(
                 battle__state=Battle.State.ENDED, battle__excluded=False
             )
             .exclude(battle__voter_key__in=selectors.flagged_voters())
             .values_list(
-                "model__name", "task__slug", "script_turn", "fixed", "battle__public_id", "specificity", "attempt"
+                "model__name",
+                "task__slug",
+                "script_turn",
+                "fixed",
+                "battle__public_id",
+                "specificity",
+                "attempt",
+                "battle__voter_key",
             )
         ]
         assert fixing.rate_fixes(selectors.fix_episode_counts(stored_tally())) == fixing.rate_fixes(listed)
