@@ -133,6 +133,7 @@ class FixAbility:
     episodes: int
     fixed: int
     open_ended: str = ""  # NO_FIX, NO_FAILURE or NO_COMPARISON; empty: an estimate with a closed interval.
+    group: int = 1  # Comparison group (1: the largest); models of different groups share no prompt.
 
     def as_dict(self) -> dict[str, Any]:
         """The row, with the open ends flagged as the vote boards' rows flag them
@@ -402,6 +403,7 @@ def _rate(table: EpisodeCounts, level: float) -> list[FixAbility]:
     models = table.models
     n_models = len(models)
     rows, n_params = _rows(table)
+    group = _comparison_groups(rows, n_models, n_params)
     active = _active_models(rows, n_models)
     used = active[rows.winner] & ((rows.loser < 0) | active[np.maximum(rows.loser, 0)])
     fitted = rows.take(used)
@@ -438,10 +440,12 @@ def _rate(table: EpisodeCounts, level: float) -> list[FixAbility]:
     bread = np.linalg.inv(hessian)
     covariance = bread @ (scores.T @ scores) @ bread
 
-    # Contrasts with the mean of the models with a finite estimate.
-    n_active = max(int(active.sum()), 1)
+    # Contrasts with the mean of the models with a finite estimate of the model's comparison group
+    # (groups share no prompt: the data do not compare them, so each has a level of its own).
+    same = group[:, None] == group[None, :]
+    weight = same * active[None, :]
     contrast = np.zeros((n_models, n_params))
-    contrast[:, :n_models] = np.eye(n_models) - active / n_active
+    contrast[:, :n_models] = np.eye(n_models) - weight / np.maximum(weight.sum(axis=1, keepdims=True), 1)
     ability = contrast @ theta
     spread = np.sqrt(np.maximum(np.diag(contrast @ covariance @ contrast.T), 0.0))
     z = _z(level)
@@ -459,9 +463,17 @@ def _rate(table: EpisodeCounts, level: float) -> list[FixAbility]:
     estimate = np.full(n_models, np.nan)
     if seen.any():
         estimate[out[seen]] = _firth(full_design[:, out[seen]], offset, mine.trials, mine.successes)
-    finite = estimate[out][~np.isnan(estimate[out])]
-    center = float(theta[:n_models][active].mean()) if active.any() else float(finite.mean()) if len(finite) else 0.0
     for model in out:
+        # The level of the model's comparison group: its fitted models' mean, else its estimates'.
+        peers = group == group[model]
+        fitted_peers, estimated_peers = peers & active, peers & ~active & ~np.isnan(estimate)
+        center = (
+            float(theta[:n_models][fitted_peers].mean())
+            if fitted_peers.any()
+            else float(estimate[estimated_peers].mean())
+            if estimated_peers.any()
+            else 0.0
+        )
         ability[model] = estimate[model] - center
         if np.isnan(estimate[model]):
             notes[model] = NO_COMPARISON
@@ -478,7 +490,9 @@ def _rate(table: EpisodeCounts, level: float) -> list[FixAbility]:
 
     rated = ~np.isnan(ability)
     ranks = np.zeros(n_models, dtype=int)
-    ranks[rated] = ranks_from_intervals(_TO_RATING * lower[rated], _TO_RATING * upper[rated])  # On the rating scale.
+    for label in np.unique(group):  # Ranked within the comparison group, on the rating scale.
+        here = rated & (group == label)
+        ranks[here] = ranks_from_intervals(_TO_RATING * lower[here], _TO_RATING * upper[here])
     counts = np.bincount(table.model, weights=table.count, minlength=n_models)
     fixes = np.bincount(table.model, weights=table.count * table.fixed, minlength=n_models)
 
@@ -501,9 +515,40 @@ def _rate(table: EpisodeCounts, level: float) -> list[FixAbility]:
                 episodes=int(counts[i]),
                 fixed=int(fixes[i]),
                 open_ended=notes[i],
+                group=int(group[i]) + 1,
             )
         )
-    return sorted(results, key=lambda row: (row.rating is None, -(row.rating or 0.0), row.model))
+    return sorted(results, key=lambda row: (row.rating is None, row.group, -(row.rating or 0.0), row.model))
+
+
+def _comparison_groups(rows: _Rows, n_models: int, n_params: int) -> np.ndarray:
+    """Per model, its comparison group (0: the largest, then by size and first model): models
+    are compared where their episodes share a prompt (a task's scripted turn), or through a
+    free-chat battle in which both were corrected; models that never share one, directly or
+    through others, have no common level."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    # Nodes: the models, then the parameters (a task turn's difficulty links the models on it).
+    cells = rows.cols[:, 1]
+    on_cell = (rows.coefs[:, 1] != 0) & (rows.loser < 0)
+    pairs = rows.loser >= 0
+    start = np.concatenate([rows.winner[on_cell], rows.winner[pairs]])
+    end = np.concatenate([n_models + cells[on_cell], rows.loser[pairs]])
+    size = n_models + n_params
+    graph = coo_matrix((np.ones(len(start)), (start, end)), shape=(size, size))
+    _, labels = connected_components(graph, directed=False)
+    # A model with nothing to compare (unrated) joins no group of its own: it is listed with the first.
+    linked = (np.asarray(graph.sum(axis=0)).ravel() + np.asarray(graph.sum(axis=1)).ravel())[:n_models] > 0
+    labels = labels[:n_models]
+    group = np.zeros(n_models, dtype=np.intp)
+    if linked.any():
+        unique, first, counts = np.unique(labels[linked], return_index=True, return_counts=True)
+        order = np.lexsort((first, -counts))  # Largest first, then by first model.
+        rank = np.empty(len(unique), dtype=np.intp)
+        rank[order] = np.arange(len(unique))
+        group[linked] = rank[np.searchsorted(unique, labels[linked])]
+    return group
 
 
 def episodes_from_records(records: Sequence[Any]) -> list[Episode]:

@@ -51,7 +51,9 @@ def leaderboard(request: HttpRequest) -> HttpResponse:
         "refresh_minutes": round(settings.LEADERBOARD_REFRESH_SECONDS / 60),
         "refresh_votes": settings.LEADERBOARD_REFRESH_VOTES,
         "idle_minutes": round(settings.ARENA_BATTLE_IDLE_SECONDS / 60),
-        "groups": wording.group_notes(snapshot.style_rows if styled else snapshot.rows),
+        "groups": wording.group_notes(
+            snapshot.style_rows if styled else snapshot.rows, fixing=snapshot.method == "fix-ability"
+        ),
         "headline": wording.headline(
             snapshot.style_rows if styled else snapshot.rows,
             measure="fix-ability" if snapshot.method == "fix-ability" else "rating",

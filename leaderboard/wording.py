@@ -25,9 +25,10 @@ def _interval(row: Mapping[str, Any], evidence: str) -> str:
     return f"{row['rating']:.0f} (95% interval {row['lower']:.0f} to {row['upper']:.0f})"
 
 
-def group_notes(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def group_notes(rows: Sequence[Mapping[str, Any]], *, fixing: bool = False) -> list[dict[str, Any]]:
     """The board's comparison groups when it has more than one: per group, its models and why
-    it stands apart. Empty when every model is in one group."""
+    it stands apart (``fixing``: the fix-ability board's, whose models are compared through the
+    prompts their corrections share). Empty when every model is in one group."""
     groups = sorted({row.get("group", 1) for row in rows})
     if len(groups) < 2:
         return []
@@ -40,9 +41,14 @@ def group_notes(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 "group": group,
                 "models": models,
                 "reason": (
-                    f"These models never met a model of group{'s' if len(groups) > 2 else ''} {others}, directly "
-                    "or through other models, so no vote compares them: their ratings are on a scale of their own "
-                    "(averaging 1000 within the group) and they are not ranked against the other groups."
+                    f"These models were never corrected on a prompt that a model of group"
+                    f"{'s' if len(groups) > 2 else ''} {others} was, directly or through other models, so no "
+                    "fix episode compares them: their fix-abilities are on a scale of their own (averaging 1000 "
+                    "within the group) and they are not ranked against the other groups."
+                    if fixing
+                    else f"These models never met a model of group{'s' if len(groups) > 2 else ''} {others}, "
+                    "directly or through other models, so no vote compares them: their ratings are on a scale of "
+                    "their own (averaging 1000 within the group) and they are not ranked against the other groups."
                 ),
             }
         )

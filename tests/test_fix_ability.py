@@ -491,3 +491,27 @@ def test_intervals_are_clustered_by_voter_when_voters_differ_in_taste() -> None:
     print(f"coverage of 95% intervals, voters with tastes (sd 1 log-odds): {rates}")
     assert 0.93 <= rates["voter"] <= 0.97
     assert rates["independent"] < 0.90
+
+
+def test_models_corrected_on_no_common_prompt_are_groups_ranked_apart() -> None:
+    """Two pairs of models, each corrected on its own task only: nothing compares a model of
+    one pair with one of the other, so each pair is a comparison group with its own level
+    (averaging 1000) and its own ranks; a free-chat model with nothing to compare stays unrated."""
+    from leaderboard import wording
+
+    rng = np.random.default_rng(5)
+    rates = {"a": 0.8, "b": 0.4, "c": 0.7, "d": 0.2}
+    episodes = [
+        Episode(model, task, k % 3, bool(rng.random() < rates[model]))
+        for model, task in (("a", "t1"), ("b", "t1"), ("c", "t2"), ("d", "t2"))
+        for k in range(60)
+    ] + [Episode("e", FREE_CHAT, 0, True, "lonely")]
+    rows = {row.model: row for row in rate_fixes(episodes)}
+    assert (rows["a"].group, rows["b"].group, rows["c"].group, rows["d"].group) == (1, 1, 2, 2)
+    assert (rows["a"].rank, rows["b"].rank, rows["c"].rank, rows["d"].rank) == (1, 2, 1, 2)
+    for pair in (("a", "b"), ("c", "d")):
+        assert abs(sum(rows[m].rating for m in pair) / 2 - 1000) < 0.1
+    assert rows["e"].rating is None and rows["e"].rank is None
+    notes = wording.group_notes([row.as_dict() for row in rate_fixes(episodes)], fixing=True)
+    assert [note["models"] for note in notes] == [["a", "b", "e"], ["c", "d"]]
+    assert "no fix episode compares them" in notes[0]["reason"]
