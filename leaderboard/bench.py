@@ -57,15 +57,18 @@ def synthetic_style(a: np.ndarray, b: np.ndarray, seed: int = 0) -> np.ndarray:
 
 def synthetic_episodes(count: int, models: int, seed: int = 0) -> list[fixing.Episode]:
     """Fix episodes over ``models`` models and 30 task turns, two to a battle, each correction of
-    one of the three kinds, one in five a second attempt."""
+    one of the three kinds, one in five a second attempt, the battles' voters drawn from 20,000."""
     rng = np.random.default_rng(seed + 2)
     ability, difficulty = rng.normal(0, 1, models), rng.normal(0, 1, 30)
     model, cell = rng.integers(0, models, count), rng.integers(0, 30, count)
     kind, attempt = rng.integers(0, len(fixing.KINDS), count), 1 + (rng.random(count) < 0.2)
+    voter = rng.integers(0, 20_000, (count + 1) // 2)
     fixed = rng.random(count) < 1.0 / (1.0 + np.exp(-(ability[model] + difficulty[cell] + 0.5 * kind)))
     rows = zip(model.tolist(), cell.tolist(), fixed.tolist(), kind.tolist(), attempt.tolist(), strict=True)
     return [
-        fixing.Episode(f"m{m}", f"t{c // 6}", int(c % 6), bool(f), f"b{i // 2}", fixing.KINDS[k], int(n))
+        fixing.Episode(
+            f"m{m}", f"t{c // 6}", int(c % 6), bool(f), f"b{i // 2}", fixing.KINDS[k], int(n), f"v{voter[i // 2]}"
+        )
         for i, (m, c, f, k, n) in enumerate(rows)
     ]
 
