@@ -207,7 +207,7 @@ def _fixing_snapshot(
     counts: tally.Tally,
 ) -> LeaderboardSnapshot:
     """The "Fixing mistakes" board: fix-ability from the counted fix episodes (leaderboard.fixing),
-    beside each model's rate of judged replies judged wrong (where its episodes start)."""
+    beside each model's rate of judged first tries judged wrong (where its episodes start)."""
     episodes = selectors.fix_episode_counts(counts)
     rows = fixing.rate_fixes(episodes)
     wrong = selectors.wrong_rates([row.model for row in rows], counts)
