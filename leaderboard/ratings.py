@@ -459,16 +459,16 @@ class VoterCells:
         keep = np.asarray(keep, dtype=bool)
         if keep.all():
             return self
-        new_index = np.cumsum(keep) - 1
-        inside = keep[self.first] & keep[self.second]
-        return VoterCells(
-            int(keep.sum()),
-            self.voter[inside],
-            new_index[self.first[inside]],
-            new_index[self.second[inside]],
-            self.outcome[inside],
-            self.count[inside],
-        )
+        inside, first, second = rows_within(keep, self.first, self.second)
+        return VoterCells(int(keep.sum()), self.voter[inside], first, second, self.outcome[inside], self.count[inside])
+
+
+def rows_within(keep: np.ndarray, first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of rows between models ``first`` and ``second``: which lie among the models ``keep``
+    selects, and their models renumbered in the kept models' order."""
+    new_index = np.cumsum(keep) - 1
+    inside = keep[first] & keep[second]
+    return inside, new_index[first[inside]], new_index[second[inside]]
 
 
 CLUSTERED = "voter-clustered"  # The method's name, as snapshots store it.

@@ -193,13 +193,12 @@ class StyleVoters:
         keep = np.asarray(keep, dtype=bool)
         if keep.all():
             return self
-        new_index = np.cumsum(keep) - 1
-        inside = keep[self.a] & keep[self.b]
+        inside, a, b = ratings.rows_within(keep, self.a, self.b)
         return StyleVoters(
             int(keep.sum()),
             self.voter[inside],
-            new_index[self.a[inside]],
-            new_index[self.b[inside]],
+            a,
+            b,
             self.score[inside],
             self.features[inside],
             self.count[inside],
