@@ -3,6 +3,7 @@ queued or streaming (votes/reply_caps.py), so a flood from it cannot fill the wo
 ahead of another voter. Real sockets, PostgreSQL and Redis; no worker runs, so every reply
 stays queued, as behind a busy worker."""
 
+import asyncio
 import json
 import secrets
 from typing import Any
@@ -12,6 +13,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from tests.conftest import fresh_network, open_battle_socket
+from votes import reply_caps
 from votes.models import Battle, Message
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -73,3 +75,53 @@ async def test_one_networks_flood_cannot_queue_ahead_of_another_voter(settings: 
     assert (await first_frame_after_prompt(pages[2]))["type"] == "battle"
     for communicator in [*pages, voter_b]:
         await communicator.disconnect()
+
+
+@pytest.mark.parametrize("store", ["redis", "memory"])
+async def test_prompts_sent_at_the_same_instant_cannot_pass_the_cap_together(
+    settings: Any, unserved_llms: Any, store: str
+) -> None:
+    """40 first prompts from 40 pages of one /24, sent together and answered in any order: the
+    cap is checked and taken in one step (votes.reply_caps.reserve), so at most the cap's replies
+    are in flight, every other prompt is refused with ``busy`` and stores nothing; with Redis
+    (several web processes) and in the process's memory (the embedded arena)."""
+    settings.ARENA_REPLIES_PER_NETWORK = 4
+    if store == "memory":
+        settings.REDIS_URL = ""
+    network = fresh_network()
+    pages = [await open_battle_socket(address=f"{network}.{host}") for host in range(1, 41)]
+    battles_before = await database_sync_to_async(Battle.objects.count)()
+    for communicator in pages:  # Every frame is in the consumers' inboxes before any is read.
+        await communicator.send_to(text_data=json.dumps(PROMPT))
+    answers = await asyncio.gather(*(communicator.receive_from(timeout=20) for communicator in pages))
+    kinds = [json.loads(answer)["type"] for answer in answers]
+    refusals = [json.loads(answer) for answer in answers if json.loads(answer)["type"] == "error"]
+    # Two replies a first prompt: two battles fit a cap of 4.
+    assert kinds.count("battle") == 2, kinds
+    assert len(refusals) == 38 and {refusal["code"] for refusal in refusals} == {"busy"}
+    assert await database_sync_to_async(Battle.objects.count)() == battles_before + 2
+    for communicator, kind in zip(pages, kinds, strict=True):
+        if kind == "battle":  # Its replies are recorded by the time its prompt is published.
+            assert json.loads(await communicator.receive_from(timeout=10))["type"] == "prompt"
+    assert await database_sync_to_async(reply_caps.in_flight)(f"{network}.7") == 4
+    for communicator in pages:
+        await communicator.disconnect()
+
+
+def test_a_reservation_is_given_back_when_its_prompt_fails_and_expires_if_never_given_back(
+    settings: Any,
+) -> None:
+    """A reservation takes its places until its replies are recorded or it is released; one a
+    lost process never gave back stops counting after RESERVATION_TTL_SECONDS."""
+    settings.ARENA_REPLIES_PER_NETWORK = 3
+    address = f"{fresh_network()}.5"
+    first = reply_caps.reserve(address, replies=2, now=1000.0)
+    with pytest.raises(Exception, match="already has 3 replies"):
+        reply_caps.reserve(address, replies=2, now=1001.0)
+    first.release()
+    second = reply_caps.reserve(address, replies=2, now=1002.0)
+    reply_caps.reserve(address, replies=1, now=1003.0)  # Never released: a lost process.
+    second.release()
+    with pytest.raises(Exception, match="already has 3 replies"):
+        reply_caps.reserve(address, replies=3, now=1004.0)
+    reply_caps.reserve(address, replies=3, now=1003.0 + reply_caps.RESERVATION_TTL_SECONDS + 1)

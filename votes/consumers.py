@@ -215,9 +215,13 @@ class BattleConsumer(AsyncWebsocketConsumer):
             await self.publish({"type": "rated", "side": reply.side, "turn": reply.turn, "rating": frame.rating})
         elif isinstance(frame, RegenerateFrame):
             await self.count("message")
-            await in_thread(reply_caps.check)(self.address, replies=1)
-            regenerated = await in_thread(services.regenerate_reply)(battle=self.battle, side=frame.side)
-            await in_thread(reply_caps.record, database=False)(self.address, [regenerated.job.message_id])
+            reservation = await in_thread(reply_caps.reserve)(self.address, replies=1)
+            try:
+                regenerated = await in_thread(services.regenerate_reply)(battle=self.battle, side=frame.side)
+            except BaseException:
+                await in_thread(reservation.release, database=False)()
+                raise
+            await in_thread(reservation.record, database=False)([regenerated.job.message_id])
             await self.publish({"type": "regenerating", "side": regenerated.side, "turn": regenerated.turn})
             await self.enqueue([regenerated.job])
         elif isinstance(frame, EndFrame):
@@ -252,17 +256,22 @@ class BattleConsumer(AsyncWebsocketConsumer):
     async def handle_prompt(self, frame: PromptFrame) -> None:
         if self.battle is None and frame.side is not None:
             raise ArenaError("both_sides_first", "The first prompt goes to both sides.")
-        # Before anything is stored: past its network's cap on replies in flight, nothing is.
-        await in_thread(reply_caps.check)(self.address, replies=1 if frame.side else 2)
-        if self.battle is None:  # A first prompt without a start frame: free chat.
-            await self.count("battle")
-            battle = await in_thread(services.start_battle)(voter_key=self.voter_key, network_key=self.network_key)
-            await self.join(battle)
-            await self.send_json({"type": "battle", "battle": battle.public_id})
-        assert self.battle is not None and self.group is not None
-        await self.count("message")
-        submitted = await in_thread(services.submit_prompt)(battle=self.battle, text=frame.text, side=frame.side)
-        await in_thread(reply_caps.record, database=False)(self.address, [job.message_id for job in submitted.jobs])
+        # Before anything is stored: past its network's cap on replies in flight, nothing is. The
+        # places are taken as they are checked, so prompts sent at once cannot all pass.
+        reservation = await in_thread(reply_caps.reserve)(self.address, replies=1 if frame.side else 2)
+        try:
+            if self.battle is None:  # A first prompt without a start frame: free chat.
+                await self.count("battle")
+                battle = await in_thread(services.start_battle)(voter_key=self.voter_key, network_key=self.network_key)
+                await self.join(battle)
+                await self.send_json({"type": "battle", "battle": battle.public_id})
+            assert self.battle is not None and self.group is not None
+            await self.count("message")
+            submitted = await in_thread(services.submit_prompt)(battle=self.battle, text=frame.text, side=frame.side)
+        except BaseException:
+            await in_thread(reservation.release, database=False)()
+            raise
+        await in_thread(reservation.record, database=False)([job.message_id for job in submitted.jobs])
         sides = [submitted.side] if submitted.side else ["a", "b"]
         await self.publish(
             {
