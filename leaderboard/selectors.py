@@ -178,6 +178,7 @@ def _vote_rows(votes: QuerySet[Vote]) -> list[tally.VoteRow]:
             "battle__model_b_id",
             "choice",
             "over_daily_cap",
+            "battle__mode",
         )
         .annotate(
             n=Count("id"),
@@ -198,8 +199,23 @@ def _vote_rows(votes: QuerySet[Vote]) -> list[tally.VoteRow]:
             recorded,
             inverse or 0.0,
             over_cap,
+            mode == Battle.Mode.ANONYMOUS,
         )
-        for voter, stage, task_category, corrected, excluded, a_id, b_id, choice, over_cap, n, recorded, inverse in rows
+        for (
+            voter,
+            stage,
+            task_category,
+            corrected,
+            excluded,
+            a_id,
+            b_id,
+            choice,
+            over_cap,
+            mode,
+            n,
+            recorded,
+            inverse,
+        ) in rows
     ]
 
 
@@ -301,10 +317,11 @@ def flagged_voters() -> frozenset[str]:
 
 def network_detector_table() -> anomaly.VoteTable:
     """The anomaly detector's input grouped by client network (``Battle.network_key``) instead
-    of by voter: the votes of the counted battles without an identity leak, by voters not
-    flagged, from networks known and not flagged already. One GROUP BY over the counted votes."""
+    of by voter: the votes of the counted anonymous battles (an identity leak's included), by
+    voters not flagged, from networks known and not flagged already. One GROUP BY over the
+    counted votes."""
     votes = (
-        Vote.objects.filter(battle__tallied=True, battle__excluded=False)
+        Vote.objects.filter(battle__tallied=True, battle__mode=Battle.Mode.ANONYMOUS)
         .exclude(battle__network_key="")
         .exclude(voter_flagged())
         .exclude(battle__network_key__in=FlaggedNetwork.objects.filter(cleared=False).values("network_key"))
@@ -318,10 +335,12 @@ def network_detector_table() -> anomaly.VoteTable:
 
 
 def network_voter_rows(network_keys: list[str]) -> list[tuple[str, str, int, int, str, int]]:
-    """The counted votes (battles counted, without an identity leak) from the networks
-    ``network_keys``, flagged voters' included, as (network key, voter key, model A id, model B
-    id, choice, count) rows: ``anomaly.campaign_voters``'s input."""
-    votes = Vote.objects.filter(battle__tallied=True, battle__excluded=False, battle__network_key__in=network_keys)
+    """The votes of the counted anonymous battles (an identity leak's included) from the
+    networks ``network_keys``, flagged voters' included, as (network key, voter key, model A id,
+    model B id, choice, count) rows: ``anomaly.campaign_voters``'s input."""
+    votes = Vote.objects.filter(
+        battle__tallied=True, battle__mode=Battle.Mode.ANONYMOUS, battle__network_key__in=network_keys
+    )
     return [
         tuple(row)
         for row in votes.values_list(

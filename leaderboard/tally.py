@@ -38,7 +38,7 @@ CHOICES = ("a", "b", "tie", "both_bad")  # Codes of the boards' choice column.
 OUTCOMES = (0.0, 0.5, 1.0)
 LEFT_OUT_REASONS = ("identity leak", "flagged voter", "over daily cap")  # Codes of left_out's reason column.
 JUDGED = (None, False, True)  # Codes of a judge's verdict on an episode (None: not judged).
-VERSION = 7  # Of the stored layout: a tally stored by another version is rebuilt.
+VERSION = 8  # Of the stored layout: a tally stored by another version is rebuilt.
 
 
 @dataclass(frozen=True)
@@ -178,8 +178,9 @@ class Tally:
       overall board's counted votes as style cells, per voter (style control's intervals are
       clustered by voter);
     - ``ballots``: keys (voter, first model id, second model id, outcome), values (votes,): the
-      votes of battles without an identity leak, by every voter, flagged or not (the anomaly
-      detector's input);
+      votes of anonymous battles, by every voter, flagged or not, those of battles with an
+      identity leak and those over the daily cap included (the anomaly detector's input: no
+      exclusion a voter can cause hides a vote from it);
     - ``episodes``: keys (model id, task id or 0 for free chat, script turn, fixed, fixed as the
       voter rated it, as the checker judged it (``JUDGED``), cluster: the battle's id where it
       has more than one episode, else 0, the correction's kind (``KINDS``), the attempt, the voter
@@ -338,6 +339,9 @@ class VoteRow:
     recorded: int  # Of which the battle recorded its pair probability.
     inverse: float  # Sum over them of 1 / pair probability.
     over_cap: bool = False  # Cast past the voter's or network's daily cap (Vote.over_daily_cap).
+    # An anonymous battle's: the anomaly detector judges them, leaked or not (a named or direct
+    # chat's votes are "leaked" by design and judged by no one).
+    anonymous: bool = True
 
 
 def _first_model_outcome(model_a: int, model_b: int, choice: str) -> tuple[int, int, int]:
@@ -399,7 +403,7 @@ def tally_of(
     for row in rows:
         choice = choice_code[row.choice]
         reason = 0 if row.leaked else 1 if row.voter in flagged else 2 if row.over_cap else None
-        if not row.leaked:
+        if row.anonymous:  # Leaked or over the cap, the detector sees it: no voter hides a vote from it.
             voter = voter_position.setdefault(row.voter, len(voter_position))
             first, second, outcome = _first_model_outcome(row.model_a, row.model_b, row.choice)
             ballot_keys.append((voter, first, second, outcome))

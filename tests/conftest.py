@@ -183,6 +183,31 @@ async def open_battle_socket(
     return communicator
 
 
+@pytest.fixture
+def unserved_llms(demo_llms: Any) -> Any:
+    """The test models on queues no worker consumes (the suite's worker may be running): every
+    reply stays queued until a test finishes it (``finish_as_worker``)."""
+    for llm in demo_llms:
+        llm.queue = f"unserved-{secrets.token_hex(4)}.{llm.name}"
+        llm.save()
+    return demo_llms
+
+
+def finish_as_worker(message_id: int, content: str) -> None:
+    """A queued reply claimed and finished with ``content`` as a worker finishes one: no model runs."""
+    votes_services.claim_reply(message_id)
+    votes_services.finish_reply(
+        message_id,
+        status=Message.Status.DONE,
+        content=content,
+        delta_count=1,
+        stop_reason="stop",
+        token_count=5,
+        time_to_first_token_ms=5,
+        duration_ms=10,
+    )
+
+
 def answer_prompt(
     battle: Battle,
     text: str = "Add a meeting with Fred on Nov 11 at 5PM",
@@ -192,17 +217,7 @@ def answer_prompt(
     """``text`` sent to both sides of ``battle``, and their replies (``replies(message)``)
     finished as a worker finishes them: no model runs."""
     for job in votes_services.submit_prompt(battle=battle, text=text).jobs:
-        votes_services.claim_reply(job.message_id)
-        votes_services.finish_reply(
-            job.message_id,
-            status=Message.Status.DONE,
-            content=replies(Message.objects.select_related("battle").get(pk=job.message_id)),
-            delta_count=1,
-            stop_reason="stop",
-            token_count=5,
-            time_to_first_token_ms=5,
-            duration_ms=10,
-        )
+        finish_as_worker(job.message_id, replies(Message.objects.select_related("battle").get(pk=job.message_id)))
 
 
 class BattleClient:

@@ -5,16 +5,20 @@ stays queued, as behind a busy worker."""
 
 import asyncio
 import json
-import secrets
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.db import connections
 
-from tests.conftest import fresh_network, open_battle_socket
+from tests.conftest import close_query_thread_connections, fresh_network, open_battle_socket
 from votes import reply_caps
 from votes.models import Battle, Message
+from votes.protocol import ArenaError
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,16 +29,6 @@ async def first_frame_after_prompt(communicator: WebsocketCommunicator) -> dict[
     """The first frame answering a first prompt: ``battle`` when accepted, ``error`` when not."""
     await communicator.send_to(text_data=json.dumps(PROMPT))
     return json.loads(await communicator.receive_from(timeout=10))
-
-
-@pytest.fixture
-def unserved_llms(demo_llms: Any) -> Any:
-    """The test models on queues no worker consumes (the suite's worker may be running): every
-    reply stays queued."""
-    for llm in demo_llms:
-        llm.queue = f"unserved-{secrets.token_hex(4)}.{llm.name}"
-        llm.save()
-    return demo_llms
 
 
 async def test_one_networks_flood_cannot_queue_ahead_of_another_voter(settings: Any, unserved_llms: Any) -> None:
@@ -77,17 +71,12 @@ async def test_one_networks_flood_cannot_queue_ahead_of_another_voter(settings: 
         await communicator.disconnect()
 
 
-@pytest.mark.parametrize("store", ["redis", "memory"])
-async def test_prompts_sent_at_the_same_instant_cannot_pass_the_cap_together(
-    settings: Any, unserved_llms: Any, store: str
-) -> None:
-    """40 first prompts from 40 pages of one /24, sent together and answered in any order: the
-    cap is checked and taken in one step (votes.reply_caps.reserve), so at most the cap's replies
-    are in flight, every other prompt is refused with ``busy`` and stores nothing; with Redis
-    (several web processes) and in the process's memory (the embedded arena)."""
+async def test_prompts_sent_at_the_same_instant_cannot_pass_the_cap_together(settings: Any, unserved_llms: Any) -> None:
+    """40 first prompts from 40 pages of one /24, sent together through the real consumer and
+    answered in any order: the cap is checked and taken in one step (votes.reply_caps.reserve),
+    so at most the cap's replies are in flight, and every other prompt is refused with ``busy``
+    and stores nothing."""
     settings.ARENA_REPLIES_PER_NETWORK = 4
-    if store == "memory":
-        settings.REDIS_URL = ""
     network = fresh_network()
     pages = [await open_battle_socket(address=f"{network}.{host}") for host in range(1, 41)]
     battles_before = await database_sync_to_async(Battle.objects.count)()
@@ -106,6 +95,8 @@ async def test_prompts_sent_at_the_same_instant_cannot_pass_the_cap_together(
     assert await database_sync_to_async(reply_caps.in_flight)(f"{network}.7") == 4
     for communicator in pages:
         await communicator.disconnect()
+    await sync_to_async(close_query_thread_connections)()
+    await sync_to_async(connections.close_all)()
 
 
 def test_a_reservation_is_given_back_when_its_prompt_fails_and_expires_if_never_given_back(
@@ -125,3 +116,28 @@ def test_a_reservation_is_given_back_when_its_prompt_fails_and_expires_if_never_
     with pytest.raises(Exception, match="already has 3 replies"):
         reply_caps.reserve(address, replies=3, now=1004.0)
     reply_caps.reserve(address, replies=3, now=1003.0 + reply_caps.RESERVATION_TTL_SECONDS + 1)
+
+
+@pytest.mark.parametrize("store", ["redis", "memory"])
+def test_reservations_taken_by_many_threads_at_once_stay_within_the_cap(settings: Any, store: str) -> None:
+    """40 threads released together each reserve a first prompt's two replies from one /24:
+    exactly two reservations are granted, with Redis (several web processes) and in the
+    process's memory (the embedded arena, one lock)."""
+    settings.ARENA_REPLIES_PER_NETWORK = 4
+    if store == "memory":
+        settings.REDIS_URL = ""
+    network = fresh_network()
+    start = threading.Barrier(40)
+
+    def reserve(host: int) -> bool:
+        start.wait(timeout=10)
+        try:
+            reply_caps.reserve(f"{network}.{host}", replies=2)
+        except ArenaError as error:
+            assert error.code == "busy"
+            return False
+        return True
+
+    with ThreadPoolExecutor(max_workers=40) as pool:
+        granted = list(pool.map(reserve, range(1, 41)))
+    assert granted.count(True) == 2

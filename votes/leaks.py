@@ -33,6 +33,11 @@ IDENTITY_TERMS: tuple[str, ...] = (
     "Alibaba",
     "Phi-3",
     "Microsoft",
+    "SmolLM",
+    "SmolLM2",
+    "Hugging Face",
+    "HuggingFace",
+    "HuggingFaceTB",
 )
 
 

@@ -226,6 +226,12 @@ class Battle(models.Model):
         default=False, help_text="Its votes are kept but stay out of the leaderboard (see excluded_reason)."
     )
     excluded_reason = models.CharField(max_length=300, blank=True)
+    closed_reason = models.CharField(
+        max_length=300,
+        blank=True,
+        help_text="Set when a reply names a model after the voter's first vote: the votes cast before it "
+        "count, and the battle takes no more prompts, votes or ratings (the voter can only end it).",
+    )
     created = models.DateTimeField(auto_now_add=True)
     ended = models.DateTimeField(null=True, blank=True)
     ended_by = models.CharField(
@@ -347,6 +353,13 @@ class Battle(models.Model):
             self.excluded = True
             self.excluded_reason = reason[:300]
             self.save(update_fields=["excluded", "excluded_reason"])
+
+    def close_after_vote(self, reason: str) -> None:
+        """A model named itself after the voter voted: keep the votes cast before (they were
+        blind) and take no more prompts, votes or ratings; the first reason found is kept."""
+        if not self.closed_reason:
+            self.closed_reason = reason[:300]
+            self.save(update_fields=["closed_reason"])
 
 
 class Message(models.Model):

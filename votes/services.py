@@ -227,6 +227,17 @@ def _refuse_if_ended(battle: Battle) -> None:
         raise ArenaError("battle_closed", "This battle has ended; start a new battle to go on.")
 
 
+def _refuse_if_closed(battle: Battle) -> None:
+    """Ended, or closed by a model naming itself after the vote: no more prompts, votes, ratings."""
+    _refuse_if_ended(battle)
+    if battle.closed_reason:
+        raise ArenaError(
+            "named_after_vote",
+            "A reply named a model after your vote: the votes you cast before it count, and this battle "
+            "takes no more prompts, votes or ratings. End it to see the names.",
+        )
+
+
 def _acted(battle: Battle) -> None:
     """The voter did something from a page of the battle: its idle clock starts again."""
     now = timezone.now()
@@ -274,7 +285,7 @@ def submit_prompt(*, battle: Battle, text: str, side: str | None = None) -> Subm
     (it gets nothing, and its history is unchanged).
     """
     battle = _locked(battle)
-    _refuse_if_ended(battle)
+    _refuse_if_closed(battle)
     _acted(battle)
     direct = battle.mode == Battle.Mode.DIRECT
     if direct and side == Side.B:
@@ -308,7 +319,7 @@ def submit_prompt(*, battle: Battle, text: str, side: str | None = None) -> Subm
 def regenerate_reply(*, battle: Battle, side: str) -> RegeneratedReply:
     """Generate one side's latest reply again, from the same conversation, with a new seed."""
     battle = _locked(battle)
-    _refuse_if_ended(battle)
+    _refuse_if_closed(battle)
     _acted(battle)
     reply = (
         Message.objects.select_for_update()
@@ -365,7 +376,7 @@ def _answers_a_correction(reply: Message) -> bool:
 def rate_reply(*, battle: Battle, side: str, turn: int, rating: str | None) -> Message:
     """The voter's ✓ 🍄 🥦 🔥 on one reply (None clears it). 🥦 only answers a correction."""
     battle = _locked(battle)
-    _refuse_if_ended(battle)
+    _refuse_if_closed(battle)
     _acted(battle)
     reply = Message.objects.filter(battle=battle, side=side, turn=turn, role=Message.Role.ASSISTANT).first()
     if reply is None:
@@ -386,7 +397,7 @@ def cast_vote(*, battle: Battle, choice: str, stage: str | None = None) -> Vote:
     """Store one stage's vote: first try (after the first replies), then after fix (after
     corrections). The models stay anonymous until the voter ends the battle."""
     battle = _locked(battle)
-    _refuse_if_ended(battle)
+    _refuse_if_closed(battle)
     _acted(battle)
     if battle.mode == Battle.Mode.DIRECT:
         raise ArenaError("no_votes", "A direct chat has one model: there is nothing to vote on.")
@@ -723,7 +734,10 @@ def finish_reply(
 def review_reply(reply: Message) -> None:
     """Check a finished reply against its scripted turn, and flag a reply that names a model.
 
-    A leak keeps the battle's votes but excludes them from the leaderboard, with the reason.
+    A leak before the voter's first vote keeps the battle's votes but excludes them from the
+    leaderboard, with the reason. A leak after it cannot void the votes already cast (a voter
+    could otherwise make a model name itself to erase their own vote): they stay counted, and
+    the battle takes no more prompts, votes or ratings (``Battle.close_after_vote``).
     """
     battle = reply.battle
     turn = battle.scripted_turn(reply.script_turn) if battle.task_id is not None else None
@@ -740,7 +754,11 @@ def review_reply(reply: Message) -> None:
     leak = find_identity_leak(reply.content, (battle.model_a.name, battle.model_b.name))
     if leak:
         reply.identity_leak = leak[:100]
-        battle.exclude(f"the reply of side {reply.side.upper()} at turn {reply.turn + 1} names {leak!r}")
+        reason = f"the reply of side {reply.side.upper()} at turn {reply.turn + 1} names {leak!r}"
+        if battle.votes.exists():  # Cast blind, before the name appeared: they stay counted.
+            battle.close_after_vote(reason)
+        else:
+            battle.exclude(reason)
     reply.save(update_fields=["check_verdict", "check_reason", "check_parts", "identity_leak"])
 
 
