@@ -25,7 +25,7 @@ from ninja.throttling import SimpleRateThrottle
 from arena_site.addresses import client_address
 from votes import services
 from votes.models import ResearcherKey
-from votes.rate_limits import keyed_hash, spend
+from votes.rate_limits import keyed_hash, network_of, spend
 
 
 class Error(Schema):
@@ -72,15 +72,16 @@ class SlidingWindowThrottle(SimpleRateThrottle):
 
 
 class AddressThrottle(SlidingWindowThrottle):
-    """Requests without a valid key, per client address: the address the ASGI application took
-    from a trusted proxy's X-Forwarded-For, or the peer's (``arena_site.addresses``), never a
-    forwarding header read again here. Counted under a keyed hash of it, not the address."""
+    """Requests without a valid key, per client network (the /24 or /64, as every per-client
+    limit counts) of the address the ASGI application took from a trusted proxy's
+    X-Forwarded-For, or the peer's (``arena_site.addresses``), never a forwarding header read
+    again here. Counted under a keyed hash of the network, not the address."""
 
-    scope = "address"
+    scope = "network"
     setting = "ARENA_API_ANON_PER_MINUTE"
 
     def get_ident(self, request: HttpRequest) -> str:
-        return keyed_hash("address", client_address(request))
+        return keyed_hash("network", network_of(client_address(request)))
 
     def get_cache_key(self, request: HttpRequest) -> str | None:
         if isinstance(getattr(request, "auth", None), ResearcherKey):

@@ -267,9 +267,12 @@ ARENA_WEB_QUERY_THREADS = int(os.environ.get("ARENA_WEB_QUERY_THREADS", "16"))
 ARENA_MAX_PROMPT_CHARS = int(os.environ.get("ARENA_MAX_PROMPT_CHARS", "2000"))
 ARENA_MAX_FRAME_BYTES = int(os.environ.get("ARENA_MAX_FRAME_BYTES", "16384"))
 ARENA_MAX_TURNS = int(os.environ.get("ARENA_MAX_TURNS", "12"))
-# Battles, messages and votes per session and per address in a window (votes/rate_limits.py):
-# "action=per_session/per_address/window_seconds,..."; actions left out keep their defaults.
+# Battles, messages and votes per session and per client network (/24, /64) in a window
+# (votes/rate_limits.py): "action=per_session/per_network/window_seconds,..."; actions left out
+# keep their defaults.
 ARENA_RATE_LIMITS = os.environ.get("ARENA_RATE_LIMITS", "")
+# New page sessions (rows in the session table) one client network may create an hour; 0: no cap.
+ARENA_NEW_SESSIONS_PER_NETWORK = int(os.environ.get("ARENA_NEW_SESSIONS_PER_NETWORK", "240"))
 # Open battle sockets at once per voter session and per client network (/24 IPv4, /64 IPv6), across
 # every web process (votes/socket_caps.py); past either the socket is closed with 4429. 0: no cap.
 ARENA_SOCKETS_PER_SESSION = int(os.environ.get("ARENA_SOCKETS_PER_SESSION", "8"))

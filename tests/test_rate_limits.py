@@ -20,7 +20,7 @@ def fresh(label: str) -> str:
 def test_defaults_and_overrides() -> None:
     assert parse_limits("") == DEFAULT_LIMITS
     limits = parse_limits("message=5/10/30, vote=0/0/60")
-    assert limits["message"] == Limit(per_session=5, per_address=10, window_s=30)
+    assert limits["message"] == Limit(per_session=5, per_network=10, window_s=30)
     assert limits["vote"] == Limit(0, 0, 60)
     assert limits["battle"] == DEFAULT_LIMITS["battle"]
 
@@ -29,8 +29,8 @@ def test_defaults_and_overrides() -> None:
     ("text", "message"),
     [
         ("chat=1/2/3", "unknown action 'chat'"),
-        ("vote=1/2", "is not action=per_session/per_address/window_seconds"),
-        ("vote=a/b/c", "is not action=per_session/per_address/window_seconds"),
+        ("vote=1/2", "is not action=per_session/per_network/window_seconds"),
+        ("vote=a/b/c", "is not action=per_session/per_network/window_seconds"),
         ("vote=1/2/0", "a window >= 1 second"),
         ("vote=-1/2/60", "budgets >= 0"),
     ],
@@ -78,6 +78,19 @@ def test_a_burst_across_a_window_boundary_does_not_pass_twice_the_budget() -> No
             rate_limits.hit("message", session=session, address=None, now=boundary + second)
 
 
+@override_settings(ARENA_RATE_LIMITS="battle=100/2/3600")
+def test_a_network_shares_one_budget_across_its_addresses() -> None:
+    """Refused at 10.x.y.9, refused at once at 10.x.y.10 (the same /24), as the message says;
+    another network is not."""
+    network = f"10.{uuid.uuid4().int % 256}.{uuid.uuid4().int % 256}"
+    for host in (7, 8):
+        rate_limits.hit("battle", session=fresh("session"), address=f"{network}.{host}", now=4_000_000.0)
+    for host in (9, 10):
+        with pytest.raises(ArenaError, match="from your network"):
+            rate_limits.hit("battle", session=fresh("session"), address=f"{network}.{host}", now=4_000_001.0)
+    rate_limits.hit("battle", session=fresh("session"), address="192.0.2.10", now=4_000_001.0)
+
+
 @override_settings(ARENA_RATE_LIMITS="vote=100/4/60")
 def test_an_address_is_shared_by_its_sessions() -> None:
     address = fresh("192.0.2.1")
@@ -101,7 +114,7 @@ def test_counters_are_keyed_by_hashes_not_by_sessions_or_addresses() -> None:
     window = int(3_000_000.0 // 60)
     keys = [
         rate_limits.counter_key("vote", kind, value, window)
-        for kind, value in (("session", session), ("address", address))
+        for kind, value in (("session", session), ("network", rate_limits.network_of(address)))
     ]
     assert cache.get_many(keys) == dict.fromkeys(keys, 1)
     for key in keys:
@@ -137,3 +150,29 @@ async def test_every_frame_type_counts_so_a_sync_flood_is_refused(connect_battle
     assert refused["type"] == "error" and refused["code"] == "rate_limited", refused
     await client.send("not json")
     assert (await client.receive())["code"] == "rate_limited"
+
+
+@pytest.mark.django_db
+def test_new_page_sessions_are_budgeted_per_network(client, settings) -> None:
+    """A script fetching the arena page in a loop from one /24 stores at most the budget's
+    session rows; past it, 429 with the wait and nothing stored. A page view with its session
+    already made costs nothing, and another network still gets one."""
+    from django.contrib.sessions.models import Session
+
+    settings.ARENA_NEW_SESSIONS_PER_NETWORK = 3
+    network = f"10.{uuid.uuid4().int % 256}.{uuid.uuid4().int % 256}"
+    before = Session.objects.count()
+    statuses = []
+    for host in range(1, 7):
+        client.cookies.clear()  # A fresh visitor each time: no cookie kept.
+        statuses.append(client.get("/", REMOTE_ADDR=f"{network}.{host}").status_code)
+    assert statuses == [200, 200, 200, 429, 429, 429]
+    assert Session.objects.count() == before + 3
+    refused = client.get("/", REMOTE_ADDR=f"{network}.9")
+    assert "Too many new visitors from your network" in refused.content.decode()
+    assert int(refused["Retry-After"]) > 0
+    client.cookies.clear()
+    assert client.get("/", REMOTE_ADDR="192.0.2.44").status_code == 200  # Another network.
+    for _ in range(5):  # The same visitor again: its session exists, nothing is counted.
+        assert client.get("/", REMOTE_ADDR="192.0.2.44").status_code == 200
+    assert Session.objects.count() == before + 4

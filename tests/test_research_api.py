@@ -219,9 +219,11 @@ def test_keys_revocation_and_throttling(client, arena, settings) -> None:
     settings.ARENA_API_ANON_PER_MINUTE = 1
     assert client.get("/api/v1/models", REMOTE_ADDR="10.1.2.3").status_code == 200
     assert client.get("/api/v1/models", REMOTE_ADDR="10.1.2.3").status_code == 429
+    # The budget is the network's (its /24), not the address's.
+    assert client.get("/api/v1/models", REMOTE_ADDR="10.1.2.4").status_code == 429
     ResearcherKey.objects.filter(pk=key.pk).update(revoked=True)
-    # From an address with budget left: a revoked key spends the address's anonymous budget too.
-    assert client.get("/api/v1/models", HTTP_X_API_KEY=token, REMOTE_ADDR="10.1.2.4").status_code == 403
+    # From a network with budget left: a revoked key spends the network's anonymous budget too.
+    assert client.get("/api/v1/models", HTTP_X_API_KEY=token, REMOTE_ADDR="10.1.3.4").status_code == 403
 
 
 def test_battles_and_privacy(client, arena, key_header) -> None:

@@ -1,18 +1,21 @@
-"""Rate limits on battles, messages and votes, per voter session and per client address.
+"""Rate limits on battles, messages and votes, per voter session and per client network.
 
-Each action has a budget per session and a larger one per address (several voters can share an
-address) over a sliding window, counted in Django's cache: Redis in production, so every web
-process shares the counts; the process's memory in embedded mode. Counters are keyed by keyed
-hashes (HMAC with ``SECRET_KEY``): neither a session id nor an address is ever stored.
+Each action has a budget per session and a larger one per network (several voters can share a
+network; the network is the address's /24 or /64, as for the socket and reply caps, so a client
+cannot spread over its neighbouring addresses) over a sliding window, counted in Django's cache:
+Redis in production, so every web process shares the counts; the process's memory in embedded
+mode. Counters are keyed by keyed hashes (HMAC with ``SECRET_KEY``): neither a session id nor an
+address nor a network is ever stored.
 
 The window slides (the sliding-window counter): a count is kept per fixed window, and the
 previous window's count weighs as much as it still overlaps the last ``window_s`` seconds. With
 fixed windows a burst across a boundary passed twice the budget (101 messages in about 70 s
 against 80 a minute); here the previous window's messages still count just after it ends.
 
-``ARENA_RATE_LIMITS`` configures them: ``action=per_session/per_address/window_seconds`` items
+``ARENA_RATE_LIMITS`` configures them: ``action=per_session/per_network/window_seconds`` items
 separated by commas, e.g. ``battle=30/120/3600,message=20/80/60,vote=60/240/60,frame=240/2400/60``; an action left
-out keeps its default, and 0 turns a budget off.
+out keeps its default, and 0 turns a budget off. New page sessions are budgeted per network too
+(``ARENA_NEW_SESSIONS_PER_NETWORK`` an hour, ``new_session``).
 """
 
 from __future__ import annotations
@@ -26,23 +29,24 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.cache import cache
 
+from arena_site.networks import client_network
 from votes.protocol import ArenaError
 
 
 @dataclass(frozen=True)
 class Limit:
     per_session: int
-    per_address: int
+    per_network: int
     window_s: int
 
 
 DEFAULT_LIMITS: dict[str, Limit] = {
-    "battle": Limit(per_session=30, per_address=120, window_s=3600),  # Battles started.
-    "message": Limit(per_session=20, per_address=80, window_s=60),  # Prompts and regenerations.
-    "vote": Limit(per_session=60, per_address=240, window_s=60),  # Votes and ratings.
+    "battle": Limit(per_session=30, per_network=120, window_s=3600),  # Battles started.
+    "message": Limit(per_session=20, per_network=80, window_s=60),  # Prompts and regenerations.
+    "vote": Limit(per_session=60, per_network=240, window_s=60),  # Votes and ratings.
     # Every frame a page sends, of any type (sync and malformed ones included): a page sends a
     # few a minute, a script that floods the socket is stopped.
-    "frame": Limit(per_session=240, per_address=2400, window_s=60),
+    "frame": Limit(per_session=240, per_network=2400, window_s=60),
 }
 _WHAT = {"battle": "new battles", "message": "messages", "vote": "votes and ratings", "frame": "requests"}
 
@@ -56,14 +60,14 @@ def parse_limits(text: str) -> dict[str, Limit]:
         if action not in DEFAULT_LIMITS:
             raise ValueError(f"ARENA_RATE_LIMITS: unknown action {action!r}; expected one of {sorted(DEFAULT_LIMITS)}.")
         try:
-            per_session, per_address, window_s = (int(n) for n in numbers.split("/"))
+            per_session, per_network, window_s = (int(n) for n in numbers.split("/"))
         except ValueError:
             raise ValueError(
-                f"ARENA_RATE_LIMITS: {item!r} is not action=per_session/per_address/window_seconds."
+                f"ARENA_RATE_LIMITS: {item!r} is not action=per_session/per_network/window_seconds."
             ) from None
-        if min(per_session, per_address) < 0 or window_s < 1:
+        if min(per_session, per_network) < 0 or window_s < 1:
             raise ValueError(f"ARENA_RATE_LIMITS: {item!r} needs budgets >= 0 and a window >= 1 second.")
-        limits[action] = Limit(per_session, per_address, window_s)
+        limits[action] = Limit(per_session, per_network, window_s)
     return limits
 
 
@@ -90,8 +94,15 @@ def counter_key(action: str, kind: str, value: str, window: int | None) -> str:
     return counter if window is None else f"{counter}:{window}"
 
 
+def network_of(address: str) -> str:
+    """The network an address counts under (arena_site.networks.client_network: its /24 or
+    /64); anything that is not an address (a test client's name) as itself."""
+    return client_network(address) or address
+
+
 def hit(action: str, *, session: str, address: str | None, now: float | None = None) -> None:
-    """Count one ``action`` by this session and address; ArenaError "rate_limited" if over budget.
+    """Count one ``action`` by this session and the address's network; ArenaError
+    "rate_limited" if over budget.
 
     A refused attempt still counts: hammering does not reset the window.
     """
@@ -99,7 +110,7 @@ def hit(action: str, *, session: str, address: str | None, now: float | None = N
     now = time.time() if now is None else now
     budgets = [("session", session, limit.per_session)]
     if address:
-        budgets.append(("address", address, limit.per_address))
+        budgets.append(("network", network_of(address), limit.per_network))
     for kind, value, budget in budgets:
         if budget == 0:
             continue
@@ -107,6 +118,16 @@ def hit(action: str, *, session: str, address: str | None, now: float | None = N
         if wait is not None:
             who = "this page" if kind == "session" else "your network"
             raise ArenaError("rate_limited", f"Too many {_WHAT[action]} from {who}; try again in {wait} s.")
+
+
+def new_session(address: str | None, now: float | None = None) -> int | None:
+    """Count one new page session against its network's hourly budget
+    (``ARENA_NEW_SESSIONS_PER_NETWORK``; 0: none): None while within it, else the seconds until
+    one more fits. Page views that do not create a session are not counted."""
+    budget = settings.ARENA_NEW_SESSIONS_PER_NETWORK
+    if not address or budget <= 0:
+        return None
+    return spend(counter_key("new_session", "network", network_of(address), window=None), budget, 3600, now)
 
 
 def spend(counter: str, budget: int, window_s: int, now: float | None = None) -> int | None:

@@ -1,7 +1,7 @@
 """A cap on the replies one client network has in flight (queued or streaming) at once.
 
 One address at its own rate budget raised another voter's time to first text from 0.35 s to
-19.8 s: its prompts filled the workers' queues. A network (votes.socket_caps.network_of: /24,
+19.8 s: its prompts filled the workers' queues. A network (votes.rate_limits.network_of: /24,
 /64) may now have at most ``ARENA_REPLIES_PER_NETWORK`` replies in flight; a prompt or a
 regeneration past it is refused with ``busy`` before anything is stored. With the cap below the
 workers' concurrency, one network can never hold every worker, so another voter's reply starts
@@ -34,7 +34,7 @@ from django.conf import settings
 from votes import socket_caps
 from votes.models import Message
 from votes.protocol import ArenaError
-from votes.rate_limits import keyed_hash
+from votes.rate_limits import keyed_hash, network_of
 
 # A set no reply has joined for this long is dropped: no reply stays in flight that long.
 KEY_TTL_SECONDS = 6 * 3600
@@ -56,7 +56,7 @@ _memory = _Memory()
 
 
 def _key(address: str) -> str:
-    return f"arena:replies:network:{keyed_hash('network', socket_caps.network_of(address))}"
+    return f"arena:replies:network:{keyed_hash('network', network_of(address))}"
 
 
 def _reservations_key(key: str) -> str:

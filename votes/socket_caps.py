@@ -23,17 +23,10 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 
-from arena_site.networks import client_network
-from votes.rate_limits import keyed_hash
+from votes.rate_limits import keyed_hash, network_of
 
 SLOT_TTL_SECONDS = 90
 REFRESH_SECONDS = 30
-
-
-def network_of(address: str) -> str:
-    """The network an address counts under (arena_site.networks.client_network: its /24 or
-    /64); anything that is not an address (a test client's name) as itself."""
-    return client_network(address) or address
 
 
 @dataclass(frozen=True)

@@ -3,34 +3,50 @@
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from votes import selectors, services
+from arena_site.addresses import client_address
+from votes import rate_limits, selectors, services
 
 
-def _voter_key(request: HttpRequest) -> str:
-    # The websocket identifies the voter by this session, so it must exist before the page loads.
-    if not request.session.session_key:
-        request.session.save()
-    assert request.session.session_key is not None
-    return services.voter_key_for(request.session.session_key)
+def _session_refused(request: HttpRequest) -> HttpResponse | None:
+    """The websocket identifies the voter by the page's session, so it must exist before the
+    page loads. A new one is counted against its network's hourly budget (a script fetching the
+    page in a loop would otherwise store a session row per request); past it, a 429 that says
+    why and when to come back, and nothing stored."""
+    if request.session.session_key:
+        return None
+    wait = rate_limits.new_session(client_address(request))
+    if wait is not None:
+        response = HttpResponse(
+            f"Too many new visitors from your network in the last hour; try again in {wait} s.",
+            status=429,
+            content_type="text/plain; charset=utf-8",
+        )
+        response["Retry-After"] = str(wait)
+        return response
+    request.session.save()
+    return None
 
 
 def arena(request: HttpRequest) -> HttpResponse:
     """A fresh battle: the models are drawn when the first prompt arrives."""
-    _voter_key(request)
+    if refused := _session_refused(request):
+        return refused
     return render(request, "votes/arena.html", {"battle_id": "", "tasks": selectors.active_tasks(), "mode": ""})
 
 
 def named(request: HttpRequest) -> HttpResponse:
     """A fresh side-by-side battle between two models the voter picks (off the leaderboard). The
     anonymous arena's pages never list the models: this one does, by design."""
-    _voter_key(request)
+    if refused := _session_refused(request):
+        return refused
     context = {"battle_id": "", "tasks": selectors.active_tasks(), "mode": "named", "models": selectors.chat_models()}
     return render(request, "votes/arena.html", context)
 
 
 def direct(request: HttpRequest) -> HttpResponse:
     """A fresh chat with one model the voter picks."""
-    _voter_key(request)
+    if refused := _session_refused(request):
+        return refused
     context = {"battle_id": "", "tasks": selectors.active_tasks(), "mode": "direct", "models": selectors.chat_models()}
     return render(request, "votes/arena.html", context)
 

@@ -72,10 +72,11 @@ class Command(BaseCommand):
             raise CommandError("The load test needs at least two enabled models (register_demo_models).")
         env = {
             "ARENA_TRACE_FRAMES": "1",
-            # Every voter comes from 127.0.0.1: the per-address budgets are off for the run (the
+            # Every voter comes from 127.0.0.1: the per-network budgets are off for the run (the
             # per-session ones stay, each voter having a session of its own).
             "ARENA_RATE_LIMITS": "battle=30/0/3600,message=20/0/60,vote=60/0/60",
-            # ... and so are the per-network caps on open sockets and replies in flight.
+            # ... and so are the per-network caps on new sessions, open sockets and replies in flight.
+            "ARENA_NEW_SESSIONS_PER_NETWORK": "0",
             "ARENA_SOCKETS_PER_NETWORK": "0",
             "ARENA_REPLIES_PER_NETWORK": "0",
             "ARENA_WORKER_NICE": str(options["worker_nice"]),
