@@ -1,6 +1,7 @@
 """ASGI entry point: HTTP goes to Django, websockets to the battle consumer."""
 
 import gc
+import json
 import os
 
 from django.core.asgi import get_asgi_application
@@ -18,6 +19,7 @@ from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware  # noqa: E40
 
 from arena_site import backpressure  # noqa: E402
 from arena_site.origins import SameOriginValidator  # noqa: E402
+from votes.protocol import ArenaError, error_frame  # noqa: E402
 from votes.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -38,8 +40,14 @@ def build_application(trusted_proxies: list[str]) -> Any:
 
 
 application = build_application(settings.TRUSTED_PROXIES)
-# Under daphne: what one socket sends, or leaves unread, stays bounded (arena_site.backpressure).
-backpressure.install(settings.ARENA_SLOW_READER_SECONDS)
+# Under daphne: what one socket sends, or leaves unread, stays bounded (arena_site.backpressure);
+# a frame over daphne's own size limit is told ``frame_too_large`` too, before its socket closes.
+backpressure.install(
+    settings.ARENA_SLOW_READER_SECONDS,
+    too_large=json.dumps(
+        error_frame(ArenaError("frame_too_large", f"Frames are limited to {settings.ARENA_MAX_FRAME_BYTES} bytes."))
+    ).encode(),
+)
 
 # What is loaded by now stays for the process's life. Frozen, the garbage collector's full
 # passes no longer scan it: such a pass holds the GIL, and every stream of this process with

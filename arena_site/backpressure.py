@@ -14,6 +14,12 @@ data as an answer to its pings. Two bounds, both on Twisted's own flow control:
   a client that has not caught up within ``ARENA_SLOW_READER_SECONDS`` is dropped, which
   discards what was buffered for it.
 
+A message over daphne's own size limit (1 MiB: larger than any frame the consumer accepts, which
+refuses those over ``ARENA_MAX_FRAME_BYTES`` with ``frame_too_large`` and keeps the socket) never
+reaches the consumer: autobahn fails the connection, by dropping it, so the client saw a bare
+1006. The subclass first sends ``too_large`` (the arena's ``frame_too_large`` error frame), then
+closes with the closing handshake (1009), so the client reads why whatever the frame's size.
+
 daphne offers no hook for its websocket protocol, so ``install`` puts a subclass in its factory.
 """
 
@@ -81,9 +87,17 @@ class OutboundGuard:
         self.deadline = None
 
 
-def guarded_protocol(patience_s: float) -> type[WebSocketProtocol]:
+def guarded_protocol(patience_s: float, too_large: bytes = b"") -> type[WebSocketProtocol]:
     class GuardedWebSocketProtocol(WebSocketProtocol):
         gate: ReadGate | None = None
+
+        def _max_message_size_exceeded(self, msg_size: int, max_msg_size: int, reason: str) -> None:
+            # autobahn's hook for a message over its limit: say why first, then close with the
+            # handshake rather than a drop, so that the client reads both.
+            if too_large and self.state == self.STATE_OPEN:
+                self.sendMessage(too_large, isBinary=False)
+            self.failByDrop = False
+            super()._max_message_size_exceeded(msg_size, max_msg_size, reason)
 
         def onOpen(self) -> None:
             super().onOpen()
@@ -116,5 +130,7 @@ def guarded_protocol(patience_s: float) -> type[WebSocketProtocol]:
     return GuardedWebSocketProtocol
 
 
-def install(patience_s: float) -> None:
-    WebSocketFactory.protocol = guarded_protocol(patience_s)
+def install(patience_s: float, too_large: bytes = b"") -> None:
+    """``too_large``: the text frame a client gets before a message over daphne's limit closes
+    its socket."""
+    WebSocketFactory.protocol = guarded_protocol(patience_s, too_large)

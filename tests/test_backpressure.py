@@ -9,6 +9,7 @@ daphne from 185 MB to 692 MB in 30 s, and was never dropped.
 """
 
 import base64
+import json
 import os
 import socket
 import struct
@@ -38,11 +39,37 @@ def rss_bytes(pid: int) -> int:
 
 
 def masked_text_frame(payload: bytes) -> bytes:
-    """A client's websocket text frame (clients must mask theirs)."""
+    """A client's websocket text frame (clients must mask theirs), of any length."""
     mask = os.urandom(4)
-    masked = bytes(byte ^ mask[i % 4] for i, byte in enumerate(payload))
-    assert len(payload) < 126
-    return struct.pack("!BB", 0x81, 0x80 | len(payload)) + mask + masked
+    repeated = (mask * (len(payload) // 4 + 1))[: len(payload)]
+    masked = (int.from_bytes(payload, "big") ^ int.from_bytes(repeated, "big")).to_bytes(len(payload), "big")
+    if len(payload) < 126:
+        header = struct.pack("!BB", 0x81, 0x80 | len(payload))
+    elif len(payload) < 1 << 16:
+        header = struct.pack("!BBH", 0x81, 0x80 | 126, len(payload))
+    else:
+        header = struct.pack("!BBQ", 0x81, 0x80 | 127, len(payload))
+    return header + mask + masked
+
+
+def read_server_frame(client: socket.socket) -> tuple[int, bytes]:
+    """One frame from the server (unmasked): its opcode and payload."""
+
+    def exactly(count: int) -> bytes:
+        data = b""
+        while len(data) < count:
+            chunk = client.recv(count - len(data))
+            assert chunk, "the server closed the connection without a closing frame"
+            data += chunk
+        return data
+
+    first, second = exactly(2)
+    length = second & 0x7F
+    if length == 126:
+        (length,) = struct.unpack("!H", exactly(2))
+    elif length == 127:
+        (length,) = struct.unpack("!Q", exactly(8))
+    return first & 0x0F, exactly(length)
 
 
 def open_websocket(port: int, cookie: str, *, receive_buffer: int | None = None) -> socket.socket:
@@ -149,3 +176,24 @@ def test_a_client_that_reads_but_floods_is_held_back_not_buffered(daphne: Any) -
     assert not dropped and received > 1_000_000  # served all along, as fast as daphne handles it
     mib = 2**20
     assert peak <= before * 1.1, f"daphne's RSS {before / mib:.0f} MiB before, {peak / mib:.0f} at most"
+
+
+@pytest.mark.parametrize("size", [64 * 1024, 2 * 2**20])
+def test_a_frame_over_the_limit_is_told_frame_too_large_whatever_its_size(daphne: Any, size: int) -> None:
+    """Over ARENA_MAX_FRAME_BYTES the consumer refuses the frame and the socket stays; over
+    daphne's own 1 MiB limit the frame never reaches the consumer, and the client is still told
+    ``frame_too_large`` before a clean close (1009), not a dropped connection (1006)."""
+    _, port, cookie = daphne
+    client = open_websocket(port, cookie)
+    prompt = b'{"type": "prompt", "text": "' + b"x" * size + b'"}'
+    client.sendall(masked_text_frame(prompt))
+    opcode, payload = read_server_frame(client)
+    assert opcode == 0x1 and json.loads(payload)["code"] == "frame_too_large", payload[:200]
+    if size < 2**20:  # The socket goes on: a sync is answered.
+        client.sendall(masked_text_frame(SYNC))
+        opcode, payload = read_server_frame(client)
+        assert opcode == 0x1 and json.loads(payload)["type"] == "state"
+    else:
+        opcode, payload = read_server_frame(client)
+        assert opcode == 0x8 and struct.unpack("!H", payload[:2])[0] == 1009, payload
+    client.close()
