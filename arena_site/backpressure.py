@@ -20,13 +20,25 @@ reaches the consumer: autobahn fails the connection, by dropping it, so the clie
 1006. The subclass first sends ``too_large`` (the arena's ``frame_too_large`` error frame), then
 closes with the closing handshake (1009), so the client reads why whatever the frame's size.
 
-daphne offers no hook for its websocket protocol, so ``install`` puts a subclass in its factory.
+Plain HTTP had neither bound: a response (a static file served by WhiteNoise, a dump) was handed
+to Twisted as fast as the application produced it, so 250 clients that requested a 3.3 MB file
+and read nothing took daphne from 563 to 1,050 MB, never dropped, kept after they closed. Each
+HTTP response now registers a streaming producer on its request (``ResponseGate``): while the
+transport's buffer is full the application's ``send`` waits (daphne's ``Server.handle_reply``
+awaits the gate), so a response waits for its client instead of being buffered whole, and a
+client that has not caught up within the same patience is dropped.
+
+daphne offers no hook for its protocols, so ``install`` puts a subclass in its websocket factory
+and in its HTTP request factory, and makes its reply coroutine wait for the HTTP gate.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+from daphne import http_protocol
+from daphne.server import Server
 from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
 from twisted.internet import reactor
 from twisted.internet.interfaces import IPushProducer
@@ -34,6 +46,9 @@ from zope.interface import implementer
 
 MAX_QUEUED_FRAMES = 32
 DRAIN_CHECK_SECONDS = 0.05
+# What Twisted buffers for an HTTP response's client before it pauses the response (its default
+# is 64 KiB): the kernel's send buffer holds more, outside the process's memory.
+HTTP_BUFFER_BYTES = 8 * 1024
 
 
 class ReadGate:
@@ -130,7 +145,91 @@ def guarded_protocol(patience_s: float, too_large: bytes = b"") -> type[WebSocke
     return GuardedWebSocketProtocol
 
 
+@implementer(IPushProducer)
+class ResponseGate:
+    """One HTTP response's flow: open while the client takes what is written, shut while the
+    transport's buffer is full (Twisted pauses its producer), the client dropped once shut for
+    longer than ``patience_s``."""
+
+    def __init__(self, transport: Any, patience_s: float) -> None:
+        self.transport = transport
+        self.patience_s = patience_s
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.deadline: Any = None
+
+    def pauseProducing(self) -> None:
+        self.writable.clear()
+        if self.deadline is None:
+            self.deadline = reactor.callLater(self.patience_s, self.drop)
+
+    def resumeProducing(self) -> None:
+        self._cancel()
+        self.writable.set()
+
+    def stopProducing(self) -> None:
+        self._cancel()
+        self.writable.set()
+
+    def drop(self) -> None:
+        self.deadline = None
+        self.writable.set()  # The application's send returns; daphne ignores what follows.
+        self.transport.abortConnection()
+
+    def _cancel(self) -> None:
+        if self.deadline is not None and self.deadline.active():
+            self.deadline.cancel()
+        self.deadline = None
+
+
+def gated_request(patience_s: float) -> type[http_protocol.WebRequest]:
+    class GatedWebRequest(http_protocol.WebRequest):
+        gate: ResponseGate | None = None
+
+        def handle_reply(self, message: dict[str, Any]) -> None:
+            if (
+                message.get("type") == "http.response.start"
+                and self.gate is None
+                and self.channel is not None
+                and not self.finished
+            ):
+                self.gate = ResponseGate(self.channel.transport, patience_s)
+                self.channel.transport.bufferSize = HTTP_BUFFER_BYTES
+                self.registerProducer(self.gate, True)
+            super().handle_reply(message)
+
+        def finish(self) -> None:
+            self._release()
+            super().finish()
+
+        def connectionLost(self, reason: Any) -> None:
+            self._release()
+            super().connectionLost(reason)
+
+        def _release(self) -> None:
+            if self.gate is not None:
+                self.gate.stopProducing()
+                if self.producer is not None:
+                    self.unregisterProducer()
+
+    return GatedWebRequest
+
+
+_daphne_handle_reply = Server.handle_reply
+
+
+async def _handle_reply_when_writable(self: Server, protocol: Any, message: dict[str, Any]) -> None:
+    """daphne's reply coroutine, then, for an HTTP body, a wait until its client takes more."""
+    await _daphne_handle_reply(self, protocol, message)
+    gate = getattr(protocol, "gate", None)
+    if isinstance(gate, ResponseGate) and message.get("type") == "http.response.body":
+        await gate.writable.wait()
+
+
 def install(patience_s: float, too_large: bytes = b"") -> None:
     """``too_large``: the text frame a client gets before a message over daphne's limit closes
     its socket."""
     WebSocketFactory.protocol = guarded_protocol(patience_s, too_large)
+    # HTTPFactory.buildProtocol reads the module's WebRequest for each connection.
+    http_protocol.WebRequest = gated_request(patience_s)  # type: ignore[misc]
+    Server.handle_reply = _handle_reply_when_writable  # type: ignore[method-assign]

@@ -134,6 +134,8 @@ MIDDLEWARE = [
     "csp.middleware.CSPMiddleware",
     # Outside WhiteNoise, so that the static files it serves are compressed too.
     "arena_site.compression.TextGZipMiddleware",
+    # Between the two: WhiteNoise's files read a chunk at a time under ASGI, not whole.
+    "arena_site.file_streaming.AsyncFileStreamingMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -280,8 +282,9 @@ ARENA_SOCKETS_PER_NETWORK = int(os.environ.get("ARENA_SOCKETS_PER_NETWORK", "64"
 # Replies one client network may have queued or streaming at once (votes/reply_caps.py); keep it
 # below the workers' concurrency so that one network never holds them all. 0: no cap.
 ARENA_REPLIES_PER_NETWORK = int(os.environ.get("ARENA_REPLIES_PER_NETWORK", "4"))
-# A battle socket whose client has not read what it was sent (over 64 KB waiting) for this long
-# is dropped, with what was buffered for it (arena_site.backpressure).
+# A battle socket whose client has not read what it was sent (over 64 KB waiting), or an HTTP
+# response whose client has not (over 8 KB waiting), for this long is dropped, with what was
+# buffered for it (arena_site.backpressure).
 ARENA_SLOW_READER_SECONDS = float(os.environ.get("ARENA_SLOW_READER_SECONDS", "15"))
 # Pair sampling (votes/pairing.py): "weighted" (admin weights) or "active" (also favours pairs whose
 # win rate is least certain); a new model is drawn up to 1 + BOOST times as often until it has
