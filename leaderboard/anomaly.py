@@ -248,6 +248,8 @@ class CellTails:
     # For a test whose tails are discrete (favour): every judged cell's votes and chance, per
     # voter x model, and the tastes' spread, to find the level its budget allows (discrete_level).
     null: tuple[np.ndarray, np.ndarray, float] | None = None
+    # Decisive votes per voter x model chosen, flattened (the concentration test's counts).
+    choices: np.ndarray | None = None
 
 
 def concentrated_voters(
@@ -328,11 +330,16 @@ def concentration_tails(
     judged_votes = own[own >= min_votes]
     effective = np.maximum(1.0, np.round(judged_votes / (1.0 + (judged_votes - 1.0) * spread)))
     attacked = attacked_models(tails, cell_model, everyone / total, effective, level=screen, cut=screen_cut)
-    return CellTails(cell_voter, cell_model, tails, attacked, n_models, own)
+    return CellTails(cell_voter, cell_model, tails, attacked, n_models, own, choices=dense)
 
 
 def favour_tails(
-    table: VoteTable, *, min_votes: int = 5, cut: float = FAVOUR_CUT, screen: float = SCREEN_LEVEL
+    table: VoteTable,
+    *,
+    min_votes: int = 5,
+    cut: float = FAVOUR_CUT,
+    screen: float = SCREEN_LEVEL,
+    choices: np.ndarray | None = None,
 ) -> CellTails | None:
     """The favour test's tails (module docstring): for each voter and model m, of the voter's
     n votes in battles with m, how many chose m (c; a tie or "both bad" chooses neither),
@@ -343,7 +350,9 @@ def favour_tails(
     judged. Tastes make a voter's choices of m go together: the tail is the beta-binomial's of
     mean p and intra-class correlation ``favour_spread`` (``beta_binomial_tail``). Tails at or
     above ``cut`` are left at one. ``CellTails.null`` keeps every judged cell's n and p and the
-    spread, for ``discrete_level``. The screening (``screen``) is in the module docstring."""
+    spread, for ``discrete_level``. The screening (``screen``) is in the module docstring.
+    ``choices``: the voters' decisive votes per voter x model chosen, flattened, if counted
+    already (``CellTails.choices``)."""
     if table.voter.size == 0:
         return None
     n_voters, n_models = len(table.voters), len(table.models)
@@ -356,9 +365,13 @@ def favour_tails(
     # row's votes left out, one pseudo-vote each way.
     p_first = (np.bincount(pair, chose_first, minlength=n_models * n_models)[pair] - chose_first + 1.0) / played
     p_second = (np.bincount(pair, chose_second, minlength=n_models * n_models)[pair] - chose_second + 1.0) / played
-    n, made, mean, variance = cell_sums(
-        voter * n_models, first, second, (count, chose_first, chose_second), (p_first, p_second), n_voters * n_models
-    )
+    size = n_voters * n_models
+    n, mean, variance = cell_sums(voter * n_models, first, second, count, (p_first, p_second), size)
+    if choices is None:
+        decisive = table.outcome != 0.5
+        chosen = np.where(table.outcome == 1.0, first, second)[decisive]
+        choices = np.bincount(voter[decisive] * n_models + chosen, count[decisive], minlength=size)
+    made = choices
     own = np.bincount(voter, count, minlength=n_voters)
     # Tastes, measured on at most TASTE_SAMPLE of the voters with many votes (evenly spaced).
     heavy = np.flatnonzero(own >= TASTE_MIN_VOTES)
@@ -366,7 +379,8 @@ def favour_tails(
     if heavy.size >= TASTE_MIN_VOTERS:
         heavy = heavy[np.linspace(0, heavy.size - 1, min(heavy.size, TASTE_SAMPLE)).astype(np.intp)]
         spread = favour_spread(*(array.reshape(n_voters, n_models)[heavy] for array in (n, made, mean, variance)))
-    judged = (made >= mean + 1.0) & (own.repeat(n_models) >= min_votes)
+    judged_cells_all = (n > 0) & (own >= min_votes).repeat(n_models)
+    judged = judged_cells_all & (made >= mean + 1.0)
     index = np.flatnonzero(judged)
     if index.size == 0:
         return None
@@ -377,7 +391,6 @@ def favour_tails(
     # votes for m would reach it) and those that have, per model. Each model's count
     # is binomial at the rate the other models' cells give (one pseudo-cell each way; at most
     # the cut): a campaign raises its target's count alone.
-    judged_cells_all = (n > 0) & (own.repeat(n_models) >= min_votes)
     all_wins = np.log(np.maximum(mean, 1e-300) / np.maximum(n, 1.0)) * n
     screened = np.ones(n_models)
     binomially = np.flatnonzero(judged_cells_all & (all_wins < math.log(FAVOUR_CUT)))
@@ -483,22 +496,17 @@ def cell_sums(
     cell_base: np.ndarray,
     first: np.ndarray,
     second: np.ndarray,
-    weights: tuple[np.ndarray, np.ndarray, np.ndarray],
+    count: np.ndarray,
     chances: tuple[np.ndarray, np.ndarray],
     size: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per (voter, model) cell (``cell_base`` + model code, per row): the votes in battles with
-    the model, how many chose it, their expected number (each vote's chance, ``chances`` for
-    the first and second model of its row) and its binomial variance. ``weights``: the row's
-    votes, those that chose its first model, those that chose its second."""
-    count, chose_first, chose_second = weights
+    the model (``count`` per row), the expected number of them that choose it (each vote's
+    chance, ``chances`` for the first and second model of its row) and its binomial variance."""
     p_first, p_second = chances
     cells = np.concatenate((cell_base + first, cell_base + second))
-    n = np.bincount(cells, np.concatenate((count, count)), minlength=size)
-    made = np.bincount(cells, np.concatenate((chose_first, chose_second)), minlength=size)
     return (
-        n,
-        made,
+        np.bincount(cells, np.concatenate((count, count)), minlength=size),
         np.bincount(cells, np.concatenate((count * p_first, count * p_second)), minlength=size),
         np.bincount(
             cells,
@@ -650,7 +658,12 @@ def suspicious_voters(
     attacked_alpha = alpha if false_alarms is None else max((false_alarms - 3.0 * alpha) / 2.0, alpha)
     cut = max(SCREEN_CUT, alpha, attacked_alpha)
     concentration = concentration_tails(table, min_votes=min_votes, cut=cut)
-    favour = favour_tails(table, min_votes=min_votes, cut=max(cut, FAVOUR_CUT))
+    favour = favour_tails(
+        table,
+        min_votes=min_votes,
+        cut=max(cut, FAVOUR_CUT),
+        choices=None if concentration is None else concentration.choices,
+    )
     attacked = np.union1d(
         *(cells.attacked if cells is not None else np.zeros(0, dtype=np.intp) for cells in (concentration, favour))
     )
