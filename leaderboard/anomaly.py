@@ -34,9 +34,10 @@ m; the tail of the count is a beta-binomial's, whose spread (tastes: a voter who
 chooses it in all its battles) is measured on the voters with many votes. Its screening for
 models under attack counts the voters whose tails fall below 1% (and 5%, for a model so strong
 that honest records rarely reach 1%) against the rate the other models show. On a model under
-attack a voter is judged at the level whose expected number of honest voters below it (each
-voter's tail is discrete: with ten battles the fewest choices of m that reach 1% may have a
-tail of 0.3%) is the budget's share, not at the budget itself.
+attack a voter is judged at the level whose expected number of honest voters below it is the
+budget's share, not at the budget itself: each voter's tail is discrete (ten battles at even
+odds: nine or more choices of m have a tail of 1.1%, ten of 0.1%, so a level of 1% flags 0.1%
+of such voters).
 
 A campaign that starts every battle in a fresh session has one vote per voter key: the same
 tests run on the votes grouped by network, and behind a flagged network only the voters whose
@@ -236,8 +237,8 @@ def anomalous_voters(
 @dataclass(frozen=True)
 class CellTails:
     """One per-(voter, model) test's tails: the cells' voters, models and tails, the models
-    under attack its screening found, how many models were tested and each voter's decisive
-    votes."""
+    under attack its screening found, how many models were tested and each voter's votes (the
+    decisive ones for the concentration test)."""
 
     voter: np.ndarray
     model: np.ndarray
@@ -438,8 +439,8 @@ def discrete_level(n: np.ndarray, share: np.ndarray, spread: float, cut: float, 
     battles with it at the others' mean chance ``share`` each), judged by ``favour_tail``,
     expect at most ``allowed`` tails at or below L among voters without a preference. A cell's
     tail is discrete: it is at most L with probability t(c), the tail of the smallest count c
-    whose tail is at most L, often far below L (with ten battles, the fewest choices that reach
-    1% already have a tail of 0.3%). Each cell's tails are computed for its 32 largest counts;
+    whose tail is at most L, often far below L (ten battles at even odds, binomially: only ten
+    choices of ten reach 1%, with a tail of 0.1%). Each cell's tails are computed for its 32 largest counts;
     a cell with more counts that could reach the level counts L in full (P(T <= L) <= L)."""
     cells = n > 0
     n, share = n[cells], share[cells]
