@@ -246,9 +246,10 @@ class CellTails:
     attacked: np.ndarray
     n_models: int
     votes: np.ndarray
-    # For a test whose tails are discrete (favour): every judged cell's votes and chance, per
-    # voter x model, and the tastes' spread, to find the level its budget allows (discrete_level).
-    null: tuple[np.ndarray, np.ndarray, float] | None = None
+    # For a test whose tails are discrete (favour): every cell's votes and expected choices, per
+    # voter x model, the voters judged and the tastes' spread, to find the level its budget
+    # allows (discrete_level).
+    null: tuple[np.ndarray, np.ndarray, np.ndarray, float] | None = None
     # Decisive votes per voter x model chosen, flattened (the concentration test's counts).
     choices: np.ndarray | None = None
 
@@ -350,8 +351,8 @@ def favour_tails(
     is at most the binomial(n, p) tail for c >= n p + 1 (Hoeffding 1956); only those counts are
     judged. Tastes make a voter's choices of m go together: the tail is the beta-binomial's of
     mean p and intra-class correlation ``favour_spread`` (``beta_binomial_tail``). Tails at or
-    above ``cut`` are left at one. ``CellTails.null`` keeps every judged cell's n and p and the
-    spread, for ``discrete_level``. The screening (``screen``) is in the module docstring.
+    above ``cut`` are left at one. ``CellTails.null`` keeps every cell's n and n p, the voters
+    judged and the spread, for ``discrete_level``. The screening (``screen``) is in the module docstring.
     ``choices``: the voters' decisive votes per voter x model chosen, flattened, if counted
     already (``CellTails.choices``)."""
     if table.voter.size == 0:
@@ -367,7 +368,7 @@ def favour_tails(
     p_first = (np.bincount(pair, chose_first, minlength=n_models * n_models)[pair] - chose_first + 1.0) / played
     p_second = (np.bincount(pair, chose_second, minlength=n_models * n_models)[pair] - chose_second + 1.0) / played
     size = n_voters * n_models
-    n, mean, variance = cell_sums(voter * n_models, first, second, count, (p_first, p_second), size)
+    n, mean = cell_sums(voter * n_models, first, second, count, (p_first, p_second), size)
     if choices is None:
         decisive = table.outcome != 0.5
         chosen = np.where(table.outcome == 1.0, first, second)[decisive]
@@ -379,8 +380,24 @@ def favour_tails(
     spread = 0.0
     if heavy.size >= TASTE_MIN_VOTERS:
         heavy = heavy[np.linspace(0, heavy.size - 1, min(heavy.size, TASTE_SAMPLE)).astype(np.intp)]
-        spread = favour_spread(*(array.reshape(n_voters, n_models)[heavy] for array in (n, made, mean, variance)))
-    judged_cells_all = (n > 0) & (own >= min_votes).repeat(n_models)
+        # Their cells' binomial variances, from their rows alone.
+        position = np.full(n_voters, -1, dtype=np.intp)
+        position[heavy] = np.arange(heavy.size)
+        rows = np.flatnonzero(position[voter] >= 0)
+        at = position[voter[rows]] * n_models
+        variance = np.bincount(
+            np.concatenate((at + first[rows], at + second[rows])),
+            np.concatenate(
+                (
+                    count[rows] * p_first[rows] * (1.0 - p_first[rows]),
+                    count[rows] * p_second[rows] * (1.0 - p_second[rows]),
+                )
+            ),
+            minlength=heavy.size * n_models,
+        ).reshape(heavy.size, n_models)
+        spread = favour_spread(*(array.reshape(n_voters, n_models)[heavy] for array in (n, made, mean)), variance)
+    judged_voters = own >= min_votes
+    judged_cells_all = (n > 0) & judged_voters.repeat(n_models)
     judged = judged_cells_all & (made >= mean + 1.0)
     index = np.flatnonzero(judged)
     if index.size == 0:
@@ -411,7 +428,6 @@ def favour_tails(
         )
     present = np.zeros(n_models, dtype=bool)
     present[first] = present[second] = True
-    share_all = np.where(judged_cells_all, mean / np.maximum(n, 1.0), 0.0)
     return CellTails(
         cell_voter,
         cell_model,
@@ -419,7 +435,7 @@ def favour_tails(
         np.flatnonzero(screened < screen),
         int(present.sum()),
         own,
-        (np.where(judged_cells_all, n, 0.0), share_all, spread),
+        (n, mean, judged_voters, spread),
     )
 
 
@@ -500,21 +516,21 @@ def cell_sums(
     count: np.ndarray,
     chances: tuple[np.ndarray, np.ndarray],
     size: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray]:
     """Per (voter, model) cell (``cell_base`` + model code, per row): the votes in battles with
-    the model (``count`` per row), the expected number of them that choose it (each vote's
-    chance, ``chances`` for the first and second model of its row) and its binomial variance."""
+    the model (``count`` per row) and the expected number of them that choose it (each vote's
+    chance, ``chances`` for the first and second model of its row)."""
     p_first, p_second = chances
-    cells = np.concatenate((cell_base + first, cell_base + second))
-    return (
-        np.bincount(cells, np.concatenate((count, count)), minlength=size),
-        np.bincount(cells, np.concatenate((count * p_first, count * p_second)), minlength=size),
-        np.bincount(
-            cells,
-            np.concatenate((count * p_first * (1.0 - p_first), count * p_second * (1.0 - p_second))),
-            minlength=size,
-        ),
-    )
+    rows = count.size
+    cells = np.empty(2 * rows, dtype=np.intp)
+    np.add(cell_base, first, out=cells[:rows])
+    np.add(cell_base, second, out=cells[rows:])
+    weights = np.empty(2 * rows)
+    weights[:rows] = weights[rows:] = count
+    n = np.bincount(cells, weights, minlength=size)
+    np.multiply(count, p_first, out=weights[:rows])
+    np.multiply(count, p_second, out=weights[rows:])
+    return n, np.bincount(cells, weights, minlength=size)
 
 
 def favour_spread(n: np.ndarray, made: np.ndarray, mean: np.ndarray, variance: np.ndarray) -> float:
@@ -570,13 +586,13 @@ def judged_cells(
         if cells.null is not None:
             # Discrete tails: each attacked model's level is the largest its share of the budget
             # allows in expectation (discrete_level), at least the plain one.
-            n, share, spread = cells.null
-            judged = float(np.count_nonzero(n.reshape(len(table.voters), -1).any(axis=1)))
+            n, mean, judged_voters, spread = cells.null
+            judged = float(np.count_nonzero(judged_voters))
             models = n.size // len(table.voters)
             for model in attacked:
-                level = discrete_level(
-                    n[model::models], share[model::models], spread, FAVOUR_CUT, attacked_alpha / attacked.size * judged
-                )
+                votes, expected = n[model::models][judged_voters], mean[model::models][judged_voters]
+                share = expected / np.maximum(votes, 1.0)
+                level = discrete_level(votes, share, spread, FAVOUR_CUT, attacked_alpha / attacked.size * judged)
                 on_model = cells.model == model
                 caught[cells.voter[on_model & (cells.tails <= level)]] = True
         combined = np.minimum(combined, targeted)
