@@ -25,6 +25,20 @@ allows) are tested again at a lenient one (1% at the refresh), so that a stuffer
 target votes among honest ones is judged against its target alone, and an honest voter risks
 the lenient level only where a campaign shows.
 
+A stuffer who votes in every battle, honestly except that it always chooses its target when
+the target plays, concentrates little: the target is in about 2/M of its battles (M models).
+Its evidence is its choices in those battles. The **favour test** (``favour_tails``): for each
+voter and model m, of the voter's votes in battles with m, how many chose m (a tie or "both
+bad" chooses neither), against the chance the other voters' votes on each of those pairs give
+m; the tail of the count is a beta-binomial's, whose spread (tastes: a voter who likes m
+chooses it in all its battles) is measured on the voters with many votes. Its screening for
+models under attack counts the voters whose tails fall below 1% (and 5%, for a model so strong
+that honest records rarely reach 1%) against the rate the other models show. On a model under
+attack a voter is judged at the level whose expected number of honest voters below it is the
+budget's share, not at the budget itself: each voter's tail is discrete (ten battles at even
+odds: nine or more choices of m have a tail of 1.1%, ten of 0.1%, so a level of 1% flags 0.1%
+of such voters).
+
 A campaign that starts every battle in a fresh session has one vote per voter key: the same
 tests run on the votes grouped by network, and behind a flagged network only the voters whose
 votes there mostly chose its target are flagged (``campaign_voters``).
@@ -38,7 +52,7 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import betainc, gammaincc
+from scipy.special import betainc, betaln, gammaincc, gammaln
 from scipy.stats import binom
 
 OUTCOMES = (0.0, 0.5, 1.0)  # The second model of the pair won; a tie or both bad; the first won.
@@ -47,9 +61,13 @@ CHOICE_SCORES = {"a": 1.0, "b": 0.0, "tie": 0.5, "both_bad": 0.5}  # The outcome
 FALSE_ALARMS = 0.01
 # The concentration test's screening for models under attack (attacked_models).
 SCREEN_LEVEL, SCREEN_CUT = 1e-5, 0.01
+# The favour test's cut: its screening counts the tails below it, and no level exceeds it.
+FAVOUR_CUT = 0.05
 # Voters with at least this many decisive votes measure how far tastes spread (taste_spread),
 # when there are at least TASTE_MIN_VOTERS of them.
 TASTE_MIN_VOTES, TASTE_MIN_VOTERS = 30, 50
+# The favour test measures tastes on at most this many of those voters (favour_tails).
+TASTE_SAMPLE = 2000
 
 
 @dataclass(frozen=True)
@@ -67,12 +85,14 @@ class Anomaly:
     voter: str
     p_value: float  # The test's p-value for the voter's votes.
     votes: int  # How many of them the test judged.
-    test: str = "fisher"  # "fisher" (against each pair's history) or "concentration".
+    test: str = "fisher"  # "fisher" (against each pair's history), "concentration" or "favour".
 
     def reason(self) -> str:
         """What an admin reads in the flag."""
         if self.test == "concentration":
             return f"votes concentrated on one model: p = {self.p_value:.1e} over {self.votes} votes"
+        if self.test == "favour":
+            return f"votes for one model whenever it plays: p = {self.p_value:.1e} over {self.votes} votes"
         return f"anomalous votes: Fisher's p = {self.p_value:.1e} over {self.votes} votes"
 
 
@@ -214,6 +234,26 @@ def anomalous_voters(
     return sorted(found, key=lambda anomaly: anomaly.p_value)
 
 
+@dataclass(frozen=True)
+class CellTails:
+    """One per-(voter, model) test's tails: the cells' voters, models and tails, the models
+    under attack its screening found, how many models were tested and each voter's votes (the
+    decisive ones for the concentration test)."""
+
+    voter: np.ndarray
+    model: np.ndarray
+    tails: np.ndarray
+    attacked: np.ndarray
+    n_models: int
+    votes: np.ndarray
+    # For a test whose tails are discrete (favour): every cell's votes and expected choices, per
+    # voter x model, the voters judged and the tastes' spread, to find the level its budget
+    # allows (discrete_level).
+    null: tuple[np.ndarray, np.ndarray, np.ndarray, float] | None = None
+    # Decisive votes per voter x model chosen, flattened (the concentration test's counts).
+    choices: np.ndarray | None = None
+
+
 def concentrated_voters(
     votes: Iterable[PairVote] | VoteTable,
     *,
@@ -232,6 +272,22 @@ def concentrated_voters(
     follow everyone else's is flagged with probability at most ``alpha`` where no model is under
     attack, and ``alpha + attacked_alpha`` where one is."""
     table = VoteTable.from_votes(votes)
+    cut = max(screen_cut, alpha, attacked_alpha or 0.0)
+    cells = concentration_tails(table, min_votes=min_votes, cut=cut, screen=screen, screen_cut=screen_cut)
+    return judged_cells(table, cells, "concentration", alpha, alpha if attacked_alpha is None else attacked_alpha)
+
+
+def concentration_tails(
+    table: VoteTable,
+    *,
+    min_votes: int = 5,
+    cut: float = SCREEN_CUT,
+    screen: float = SCREEN_LEVEL,
+    screen_cut: float = SCREEN_CUT,
+) -> CellTails | None:
+    """The concentration test's tails (``concentrated_voters``); tails at or above ``cut`` are
+    left at their binomial values, without the design effect (they can neither flag nor count
+    in the screening). None without a cell to judge."""
     present = np.zeros(len(table.models), dtype=bool)
     present[table.first] = present[table.second] = True
     n_models = int(present.sum())
@@ -239,7 +295,7 @@ def concentrated_voters(
     chosen = np.where(table.outcome == 1.0, table.first, table.second)[decisive]
     voter, count = table.voter[decisive], table.count[decisive]
     if voter.size == 0:
-        return []
+        return None
     # Decisive votes per (voter, model chosen), densely: voters x models cells.
     dense = np.bincount(voter * len(table.models) + chosen, count, minlength=len(table.voters) * len(table.models))
     cells = np.flatnonzero(dense)
@@ -251,7 +307,7 @@ def concentrated_voters(
     judged = (own[cell_voter] >= min_votes) & (total > own[cell_voter])
     cell_voter, cell_model, per_cell = cell_voter[judged], cell_model[judged], per_cell[judged]
     if per_cell.size == 0:
-        return []
+        return None
     # The other voters' share, with one pseudo-vote so that a model nobody else chose does not
     # make any choice of it infinitely unlikely.
     others = total - own[cell_voter]
@@ -267,32 +323,282 @@ def concentrated_voters(
     tails = betainc(made, cast - made + 1.0, share)
     spread = taste_spread(dense.reshape(len(table.voters), -1), own, everyone / total)
     if spread > 0:
-        # The design effect only widens a tail: one at or above the cut (or alpha) stays out of
-        # the screening and cannot flag, so only the smaller ones are computed again (with
+        # The design effect only widens a tail: one at or above the cut stays out of the
+        # screening and cannot flag, so only the smaller ones are computed again (with
         # fractional counts, the incomplete beta is three times slower).
-        small = tails < max(screen_cut, alpha, attacked_alpha or 0.0)
+        small = tails < cut
         effect = 1.0 + (cast[small] - 1.0) * spread
         tails[small] = betainc(made[small] / effect, (cast[small] - made[small]) / effect + 1.0, share[small])
     judged_votes = own[own >= min_votes]
     effective = np.maximum(1.0, np.round(judged_votes / (1.0 + (judged_votes - 1.0) * spread)))
     attacked = attacked_models(tails, cell_model, everyone / total, effective, level=screen, cut=screen_cut)
+    return CellTails(cell_voter, cell_model, tails, attacked, n_models, own, choices=dense)
+
+
+def favour_tails(
+    table: VoteTable,
+    *,
+    min_votes: int = 5,
+    cut: float = FAVOUR_CUT,
+    screen: float = SCREEN_LEVEL,
+    choices: np.ndarray | None = None,
+) -> CellTails | None:
+    """The favour test's tails (module docstring): for each voter and model m, of the voter's
+    n votes in battles with m, how many chose m (c; a tie or "both bad" chooses neither),
+    against the chance the other voters' votes on each of those pairs give m (this row's votes
+    left out, one pseudo-vote each way): p_1 ... p_n, mean p. Without tastes the count of a
+    voter without a preference is a sum of independent Bernoulli variables, whose tail P(X >= c)
+    is at most the binomial(n, p) tail for c >= n p + 1 (Hoeffding 1956); only those counts are
+    judged. Tastes make a voter's choices of m go together: the tail is the beta-binomial's of
+    mean p and intra-class correlation ``favour_spread`` (``beta_binomial_tail``). Tails at or
+    above ``cut`` are left at one. ``CellTails.null`` keeps every cell's n and n p, the voters
+    judged and the spread, for ``discrete_level``. The screening (``screen``) is in the module docstring.
+    ``choices``: the voters' decisive votes per voter x model chosen, flattened, if counted
+    already (``CellTails.choices``)."""
+    if table.voter.size == 0:
+        return None
+    n_voters, n_models = len(table.voters), len(table.models)
+    voter, first, second, count = table.voter, table.first, table.second, table.count
+    # Whether each row's votes chose its first model, its second one (neither: a tie or both bad).
+    chose_first, chose_second = count * (table.outcome == 1.0), count * (table.outcome == 0.0)
+    pair = first * n_models + second
+    played = np.bincount(pair, count, minlength=n_models * n_models)[pair] - count + 2.0
+    # The others' chances that a vote on the pair chooses its first, its second model: this
+    # row's votes left out, one pseudo-vote each way.
+    p_first = (np.bincount(pair, chose_first, minlength=n_models * n_models)[pair] - chose_first + 1.0) / played
+    p_second = (np.bincount(pair, chose_second, minlength=n_models * n_models)[pair] - chose_second + 1.0) / played
+    size = n_voters * n_models
+    n, mean = cell_sums(voter * n_models, first, second, count, (p_first, p_second), size)
+    if choices is None:
+        decisive = table.outcome != 0.5
+        chosen = np.where(table.outcome == 1.0, first, second)[decisive]
+        choices = np.bincount(voter[decisive] * n_models + chosen, count[decisive], minlength=size)
+    made = choices
+    own = np.bincount(voter, count, minlength=n_voters)
+    # Tastes, measured on at most TASTE_SAMPLE of the voters with many votes (evenly spaced).
+    heavy = np.flatnonzero(own >= TASTE_MIN_VOTES)
+    spread = 0.0
+    if heavy.size >= TASTE_MIN_VOTERS:
+        heavy = heavy[np.linspace(0, heavy.size - 1, min(heavy.size, TASTE_SAMPLE)).astype(np.intp)]
+        # Their cells' binomial variances, from their rows alone.
+        position = np.full(n_voters, -1, dtype=np.intp)
+        position[heavy] = np.arange(heavy.size)
+        rows = np.flatnonzero(position[voter] >= 0)
+        at = position[voter[rows]] * n_models
+        variance = np.bincount(
+            np.concatenate((at + first[rows], at + second[rows])),
+            np.concatenate(
+                (
+                    count[rows] * p_first[rows] * (1.0 - p_first[rows]),
+                    count[rows] * p_second[rows] * (1.0 - p_second[rows]),
+                )
+            ),
+            minlength=heavy.size * n_models,
+        ).reshape(heavy.size, n_models)
+        spread = favour_spread(*(array.reshape(n_voters, n_models)[heavy] for array in (n, made, mean)), variance)
+    judged_voters = own >= min_votes
+    judged_cells_all = (n > 0) & judged_voters.repeat(n_models)
+    judged = judged_cells_all & (made >= mean + 1.0)
+    index = np.flatnonzero(judged)
+    if index.size == 0:
+        return None
+    tails = favour_tail(made[index], n[index], mean[index] / n[index], spread, cut)
+    cell_voter, cell_model = index // n_models, index % n_models
+    # Screening, at two cuts (1%, and 5% for a model so strong that its all-win records rarely
+    # reach 1%; Bonferroni over the two): the cells that could have a tail below the cut (all n
+    # votes for m would reach it) and those that have, per model. Each model's count
+    # is binomial at the rate the other models' cells give (one pseudo-cell each way; at most
+    # the cut): a campaign raises its target's count alone.
+    all_wins = np.log(np.maximum(mean, 1e-300) / np.maximum(n, 1.0)) * n
+    screened = np.ones(n_models)
+    binomially = np.flatnonzero(judged_cells_all & (all_wins < math.log(FAVOUR_CUT)))
+    if spread > 0:  # Where tastes spread, all n votes for m are likelier: P = B(a + n, b) / B(a, b).
+        total = 1.0 / spread - 1.0
+        chance = mean[binomially] / n[binomially]
+        a = chance * total
+        all_wins[binomially] = gammaln(a + n[binomially]) - gammaln(a) - gammaln(total + n[binomially]) + gammaln(total)
+    for screen_cut in (SCREEN_CUT, FAVOUR_CUT):
+        reach = binomially[all_wins[binomially] < math.log(screen_cut)]
+        possible = np.bincount(reach % n_models, minlength=n_models).astype(float)
+        low = np.bincount(cell_model[tails < screen_cut], minlength=n_models).astype(float)
+        rate = np.minimum(screen_cut, (low.sum() - low + 1.0) / (possible.sum() - possible + 2.0))
+        beyond = low >= possible * rate + 1.0
+        screened[beyond] = np.minimum(
+            screened[beyond], 2.0 * binom.sf(low[beyond] - 1.0, possible[beyond], rate[beyond])
+        )
+    present = np.zeros(n_models, dtype=bool)
+    present[first] = present[second] = True
+    return CellTails(
+        cell_voter,
+        cell_model,
+        tails,
+        np.flatnonzero(screened < screen),
+        int(present.sum()),
+        own,
+        (n, mean, judged_voters, spread),
+    )
+
+
+def favour_tail(made: np.ndarray, n: np.ndarray, share: np.ndarray, spread: float, cut: float) -> np.ndarray:
+    """The favour test's tail of ``made`` choices of a model in ``n`` battles with it at the
+    others' mean chance ``share`` (``favour_tails``); one where it is at or above ``cut``."""
+    tails = betainc(made, n - made + 1.0, share)
+    # Overdispersion only widens an upper tail: the ones already at or above the cut stay out.
+    small = tails < cut
+    tails[small] = beta_binomial_tail(made[small], n[small], share[small], spread)
+    tails[tails >= cut] = 1.0
+    return tails
+
+
+def discrete_level(n: np.ndarray, share: np.ndarray, spread: float, cut: float, allowed: float) -> float:
+    """The largest level L (at most ``cut``) at which the cells of one model (``n`` votes in
+    battles with it at the others' mean chance ``share`` each), judged by ``favour_tail``,
+    expect at most ``allowed`` tails at or below L among voters without a preference. A cell's
+    tail is discrete: it is at most L with probability t(c), the tail of the smallest count c
+    whose tail is at most L, often far below L (ten battles at even odds, binomially: only ten
+    choices of ten reach 1%, with a tail of 0.1%). Each cell's tails are computed for its 32 largest counts;
+    a cell with more counts that could reach the level counts L in full (P(T <= L) <= L)."""
+    cells = n > 0
+    n, share = n[cells], share[cells]
+    start = np.maximum(np.ceil(n * share + 1.0), 1.0)  # Smaller counts get no tail below one.
+    span = np.maximum(n - start + 1.0, 0.0)
+    counted = np.minimum(span, 32.0).astype(np.intp)
+    wide = float(np.count_nonzero(span > 32.0))
+    owner = np.repeat(np.arange(n.size), counted)
+    step = np.arange(owner.size) - np.repeat(np.cumsum(counted) - counted, counted)  # c = n - step
+    made = n[owner] - step
+    tails = favour_tail(made, n[owner], share[owner], spread, cut)
+    # P(T <= L) for a cell is the tail of its smallest count whose tail is at most L: passing
+    # the tail of count c adds t(c) - t(c + 1) to it.
+    previous = np.concatenate(([0.0], tails[:-1]))
+    previous[step == 0] = 0.0
+    low = tails < cut
+    order = np.argsort(tails[low], kind="stable")
+    levels = tails[low][order]
+    expected = np.cumsum((tails - previous)[low][order]) + levels * wide
+    within = np.flatnonzero(expected <= allowed)
+    return float(levels[within[-1]]) if within.size else 0.0
+
+
+def beta_binomial_tail(
+    made: np.ndarray, n: np.ndarray, share: np.ndarray, spread: float, *, terms: int = 32
+) -> np.ndarray:
+    """P(X >= made) for X beta-binomial: n votes whose chance of the outcome varies from voter
+    to voter as a beta distribution of mean ``share`` and intra-class correlation ``spread``
+    (variance n p (1 - p) (1 + (n - 1) spread), as the design effect). The first pmf term from
+    log-gamma functions, the next ones by the ratio of consecutive terms; a tail that would need
+    more than ``terms`` terms is the binomial's of the votes divided by the design effect (a
+    wider tail far from the mean). Binomial when ``spread`` is zero."""
+    if spread <= 0.0 or made.size == 0:
+        return betainc(made, n - made + 1.0, share)
+    total = 1.0 / spread - 1.0
+    a, b = share * total, (1.0 - share) * total
+    first = (
+        gammaln(n + 1.0) - gammaln(made + 1.0) - gammaln(n - made + 1.0) + betaln(made + a, n - made + b) - betaln(a, b)
+    )
+    k = made[:, None] + np.arange(terms - 1)[None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = (n[:, None] - k) / (k + 1.0) * (k + a[:, None]) / (n[:, None] - k - 1.0 + b[:, None])
+    ratio = np.where(k < n[:, None], ratio, 0.0)
+    terms_sum = 1.0 + np.cumprod(ratio, axis=1).sum(axis=1)
+    tails = np.minimum(1.0, np.exp(first) * terms_sum)
+    wide = n - made >= terms
+    if wide.any():
+        effect = 1.0 + (n[wide] - 1.0) * spread
+        tails[wide] = betainc(made[wide] / effect, (n[wide] - made[wide]) / effect + 1.0, share[wide])
+    return tails
+
+
+def cell_sums(
+    cell_base: np.ndarray,
+    first: np.ndarray,
+    second: np.ndarray,
+    count: np.ndarray,
+    chances: tuple[np.ndarray, np.ndarray],
+    size: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per (voter, model) cell (``cell_base`` + model code, per row): the votes in battles with
+    the model (``count`` per row) and the expected number of them that choose it (each vote's
+    chance, ``chances`` for the first and second model of its row)."""
+    p_first, p_second = chances
+    rows = count.size
+    cells = np.empty(2 * rows, dtype=np.intp)
+    np.add(cell_base, first, out=cells[:rows])
+    np.add(cell_base, second, out=cells[rows:])
+    weights = np.empty(2 * rows)
+    weights[:rows] = weights[rows:] = count
+    n = np.bincount(cells, weights, minlength=size)
+    np.multiply(count, p_first, out=weights[:rows])
+    np.multiply(count, p_second, out=weights[rows:])
+    return n, np.bincount(cells, weights, minlength=size)
+
+
+def favour_spread(n: np.ndarray, made: np.ndarray, mean: np.ndarray, variance: np.ndarray) -> float:
+    """How much more a voter's choices of a model in its battles vary than independently
+    (``favour_tails``; voters x models cells): if a cell's count
+    has variance v (1 + (n - 1) rho), the sum over a voter's models of (c - mean)^2 - v has mean
+    rho times the sum of (n - 1) v. Each voter gives an estimate of rho; the spread is their
+    median (a campaign moves it only with as many voters as the honest ones)."""
+    # The median voter's sum of squares is its mean times chi-squared's median over its mean
+    # (k cells with votes): matched so, the median of the estimates is not biased low.
+    cells = np.count_nonzero(variance > 0, axis=1).astype(float)
+    squares = ((made - mean) ** 2).sum(axis=1) * cells / chi_squared_median(np.maximum(cells, 1.0))
+    excess = squares - variance.sum(axis=1)
+    scale = ((n - 1.0).clip(min=0.0) * variance).sum(axis=1)
+    rho = excess[scale > 0] / scale[scale > 0]
+    return max(0.0, float(np.median(rho))) if rho.size else 0.0
+
+
+def chi_squared_median(k: np.ndarray | float) -> np.ndarray | float:
+    """The median of chi-squared with k degrees of freedom (Wilson and Hilferty: k (1 - 2 / 9k)^3,
+    within 0.1% from k = 3 on)."""
+    return k * (1.0 - 2.0 / (9.0 * k)) ** 3
+
+
+def judged_cells(
+    table: VoteTable,
+    cells: CellTails | None,
+    test: str,
+    alpha: float,
+    attacked_alpha: float,
+    attacked: np.ndarray | None = None,
+) -> list[Anomaly]:
+    """The voters one per-(voter, model) test flags: the smallest tail over the models times
+    their number (Bonferroni) below ``alpha``, or the smallest over the models under attack
+    (``attacked``; None: the test's own screening) times theirs below ``attacked_alpha``. Each
+    with the smaller of the two p-values. A test with discrete tails (``CellTails.null``) also
+    flags, on each model under attack, a tail at or below the level at which the judged voters
+    expect ``attacked_alpha`` / (models under attack) of their number below it
+    (``discrete_level``; at least the plain level)."""
+    if cells is None:
+        return []
+    attacked = cells.attacked if attacked is None else attacked
     worst = np.ones(len(table.voters))
-    np.minimum.at(worst, cell_voter, tails)
-    combined = np.minimum(1.0, worst * n_models)
+    np.minimum.at(worst, cells.voter, cells.tails)
+    combined = np.minimum(1.0, worst * cells.n_models)
     caught = combined < alpha
     if attacked.size:
-        on_attacked = np.isin(cell_model, attacked)
+        on_attacked = np.isin(cells.model, attacked)
         worst_attacked = np.ones(len(table.voters))
-        np.minimum.at(worst_attacked, cell_voter[on_attacked], tails[on_attacked])
+        np.minimum.at(worst_attacked, cells.voter[on_attacked], cells.tails[on_attacked])
         targeted = np.minimum(1.0, worst_attacked * attacked.size)
-        caught |= targeted < (alpha if attacked_alpha is None else attacked_alpha)
+        caught |= targeted < attacked_alpha
+        if cells.null is not None:
+            # Discrete tails: each attacked model's level is the largest its share of the budget
+            # allows in expectation (discrete_level), at least the plain one.
+            n, mean, judged_voters, spread = cells.null
+            judged = float(np.count_nonzero(judged_voters))
+            models = n.size // len(table.voters)
+            for model in attacked:
+                votes, expected = n[model::models][judged_voters], mean[model::models][judged_voters]
+                share = expected / np.maximum(votes, 1.0)
+                level = discrete_level(votes, share, spread, FAVOUR_CUT, attacked_alpha / attacked.size * judged)
+                on_model = cells.model == model
+                caught[cells.voter[on_model & (cells.tails <= level)]] = True
         combined = np.minimum(combined, targeted)
-    flagged = np.flatnonzero(caught)
     found = [
-        Anomaly(
-            voter=table.voters[index], p_value=float(combined[index]), votes=round(own[index]), test="concentration"
-        )
-        for index in flagged
+        Anomaly(voter=table.voters[index], p_value=float(combined[index]), votes=round(cells.votes[index]), test=test)
+        for index in np.flatnonzero(caught)
     ]
     return sorted(found, key=lambda anomaly: anomaly.p_value)
 
@@ -302,9 +608,10 @@ def taste_spread(choices: np.ndarray, votes: np.ndarray, shares: np.ndarray) -> 
     tastes. ``choices``: decisive votes per voter (rows) and model chosen (columns); ``votes``:
     each voter's decisive votes; ``shares``: each model's share of them. If a voter's counts are
     Dirichlet-multinomial (each count's variance n s (1 - s) (1 + (n - 1) rho)), Pearson's
-    statistic of its counts against the shares has mean (models - 1) (1 + (n - 1) rho): each
-    voter with at least ``TASTE_MIN_VOTES`` votes gives an estimate of rho, and the spread is
-    their median: a campaign moves it only with as many such voters as the honest ones. Zero
+    statistic of its counts against the shares is about (1 + (n - 1) rho) times chi-squared with
+    models - 1 degrees of freedom: each voter with at least ``TASTE_MIN_VOTES`` votes gives an
+    estimate of rho (its statistic over that chi-squared's median), and the spread is their
+    median: a campaign moves it only with as many such voters as the honest ones. Zero
     with fewer than ``TASTE_MIN_VOTERS`` of them (with ten votes, a taste hardly shows)."""
     heavy = votes >= TASTE_MIN_VOTES
     chosen_models = shares > 0
@@ -313,7 +620,7 @@ def taste_spread(choices: np.ndarray, votes: np.ndarray, shares: np.ndarray) -> 
     n = votes[heavy]
     expected = n[:, None] * shares[chosen_models][None, :]
     pearson = ((choices[heavy][:, chosen_models] - expected) ** 2 / expected).sum(axis=1)
-    rho = (pearson / (np.count_nonzero(chosen_models) - 1.0) - 1.0) / (n - 1.0)
+    rho = (pearson / chi_squared_median(np.count_nonzero(chosen_models) - 1.0) - 1.0) / (n - 1.0)
     return max(0.0, float(np.median(rho)))
 
 
@@ -358,16 +665,30 @@ def suspicious_voters(
     min_votes: int = 5,
     false_alarms: float | None = None,
 ) -> list[Anomaly]:
-    """Voters caught by either test, each with the smaller of its p-values. Both tests run at
-    ``alpha``; with ``false_alarms``, the concentration test's judgement on the models under
-    attack runs at ``false_alarms - 2 * alpha``, so that an honest voter is flagged with
-    probability at most ``false_alarms`` (and about ``2 * alpha`` where no model is under
-    attack)."""
+    """Voters caught by any of the three tests (against the pair's history, concentration,
+    favour), each with the smallest of its p-values. Each test runs at ``alpha``; the models
+    under attack are those either screening finds, and with ``false_alarms`` the concentration
+    and favour tests' judgements on them run at half of ``false_alarms - 3 * alpha`` each, so
+    that an honest voter is flagged with probability at most ``false_alarms`` (and about
+    ``3 * alpha`` where no model is under attack)."""
     table = VoteTable.from_votes(votes)
-    attacked_alpha = None if false_alarms is None else max(false_alarms - 2.0 * alpha, alpha)
+    attacked_alpha = alpha if false_alarms is None else max((false_alarms - 3.0 * alpha) / 2.0, alpha)
+    cut = max(SCREEN_CUT, alpha, attacked_alpha)
+    concentration = concentration_tails(table, min_votes=min_votes, cut=cut)
+    favour = favour_tails(
+        table,
+        min_votes=min_votes,
+        cut=max(cut, FAVOUR_CUT),
+        choices=None if concentration is None else concentration.choices,
+    )
+    attacked = np.union1d(
+        *(cells.attacked if cells is not None else np.zeros(0, dtype=np.intp) for cells in (concentration, favour))
+    )
     found: dict[str, Anomaly] = {}
-    for anomaly in anomalous_voters(table, alpha=alpha, min_votes=min_votes) + concentrated_voters(
-        table, alpha=alpha, attacked_alpha=attacked_alpha, min_votes=min_votes
+    for anomaly in (
+        anomalous_voters(table, alpha=alpha, min_votes=min_votes)
+        + judged_cells(table, concentration, "concentration", alpha, attacked_alpha, attacked)
+        + judged_cells(table, favour, "favour", alpha, attacked_alpha, attacked)
     ):
         if anomaly.voter not in found or anomaly.p_value < found[anomaly.voter].p_value:
             found[anomaly.voter] = anomaly
