@@ -229,6 +229,8 @@ class Battle(models.Model):
     closed_reason = models.CharField(
         max_length=300,
         blank=True,
+        default="",
+        db_default="",
         help_text="Set when a reply names a model after the voter's first vote: the votes cast before it "
         "count, and the battle takes no more prompts, votes or ratings (the voter can only end it).",
     )
