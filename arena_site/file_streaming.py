@@ -3,44 +3,43 @@
 Django serves a streaming response whose content is a plain (synchronous) iterator, as
 WhiteNoise's static files and the research dumps are, by reading it into a list first
 (``StreamingHttpResponse.__aiter__``): every request of a 3.3 MB file held the whole file in
-daphne's memory until its client had read it. This middleware, between the compression and
-WhiteNoise, gives such a ``FileResponse`` (under ASGI) an asynchronous iterator that reads the file
-``CHUNK_BYTES`` at a time, only when the response's previous chunk
-has been handed to the server (which, under daphne, waits while the client does not read:
-``arena_site.backpressure``). Under WSGI nothing changes.
+daphne's memory until its client had read it. This middleware, outermost of those that touch a
+response's body, gives such a ``FileResponse`` (under ASGI) an asynchronous iterator that pulls
+its content a chunk at a time (``FileResponse.block_size`` of the file, compressed by then where
+the compression applies), only when the previous chunk has been handed to the server, which,
+under daphne, waits while the client does not read (``arena_site.backpressure``). Under WSGI
+nothing changes.
+
+It sits outside the compression on purpose: Django compresses an asynchronous stream chunk by
+chunk, each a gzip stream of its own, and browsers read only the first of them (a 27 KB script
+arrived as its first 8 KB); a synchronous stream it compresses as one.
+
+Only file responses are pulled this way, in the event loop: their chunks come from a local file
+(and the compressor) in microseconds. A streaming response that queries the database as it goes
+is left to Django, which reads it in a thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import IO, Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.core.handlers.asgi import ASGIRequest
 from django.http import FileResponse, HttpRequest, HttpResponseBase
 
-# A quarter of what Twisted buffers for a client before it pauses the response (64 KiB).
-CHUNK_BYTES = 8 * 1024
 
-
-async def read_in_chunks(file: IO[bytes], size: int = CHUNK_BYTES) -> AsyncIterator[bytes]:
-    # Read in the event loop: a chunk of a local file (static files, dumps) takes microseconds,
-    # less than handing it to a thread would, and no thread's allocator keeps the chunks.
-    while chunk := file.read(size):
+async def pulled_one_at_a_time(chunks: Iterable[bytes]) -> AsyncIterator[bytes]:
+    for chunk in chunks:
         yield chunk
 
 
 def streamed_a_chunk_at_a_time(request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
-    """``response`` with its file read a chunk at a time when served under ASGI (as is)."""
-    if (
-        isinstance(request, ASGIRequest)
-        and isinstance(response, FileResponse)
-        and not response.is_async
-        and response.file_to_stream is not None
-    ):
+    """``response`` with its file pulled a chunk at a time when served under ASGI (as is)."""
+    if isinstance(request, ASGIRequest) and isinstance(response, FileResponse) and not response.is_async:
         # The file's close is among the response's closers already: it runs when the server
         # closes the response.
-        response.streaming_content = read_in_chunks(response.file_to_stream)
+        response.streaming_content = pulled_one_at_a_time(response.streaming_content)
     return response
 
 

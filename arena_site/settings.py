@@ -132,10 +132,11 @@ MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "csp.middleware.CSPMiddleware",
+    # Outside the compression: files (WhiteNoise's, the dumps) pulled a chunk at a time under
+    # ASGI, not read whole, and compressed as one stream.
+    "arena_site.file_streaming.AsyncFileStreamingMiddleware",
     # Outside WhiteNoise, so that the static files it serves are compressed too.
     "arena_site.compression.TextGZipMiddleware",
-    # Between the two: WhiteNoise's files read a chunk at a time under ASGI, not whole.
-    "arena_site.file_streaming.AsyncFileStreamingMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -15,6 +15,7 @@ import socket
 import struct
 import threading
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -270,3 +271,32 @@ def test_plain_http_clients_that_do_not_read_are_dropped_and_their_memory_freed(
     )
     assert (peak - before) / 250 < size / 10, f"{(peak - before) / 250 / 1024:.0f} KiB a socket"
     assert after <= before * 1.1, f"daphne's RSS {before / mib:.0f} MiB before, {after / mib:.0f} after"
+
+
+def test_a_compressed_static_file_arrives_whole_as_one_gzip_stream(daphne: Any) -> None:
+    """Under daphne a static file is pulled a chunk at a time and compressed as one gzip stream:
+    a browser reads only a body's first gzip stream, and Django compresses an asynchronous body
+    chunk by chunk, one stream each (the arena's script arrived as its first 8 KB)."""
+    _, port, _ = daphne
+    path = Path(__file__).resolve().parents[1] / "votes" / "static" / "votes" / "arena.js"
+    client = socket.create_connection(("127.0.0.1", port), timeout=10)
+    client.sendall(
+        b"GET /static/votes/arena.js HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n"
+    )
+    response = b""
+    while chunk := client.recv(1 << 20):
+        response += chunk
+    client.close()
+    head, _, body = response.partition(b"\r\n\r\n")
+    assert b"content-encoding: gzip" in head.lower()
+    if b"transfer-encoding: chunked" in head.lower():
+        whole, rest = b"", body
+        while True:
+            size_line, _, rest = rest.partition(b"\r\n")
+            size = int(size_line, 16)
+            if size == 0:
+                break
+            whole, rest = whole + rest[:size], rest[size + 2 :]
+        body = whole
+    first_stream = zlib.decompressobj(16 + zlib.MAX_WBITS)  # One gzip stream, as a browser reads.
+    assert first_stream.decompress(body) == path.read_bytes()
