@@ -121,3 +121,32 @@ def test_a_greedy_model_is_never_drawn_for_an_anonymous_battle() -> None:
     with pytest.raises(services.ArenaError) as refused:
         services.start_battle(voter_key="voter", rng=rng)
     assert refused.value.code == "no_models" and "sample" in str(refused.value)
+
+
+@pytest.mark.django_db
+def test_the_admin_says_why_a_greedy_model_is_not_in_anonymous_battles(admin_client) -> None:
+    """The roster list shows which models anonymous battles may draw; saving a greedy model warns
+    why it is left out, and the temperature field's help says so."""
+    form = {
+        "name": "greedy-one",
+        "family": "gemma",
+        "preset": "p",
+        "queue": "",
+        "enabled": "on",
+        "sampling_weight": "1",
+        "dtype": "",
+        "mesh_shape": "",
+        "temperature": "0",
+        "top_k": "0",
+        "top_p": "1",
+        "max_new_tokens": "96",
+    }
+    response = admin_client.post("/admin/inference/llm/add/", form, follow=True)
+    assert response.status_code == 200
+    warnings = [str(message) for message in response.context["messages"]]
+    assert any(
+        "greedy-one decodes greedily" in text and "never drawn into anonymous battles" in text for text in warnings
+    )
+    listing = admin_client.get("/admin/inference/llm/").content.decode()
+    assert "In anonymous battles" in listing and 'alt="False"' in listing
+    assert "never drawn into anonymous battles" in admin_client.get("/admin/inference/llm/add/").content.decode()
