@@ -14,21 +14,32 @@ each count their own: with ``PROMETHEUS_MULTIPROC_DIR`` set they write their val
 port serves their sum (prometheus_client's multiprocess mode). The directory must exist, and be
 empty, when the worker starts (compose.yaml mounts a fresh tmpfs there): files left by an earlier
 run would be added to this one's.
+
+Series labelled by model (tokens generated, replies, engines' slots) are served only to a scraper
+that sends ``Authorization: Bearer <ARENA_METRICS_TOKEN>``: their deltas across one battle name
+its two anonymous models. Without the token (and always while the setting is empty) /metrics
+serves every other series, and each withheld family keeps its HELP line, saying so. A worker's
+port (``ARENA_METRICS_PORT``, off by default) serves everything, without access control.
 """
 
+import hmac
 import ipaddress
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import start_http_server
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import Metric
 
 from inference import metrics as inference_metrics
 
 PATH = "/metrics"
+WITHHELD_LABEL = "model"
+WITHHELD_NOTE = " [Per-model series withheld: they are served with the bearer token ARENA_METRICS_TOKEN.]"
 PROXY_HEADERS = ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP")
 
 logger = logging.getLogger(__name__)
@@ -49,13 +60,44 @@ def allowed(request: HttpRequest) -> bool:
     )
 
 
+def has_token(request: HttpRequest) -> bool:
+    """The request sends ``Authorization: Bearer <ARENA_METRICS_TOKEN>`` (compared in constant
+    time); never while the setting is empty."""
+    token = settings.ARENA_METRICS_TOKEN
+    scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
+    if not token or scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(sent.strip().encode(), token.encode())
+
+
+class WithoutModelSeries:
+    """A registry's families without their samples labelled by model: a withheld family keeps its
+    name, type and HELP (which says why it is empty)."""
+
+    def __init__(self, registry: Any) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            kept = [sample for sample in family.samples if WITHHELD_LABEL not in sample.labels]
+            if len(kept) == len(family.samples):
+                yield family
+                continue
+            withheld = Metric(family.name, family.documentation + WITHHELD_NOTE, family.type, family.unit)
+            withheld.samples = kept
+            yield withheld
+
+
 def metrics_view(request: HttpRequest) -> HttpResponse:
     if not allowed(request):
         return HttpResponse("forbidden", status=403, content_type="text/plain")
     # The format the scraper asks for (Accept), as prometheus_client's own server chooses it:
     # Prometheus's text format by default, OpenMetrics to a scraper that prefers it.
     encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
-    response = HttpResponse(encoder(inference_metrics.registry()), content_type=content_type)
+    registry = inference_metrics.registry()
+    response = HttpResponse(
+        encoder(registry if has_token(request) else WithoutModelSeries(registry)), content_type=content_type
+    )
     response["Cache-Control"] = "no-store"
     return response
 

@@ -357,6 +357,10 @@ for _network in ARENA_METRICS_ALLOWED:
         raise ImproperlyConfigured(
             f"ARENA_METRICS_ALLOWED: {_network!r} is not an IP address or network (e.g. 10.0.0.0/8)."
         ) from _exc
+# Series labelled by model (tokens, replies, engines) name a battle's pair to a voter who scrapes
+# before and after their battle: /metrics serves them only to a scraper that sends
+# "Authorization: Bearer <this token>". Empty, the default: served to nobody (every other series is).
+ARENA_METRICS_TOKEN = os.environ.get("ARENA_METRICS_TOKEN", "")
 # Celery workers and inference hosts have no web server: with a port here each serves its own
 # metrics on http://ADDRESS:PORT/metrics (arena_site.metrics). 0, the default: none.
 ARENA_METRICS_PORT = int(os.environ.get("ARENA_METRICS_PORT", "0"))

@@ -1,12 +1,24 @@
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.forms import ModelForm
+from django.http import HttpRequest
 
 from arena_site.admin_text import TypedTextAdmin
-from inference.models import LLM
+from inference.models import GREEDY_NOTE, LLM
 
 
 @admin.register(LLM)
 class LLMAdmin(TypedTextAdmin, admin.ModelAdmin):
-    list_display = ("name", "family", "base", "queue", "enabled", "sampling_weight", "preset")
+    list_display = ("name", "family", "base", "queue", "enabled", "sampling_weight", "anonymous_battles", "preset")
     list_filter = ("family", "enabled")
     list_editable = ("enabled", "sampling_weight")
     search_fields = ("name", "preset", "queue")
+
+    @admin.display(boolean=True, description="in anonymous battles")
+    def anonymous_battles(self, llm: LLM) -> bool:
+        """Whether anonymous battles may draw it: enabled, weighted, and sampling."""
+        return llm.enabled and llm.sampling_weight > 0 and llm.samples
+
+    def save_model(self, request: HttpRequest, obj: LLM, form: ModelForm, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        if not obj.samples:
+            messages.warning(request, f"{obj.name} decodes greedily. {GREEDY_NOTE}")

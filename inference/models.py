@@ -31,9 +31,33 @@ class Family(models.TextChoices):
     COMPLETION = "completion", "Completion (pretrained base model)"
 
 
+# What a model samples with unless an admin sets otherwise (the register commands' entries too):
+# a fresh seed per reply, so that Regenerate gives a new reply and one prompt does not always get
+# one text. Evaluation runs decode greedily whatever these say.
+DEFAULT_SAMPLING = {"temperature": 0.7, "top_p": 0.95, "top_k": 0}
+# The defaults of an entry saved before they sampled: greedy, never set by an admin.
+OLD_GREEDY_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
+
+GREEDY_NOTE = (
+    "A greedy model (temperature 0, top-k 1 or top-p 0) gives the same reply to the same prompt every "
+    "time: its replies are a lookup table that names it, so it is never drawn into anonymous battles. "
+    "Named and direct battles may still use it."
+)
+
+
+def samples(*, temperature: float, top_k: int, top_p: float) -> bool:
+    """Whether these settings draw tokens at random (inference.engine.sampling): a temperature
+    above 0, and neither top-k 1 nor top-p 0, which keep only the most likely token."""
+    return temperature > 0 and top_k != 1 and top_p > 0
+
+
 class LLMQuerySet(models.QuerySet["LLM"]):
     def enabled(self) -> "LLMQuerySet":
         return self.filter(enabled=True, sampling_weight__gt=0)
+
+    def sampling(self) -> "LLMQuerySet":
+        """The models whose settings sample (``samples``): the only ones anonymous battles draw."""
+        return self.filter(temperature__gt=0, top_p__gt=0).exclude(top_k=1)
 
 
 class LLM(models.Model):
@@ -69,10 +93,20 @@ class LLM(models.Model):
         validators=[validate_mesh_shape],
         help_text='Device mesh "batch,model", e.g. "1,8"; blank puts every local device on the model axis.',
     )
-    # Sampling defaults for this model's replies (temperature 0 is greedy decoding).
-    temperature = models.FloatField(default=0.0, validators=[MinValueValidator(0.0), MaxValueValidator(5.0)])
-    top_k = models.PositiveIntegerField(default=0, help_text="0 disables top-k filtering.")
-    top_p = models.FloatField(default=1.0, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)])
+    # Sampling settings of this model's battle replies (temperature 0 is greedy decoding).
+    temperature = models.FloatField(
+        default=DEFAULT_SAMPLING["temperature"],
+        validators=[MinValueValidator(0.0), MaxValueValidator(5.0)],
+        help_text="0 decodes greedily. " + GREEDY_NOTE,
+    )
+    top_k = models.PositiveIntegerField(
+        default=DEFAULT_SAMPLING["top_k"], help_text="0 disables top-k filtering; 1 is greedy decoding."
+    )
+    top_p = models.FloatField(
+        default=DEFAULT_SAMPLING["top_p"],
+        validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="1 disables top-p filtering; 0 is greedy decoding.",
+    )
     max_new_tokens = models.PositiveIntegerField(default=96, validators=[MinValueValidator(1)])
     sustained_chars_per_s = models.FloatField(
         null=True,
@@ -103,3 +137,7 @@ class LLM(models.Model):
         if not self.queue:
             self.queue = f"model.{self.name}"
         super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def samples(self) -> bool:
+        return samples(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)

@@ -92,6 +92,13 @@ def run_id() -> str:
     return uuid.uuid4().hex[:8]
 
 
+# The tests' models sample, as anonymous battles require (a greedy model is never drawn), but
+# cold: the random-weight tiny models then still run to their token limit, as a stop test needs
+# (tiny-gemma ran 16 of 16 replies of 400 tokens at this temperature; tiny-llama3, whose end token
+# is often drawn at any temperature, ended 10 of 16 early, none before 41 tokens).
+TEST_SAMPLING = {"temperature": 0.05, "top_k": 0, "top_p": 1.0}
+
+
 def battle_llm_fields(preset: str, queue: str) -> dict[str, Any]:
     """A roster entry for one of the tests' tiny presets, served from ``queue``."""
     return {
@@ -99,6 +106,7 @@ def battle_llm_fields(preset: str, queue: str) -> dict[str, Any]:
         "preset": str(PRESETS_DIR / preset),
         "queue": queue,
         "max_new_tokens": 24,
+        **TEST_SAMPLING,
     }
 
 
@@ -111,10 +119,12 @@ def demo_llms(db: None, run_id: str) -> list[LLM]:
 
 @pytest.fixture
 def long_replies(settings: Any, demo_llms: list[LLM]) -> list[LLM]:
-    """Replies long enough (random-weight models rarely stop early) to be stopped mid-stream."""
+    """Replies long enough to be stopped mid-stream: both sides on tiny-gemma, which sampled at
+    TEST_SAMPLING does not stop early (tiny-llama3 does)."""
     settings.ARENA_MAX_NEW_TOKENS = 400
     for llm in demo_llms:
         llm.max_new_tokens = 400
+        llm.family, llm.preset = "gemma", str(PRESETS_DIR / "tiny-gemma")
         llm.save()
     return demo_llms
 

@@ -50,7 +50,7 @@ from inference.building.demo_models import (
     train_demo_model,
     trained_models,
 )
-from inference.chat_templates import render_prompt, stop_strings
+from inference.chat_templates import ChatTurn, render_prompt, stop_strings
 from inference.registry import read_preset
 from votes.checkers import CHATTER, NO_CALL, WRONG_DATE, WRONG_TIME, find_calls, fold_constant
 
@@ -320,3 +320,43 @@ def test_command_rejects_bad_arguments() -> None:
         call_command("build_demo_models", "--eval-n", "0", "--out", "/nonexistent")
     with pytest.raises(CommandError, match="--tiny"):
         call_command("build_demo_models", "--tiny", "--only", "gemma-calendar", "--out", "/nonexistent")
+
+
+# --- Registration: the demo models sample ------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_registered_demo_models_sample_and_their_replies_differ() -> None:
+    """A greedy model is never drawn for an anonymous battle, so the demo models are registered
+    sampling (an entry left at the old greedy defaults is given the sampling settings, an admin's
+    own settings are kept), and through the engine, with a reply's settings as the worker builds
+    them, one prompt to the weak demo model gets more than one reply over eight fresh seeds."""
+    from inference import hosting
+    from inference.engine import SamplingParams
+    from inference.models import DEFAULT_SAMPLING, LLM, OLD_GREEDY_DEFAULTS
+    from inference.services import model_spec
+
+    LLM.objects.create(name="gemma-calendar", family="gemma", preset="old", **OLD_GREEDY_DEFAULTS)
+    LLM.objects.create(name="mistral-calendar", family="mistral", preset="old", temperature=0.3)
+    call_command("register_demo_models", stdout=open(os.devnull, "w"))  # noqa: SIM115
+    registered = {llm.name: llm for llm in LLM.objects.all()}
+    assert set(registered) == {model.name for model in trained_models(PRESETS_DIR)}
+    assert all(llm.samples for llm in registered.values())
+    for name in ("gemma-calendar", "llama3-calendar"):
+        llm = registered[name]
+        assert {field: getattr(llm, field) for field in DEFAULT_SAMPLING} == DEFAULT_SAMPLING, name
+    assert registered["mistral-calendar"].temperature == 0.3
+    weak = registered[next(spec.name for spec in TRAINED_MODEL_SPECS if spec.quality == "weak")]
+    engine = hosting.engine_for(model_spec(weak))
+    prompt = render_prompt(weak.family, None, [ChatTurn(role="user", content="Add a meeting with Fred on Nov 11")])
+    requests = [
+        engine.submit(
+            prompt,
+            max_new_tokens=16,
+            stop_strings=stop_strings(weak.family),
+            sampling=SamplingParams(temperature=weak.temperature, top_k=weak.top_k, top_p=weak.top_p, seed=seed),
+        )
+        for seed in range(8)
+    ]
+    replies = ["".join(request.deltas(tick=None)) for request in requests]
+    assert len(set(replies)) > 1, replies

@@ -70,6 +70,8 @@ def test_battles_streaming_at_once_on_sqlite_never_lock_or_hang(smollm2_preset: 
         env={
             "ARENA_VAR_DIR": str(tmp_path / "var"),
             "ARENA_RATE_LIMITS": "battle=30/0/3600,message=20/0/60,vote=60/0/60",  # loopback voters
+            # One network's voters, each with two replies at once (as manage.py loadtest runs them).
+            "ARENA_REPLIES_PER_NETWORK": "0",
             "ARENA_MAX_NEW_TOKENS": "64",
         },
     )

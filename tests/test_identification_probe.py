@@ -22,6 +22,7 @@ eight at a time so the engine batches them, with pacing off and 12 new tokens a 
 import asyncio
 import html
 import json
+import random
 import re
 from collections.abc import Awaitable, Callable
 from difflib import SequenceMatcher
@@ -143,11 +144,18 @@ def test_the_probe_scores_a_coin_without_evidence_and_a_lookup_with_it() -> None
 # --- Fresh battles against the real consumer ---------------------------------------------------------
 
 
-async def play(connect_battle: Callable[..., Awaitable[Any]], reveal: bool = False) -> tuple[str, str, str]:
+async def play(
+    connect_battle: Callable[..., Awaitable[Any]], reveal: bool = False, named: tuple[str, str] | None = None
+) -> tuple[str, str, str]:
     """One battle from a fresh session (as the review's script did): its id and the two texts as
-    the end frames carry them."""
+    the end frames carry them. Anonymous, or with ``named`` a named battle of those models on
+    sides in random order (greedy models are never drawn for anonymous battles)."""
     client = await connect_battle(session=await database_sync_to_async(new_session)())
-    await client.send({"type": "start", "task": "probe"})
+    if named is None:
+        await client.send({"type": "start", "task": "probe"})
+    else:
+        models = random.sample(named, 2)
+        await client.send({"type": "start", "task": "probe", "mode": "named", "models": models})
     battle_id = (await client.receive())["battle"]
     await client.receive()  # The battle's state.
     await client.send({"type": "prompt", "text": PROMPT})
@@ -162,10 +170,10 @@ async def play(connect_battle: Callable[..., Awaitable[Any]], reveal: bool = Fal
     return battle_id, ends["a"]["text"], ends["b"]["text"]
 
 
-async def reveal_some(connect_battle: Callable[..., Awaitable[Any]]) -> None:
+async def reveal_some(connect_battle: Callable[..., Awaitable[Any]], named: tuple[str, str] | None = None) -> None:
     """Battles voted on and ended before the probe: the anonymous vote sample publishes them with
     their models' names (without their texts; with them, the probe named 50 of 50)."""
-    await asyncio.gather(*(play(connect_battle, reveal=True) for _ in range(REVEALED)))
+    await asyncio.gather(*(play(connect_battle, reveal=True, named=named) for _ in range(REVEALED)))
 
 
 def side_a_is(battle_id: str, name: str) -> bool:
@@ -173,12 +181,18 @@ def side_a_is(battle_id: str, name: str) -> bool:
 
 
 async def probe(
-    connect_battle: Callable[..., Awaitable[Any]], known: Knowledge, names: tuple[str, str], battles: int
+    connect_battle: Callable[..., Awaitable[Any]],
+    known: Knowledge,
+    names: tuple[str, str],
+    battles: int,
+    named: bool = False,
 ) -> tuple[float, list[str]]:
-    """The probe's score over ``battles`` fresh battles, and their texts."""
+    """The probe's score over ``battles`` fresh battles (named ones in random order, if
+    ``named``), and their texts."""
     beliefs, truths, texts = [], [], []
+    pick = names if named else None
     for start in range(0, battles, AT_ONCE):
-        played = await asyncio.gather(*(play(connect_battle) for _ in range(min(AT_ONCE, battles - start))))
+        played = await asyncio.gather(*(play(connect_battle, named=pick) for _ in range(min(AT_ONCE, battles - start))))
         for battle_id, text_a, text_b in played:
             beliefs.append(name_sides(text_a, text_b, known, names))
             truths.append(await database_sync_to_async(side_a_is)(battle_id, names[0]))
@@ -212,17 +226,20 @@ def arena(demo_llms: list[LLM], settings: Any, **sampling: float) -> tuple[str, 
 async def test_the_probe_names_both_models_when_the_texts_are_published_and_decoding_is_greedy(
     connect_battle, demo_llms, celery_worker, settings
 ) -> None:
-    """Before the fix: the evaluation texts in view (staff see them still), greedy decoding."""
+    """Before the fix: the evaluation texts in view (staff see them still), greedy decoding. An
+    anonymous battle never draws a greedy model now (tests/test_pair_sampling.py), so the battles
+    here are named ones with their sides in random order: to the probe, which reads only the
+    texts, the same as the anonymous battles greedy models once played."""
     names = await database_sync_to_async(arena)(demo_llms, settings, temperature=0.0)
     staff = Client()
     user = await database_sync_to_async(get_user_model().objects.create_user)(
         "staff", password="a-long-password-9", is_staff=True
     )
     await database_sync_to_async(staff.force_login)(user)
-    await reveal_some(connect_battle)
+    await reveal_some(connect_battle, named=names)
     known = await database_sync_to_async(published_texts)(staff)
     assert set(known) == set(names)
-    points, _ = await probe(connect_battle, known, names, CONTROL_BATTLES)
+    points, _ = await probe(connect_battle, known, names, CONTROL_BATTLES, named=True)
     assert p_better_than_chance(points, CONTROL_BATTLES) < 0.001, points
 
 

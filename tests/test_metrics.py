@@ -1,6 +1,7 @@
 """/metrics: Prometheus text for operators only; the arena's counters move with real battles
 (through the consumer and a real Celery worker), failures are counted by cause, a leaderboard
-refresh records its duration, and a worker serves its own metrics on a port of its own."""
+refresh records its duration, and a worker serves its own metrics on a port of its own. Series
+labelled by model are served only with the bearer token ARENA_METRICS_TOKEN."""
 
 import sys
 import time
@@ -15,7 +16,10 @@ from django.db import connection
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
+from arena_site import metrics as site_metrics
 from arena_site.celery import app as celery_app
+from inference import metrics as inference_metrics
+from inference.streaming import GenerationStats
 from leaderboard import services as leaderboard_services
 from tests.test_generation_failures import LONG_PROMPT
 from tests.test_worker_lost import make_reply
@@ -24,6 +28,7 @@ from votes.models import Message
 from votes.testing.stack import Stack, database_url, free_port
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+TOKEN = "scraper-token-for-tests"
 
 
 def parse(text: str) -> Samples:
@@ -35,7 +40,8 @@ def parse(text: str) -> Samples:
 
 
 def scrape(**extra: Any) -> Samples:
-    response = Client().get("/metrics", **extra)
+    """What Prometheus reads, sending TOKEN (the tests that read per-model series set it)."""
+    response = Client().get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}", **extra)
     assert response.status_code == 200, response.content
     assert response["Content-Type"].startswith("text/plain; version=0.0.4")
     return parse(response.content.decode())
@@ -43,6 +49,47 @@ def scrape(**extra: Any) -> Samples:
 
 def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.fixture
+def metrics_token(settings: Any) -> str:
+    settings.ARENA_METRICS_TOKEN = TOKEN
+    return TOKEN
+
+
+def model_series(text: str) -> set[str]:
+    return {name for (name, labels) in parse(text) if any(key == "model" for key, _ in labels)}
+
+
+def test_per_model_series_are_served_only_with_the_token(settings: Any) -> None:
+    """The probe: a voter on a network ARENA_METRICS_ALLOWED admits (embedded included, where the
+    engines run in the web process) read arena_generated_tokens_total{model=...} before and after
+    their battle, and its deltas named the pair. Without ARENA_METRICS_TOKEN (the default) no
+    series labelled by model is served to anyone, and each withheld family says so in its HELP;
+    with it, only a scraper sending it as a bearer token reads them. The other series stay."""
+    inference_metrics.record_reply("metrics-probe-model", "done")
+    inference_metrics.record_generation("metrics-probe-model", GenerationStats(tokens=5, ttft_s=0.1, duration_s=0.5))
+    settings.ARENA_METRICS_TOKEN = ""
+    for headers in ({}, {"HTTP_AUTHORIZATION": "Bearer "}, {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}):
+        text = Client().get("/metrics", **headers).content.decode()
+        assert model_series(text) == set(), headers
+        assert "metrics-probe-model" not in text
+        help_line = next(line for line in text.splitlines() if line.startswith("# HELP arena_generated_tokens_total "))
+        assert help_line.endswith(site_metrics.WITHHELD_NOTE)
+        assert ("arena_replies_failed_total", (("cause", "too_long"),)) in parse(text)  # the rest stays
+    settings.ARENA_METRICS_TOKEN = TOKEN
+    for wrong in ("", f"Bearer {TOKEN}x", f"Basic {TOKEN}", TOKEN, "Bearer scraper-token-for-test"):
+        text = Client().get("/metrics", HTTP_AUTHORIZATION=wrong).content.decode()
+        assert model_series(text) == set(), wrong
+    text = Client().get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").content.decode()
+    assert {"arena_generated_tokens_total", "arena_replies_total"} <= model_series(text)
+    assert value(parse(text), "arena_replies_total", model="metrics-probe-model", status="done") >= 1
+    assert site_metrics.WITHHELD_NOTE not in text
+    # OpenMetrics, the other format a scraper may ask for, withholds them alike.
+    accept = "application/openmetrics-text; version=1.0.0"
+    settings.ARENA_METRICS_TOKEN = ""
+    text = Client().get("/metrics", HTTP_ACCEPT=accept).content.decode()
+    assert text.endswith("# EOF\n") and "metrics-probe-model" not in text
 
 
 def test_metrics_are_prometheus_text_with_the_arenas_and_djangos() -> None:
@@ -94,7 +141,7 @@ async def wait_for(predicate: Any, timeout: float = 10.0) -> Samples:
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_streamed_battle_moves_the_counters(connect_battle, demo_llms, celery_worker) -> None:
+async def test_a_streamed_battle_moves_the_counters(connect_battle, demo_llms, celery_worker, metrics_token) -> None:
     names = [llm.name for llm in demo_llms]
     before = await sync_to_async(scrape)()
     client = await connect_battle()
@@ -128,7 +175,7 @@ async def test_a_streamed_battle_moves_the_counters(connect_battle, demo_llms, c
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_failed_replies_are_counted_by_cause(connect_battle, demo_llms, celery_worker) -> None:
+async def test_failed_replies_are_counted_by_cause(connect_battle, demo_llms, celery_worker, metrics_token) -> None:
     before = await sync_to_async(scrape)()
     client = await connect_battle()
     await client.send({"type": "prompt", "text": LONG_PROMPT})

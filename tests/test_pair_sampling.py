@@ -90,3 +90,63 @@ def test_battles_are_drawn_by_the_configured_policy(policy: str) -> None:
     for battle in battles + more:  # Only the two enabled models, never against itself.
         assert {battle.model_a_id, battle.model_b_id} == {models[0].pk, models[1].pk}
     assert Battle.objects.count() == 40
+
+
+@pytest.mark.django_db
+def test_a_greedy_model_is_never_drawn_for_an_anonymous_battle() -> None:
+    """A greedy model's replies are a lookup table (the same prompt, the same reply): the probe
+    named it from them. However greedy (temperature 0, top-k 1, top-p 0), it is never drawn for
+    an anonymous battle, under either policy; a named or direct battle may still pick it. With
+    fewer than two sampling models, an anonymous battle is refused with the no_models error."""
+    sampling = [LLM.objects.create(name=f"s{i}", family="gemma", preset=f"s{i}") for i in range(2)]
+    greedy = [
+        LLM.objects.create(name="t0", family="gemma", preset="t0", temperature=0.0),
+        LLM.objects.create(name="k1", family="gemma", preset="k1", top_k=1),
+        LLM.objects.create(name="p0", family="gemma", preset="p0", top_p=0.0),
+    ]
+    assert all(llm.samples for llm in sampling) and not any(llm.samples for llm in greedy)
+    rng = random.Random(5)
+    for policy in ("weighted", "active"):
+        with override_settings(ARENA_PAIR_SAMPLING=policy, ARENA_NEW_MODEL_BOOST=5.0):
+            drawn = {
+                frozenset((battle.model_a_id, battle.model_b_id))
+                for battle in (services.start_battle(voter_key="voter", rng=rng) for _ in range(60))
+            }
+        assert drawn == {frozenset(llm.pk for llm in sampling)}, policy
+    named = services.start_battle(voter_key="voter", mode=Battle.Mode.NAMED, models=["t0", "s0"])
+    assert named.model_a_id == greedy[0].pk and named.excluded
+    direct = services.start_battle(voter_key="voter", mode=Battle.Mode.DIRECT, models=["k1"])
+    assert direct.model_a_id == greedy[1].pk
+    LLM.objects.filter(pk=sampling[1].pk).update(temperature=0.0)
+    with pytest.raises(services.ArenaError) as refused:
+        services.start_battle(voter_key="voter", rng=rng)
+    assert refused.value.code == "no_models" and "sample" in str(refused.value)
+
+
+@pytest.mark.django_db
+def test_the_admin_says_why_a_greedy_model_is_not_in_anonymous_battles(admin_client) -> None:
+    """The roster list shows which models anonymous battles may draw; saving a greedy model warns
+    why it is left out, and the temperature field's help says so."""
+    form = {
+        "name": "greedy-one",
+        "family": "gemma",
+        "preset": "p",
+        "queue": "",
+        "enabled": "on",
+        "sampling_weight": "1",
+        "dtype": "",
+        "mesh_shape": "",
+        "temperature": "0",
+        "top_k": "0",
+        "top_p": "1",
+        "max_new_tokens": "96",
+    }
+    response = admin_client.post("/admin/inference/llm/add/", form, follow=True)
+    assert response.status_code == 200
+    warnings = [str(message) for message in response.context["messages"]]
+    assert any(
+        "greedy-one decodes greedily" in text and "never drawn into anonymous battles" in text for text in warnings
+    )
+    listing = admin_client.get("/admin/inference/llm/").content.decode()
+    assert "In anonymous battles" in listing and 'alt="False"' in listing
+    assert "never drawn into anonymous battles" in admin_client.get("/admin/inference/llm/add/").content.decode()

@@ -28,9 +28,11 @@ from votes.pairing import Candidate
 
 
 def pairing_candidates(*, with_ratings: bool = False) -> list[Candidate]:
-    """The enabled models as pair sampling sees them: weight, battles so far, overall rating
-    (from the latest leaderboard refresh; only if ``with_ratings``)."""
-    models = list(LLM.objects.enabled())
+    """The models an anonymous battle may draw, as pair sampling sees them: weight, battles so
+    far, overall rating (from the latest leaderboard refresh; only if ``with_ratings``). Only
+    enabled models that sample: a greedy one's replies are a lookup table that names it
+    (inference.models.GREEDY_NOTE)."""
+    models = list(LLM.objects.enabled().sampling())
     battles: Counter[int] = Counter()
     for side in ("model_a", "model_b"):
         for row in Battle.objects.filter(mode=Battle.Mode.ANONYMOUS).values(side).annotate(n=Count("id")):

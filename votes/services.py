@@ -143,9 +143,10 @@ def start_battle(
     models: Sequence[str] = (),
     network_key: str = "",
 ) -> Battle:
-    """An anonymous battle draws two different enabled models (votes.pairing,
-    ``ARENA_PAIR_SAMPLING``) on random sides. A named one puts the two models the voter picked on
-    sides A and B, a direct chat the one model on side A: both are kept off the leaderboard."""
+    """An anonymous battle draws two different enabled models that sample (votes.pairing,
+    ``ARENA_PAIR_SAMPLING``; selectors.pairing_candidates) on random sides. A named one puts the
+    two models the voter picked on sides A and B, a direct chat the one model on side A: both are
+    kept off the leaderboard, and either may use a greedy model."""
     if task is not None and not task.active:
         raise ArenaError("no_task", "This task is not offered any more; pick another one.")
     if mode != Battle.Mode.ANONYMOUS:
@@ -178,7 +179,11 @@ def start_battle(
         new_model_battles=settings.ARENA_NEW_MODEL_BATTLES,
     )
     if not weights:
-        raise ArenaError("no_models", "The arena needs at least two enabled models; try again later.")
+        raise ArenaError(
+            "no_models",
+            "The arena needs at least two enabled models that sample (greedy ones are not drawn for "
+            "anonymous battles); try again later.",
+        )
     id_a, id_b = pairing.draw_pair(weights, rng)
     return Battle.objects.create(
         model_a_id=id_a,

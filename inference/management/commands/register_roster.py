@@ -4,17 +4,29 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from inference import registry
-from inference.models import LLM
+from inference.models import DEFAULT_SAMPLING, LLM, OLD_GREEDY_DEFAULTS
 
-# Real pretrained models sample (a fresh seed per reply), so that Regenerate gives a new reply
-# and one prompt does not always get one text; evaluation runs and equality tests stay greedy.
-REAL_MODEL_SAMPLING = {"temperature": 0.7, "top_p": 0.95, "top_k": 0}
+# Every registered model samples (a fresh seed per reply): a greedy one is never drawn into
+# anonymous battles (inference.models.GREEDY_NOTE). Evaluation runs stay greedy.
+REAL_MODEL_SAMPLING = DEFAULT_SAMPLING
+
+
+def upgrade_greedy_defaults(model: LLM) -> bool:
+    """An entry saved with the old greedy defaults (never an admin's choice of sampling) gets the
+    sampling settings; any other settings are kept. Whether it was changed."""
+    if {field: getattr(model, field) for field in OLD_GREEDY_DEFAULTS} != OLD_GREEDY_DEFAULTS:
+        return False
+    for field, value in DEFAULT_SAMPLING.items():
+        setattr(model, field, value)
+    model.save(update_fields=list(DEFAULT_SAMPLING))
+    return True
 
 
 class Command(BaseCommand):
     help = (
-        "Register the default roster: every imported real checkpoint (ARENA_IMPORTED_PRESETS_DIR, sampling at "
-        "temperature 0.7 / top-p 0.95) and the bundled weak demo model. Admin edits of existing entries are kept."
+        "Register the default roster: every imported real checkpoint (ARENA_IMPORTED_PRESETS_DIR) and the bundled "
+        "weak demo model, all sampling at temperature 0.7 / top-p 0.95. Admin edits of existing entries are kept; "
+        "an entry still at the old greedy defaults is given those sampling settings."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -29,12 +41,14 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from error
         if not imported:
             raise CommandError(f"No imported presets in {options['imported']}; run scripts/serve (it imports them).")
-        for preset, sampling in [*((p, REAL_MODEL_SAMPLING) for p in imported), *((p, {}) for p in bundled)]:
+        for preset in [*imported, *bundled]:
             path = preset.path.resolve()
             stored = str(path.relative_to(settings.BASE_DIR)) if path.is_relative_to(settings.BASE_DIR) else str(path)
             model, created = LLM.objects.get_or_create(
-                name=preset.name, defaults={"family": preset.family, "preset": stored, "base": preset.base, **sampling}
+                name=preset.name,
+                defaults={"family": preset.family, "preset": stored, "base": preset.base, **REAL_MODEL_SAMPLING},
             )
+            upgrade_greedy_defaults(model)
             if not created and (model.family, model.preset, model.base) != (preset.family, stored, preset.base):
                 model.family, model.preset, model.base = preset.family, stored, preset.base
                 model.save(update_fields=["family", "preset", "base"])
