@@ -78,9 +78,6 @@ def battle_pace(configured: float, sustained: Sequence[float | None], *, unmeasu
     return max(1.0, min([configured, *speeds]))
 
 
-FIRST_TOKEN_QUANTILE = 0.9
-
-
 def typical_first_token_s(recent_ms: Sequence[float]) -> float | None:
     """How long a model typically takes to its first token, from its own times (milliseconds) on
     recent replies: their 90th percentile, in seconds, so that the arena-wide delay covers nearly
