@@ -113,7 +113,15 @@ class LLM(models.Model):
         blank=True,
         editable=False,
         help_text="What the model sustains: the median of its own speeds on its recent replies, measured by its "
-        "workers before pacing. Battles are paced at the slower model's.",
+        "workers before pacing. Anonymous battles are paced at the slowest enabled model's, named and direct "
+        "ones at the slower of their own.",
+    )
+    typical_first_token_ms = models.FloatField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="How long the model typically takes to its first token: the 90th percentile of its times on its "
+        "recent replies. No anonymous reply shows text sooner than the slowest enabled model's.",
     )
     created = models.DateTimeField(auto_now_add=True)
 

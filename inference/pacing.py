@@ -6,10 +6,15 @@ and starts sooner. The arena therefore shows both sides at the same pace: no tex
 ``first_after_s`` seconds from the reply's start, then at most ``chars_per_s`` characters a
 second (characters, not tokens: tokenizers differ, what the voter sees does not). A model
 faster than the pace is held back to it; only one slower than the pace would still show its
-own speed. So each battle is paced at what its slower model sustains (``battle_pace``, from
-the models' measured speeds on recent replies), and on a turn sent to both sides the reply's
-start is when *both* sides have their first text (``inference.services.DeltaBatcher``), so
-that neither side's first text comes sooner. 0 for both turns pacing off.
+own speed. A pace chosen per battle would itself name the pair (paced at a slow model's speed,
+a battle says that model is in it), so an anonymous battle is paced at what the slowest model
+that anonymous battles may draw sustains (``battle_pace`` over all of them, from the models'
+measured speeds on recent replies); only named and direct battles, whose names are known, take
+their own pair's. Likewise the first text: on a turn sent to both sides the reply's start is when
+*both* sides have their first text (``inference.services.DeltaBatcher``), so that neither side's
+first text comes sooner, and in an anonymous battle never sooner than ``first_text_lead`` after
+the worker started on it: what the slowest drawable model typically takes to its first token,
+so that a fast pair's first text waits as long as a slow pair's. 0 for both turns pacing off.
 """
 
 from __future__ import annotations
@@ -64,9 +69,28 @@ def sustained_speed(recent: Sequence[float]) -> float | None:
 
 def battle_pace(configured: float, sustained: Sequence[float | None], *, unmeasured: float, margin: float) -> float:
     """Characters a second for every reply of a battle between models that sustain ``sustained``
-    (None: not measured yet, taken as ``unmeasured``): ``margin`` times the slower one, never
-    above ``configured`` (the site's pace; 0 means pacing is off, and stays off)."""
+    (None: not measured yet, taken as ``unmeasured``): ``margin`` times the slowest one, never
+    above ``configured`` (the site's pace; 0 means pacing is off, and stays off). For an
+    anonymous battle ``sustained`` is every model anonymous battles may draw, not the pair."""
     if configured <= 0:
         return 0.0
     speeds = [unmeasured if speed is None else margin * speed for speed in sustained]
     return max(1.0, min([configured, *speeds]))
+
+
+def typical_first_token_s(recent_ms: Sequence[float]) -> float | None:
+    """How long a model typically takes to its first token, from its own times (milliseconds) on
+    recent replies: their 90th percentile, in seconds, so that the arena-wide delay covers nearly
+    every reply of it, not half of them. None: no data."""
+    if not recent_ms:
+        return None
+    if len(recent_ms) == 1:
+        return recent_ms[0] / 1000
+    return statistics.quantiles(recent_ms, n=10, method="inclusive")[8] / 1000
+
+
+def first_text_lead(typical_s: Sequence[float | None], *, pacing: bool) -> float:
+    """Seconds after its worker starts on it before an anonymous reply's pace may start: the
+    longest typical time to first token (``typical_first_token_s``) of the models anonymous
+    battles may draw (None: not measured yet, left out); 0 with pacing off."""
+    return max([0.0, *(s for s in typical_s if s is not None)]) if pacing else 0.0

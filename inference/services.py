@@ -71,6 +71,9 @@ class DeltaBatcher:
     until it has one (the pace then counts from the later of the two), has finished without
     one, or ``ARENA_STREAM_HOLD_SECONDS`` have passed (the pace then counts from now: held text
     never comes out in one burst). A stop asked for while holding is seen at the next look-up.
+    In an anonymous battle the pace never starts sooner than ``lead_s`` after the batcher's start
+    (the worker's start on the reply): the arena's typical wait for a first token, so that the
+    first text of a fast pair comes as late as a slow pair's.
     The caller flushes on a clock too (``Request.deltas``), so that a side between two of its
     model's bursts shows its text on time.
     """
@@ -85,6 +88,7 @@ class DeltaBatcher:
         publisher: FramePublisher,
         pace: Pace | None = None,
         hold: Callable[[], votes_selectors.HoldState] | None = None,
+        lead_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -99,8 +103,10 @@ class DeltaBatcher:
         self.clock = clock
         self.sleep = sleep
         self.started = clock()
+        # The pace never starts sooner than this (the arena's wait for a first token).
+        self.earliest_origin = self.started + lead_s
         # When the pace starts counting: the reply's start, or, beside a partner, once known.
-        self.origin: float | None = None if hold is not None else self.started
+        self.origin: float | None = None if hold is not None else self.earliest_origin
         self.first_text_at: float | None = None  # clock() of the model's first text
         self.first_text_chars = 0
         self.last_partner_check = -math.inf
@@ -134,9 +140,9 @@ class DeltaBatcher:
         if state.stop_requested:
             self.stop_requested = True
         elif state.partner_started_s_ago is not None:
-            self.origin = max(self.first_text_at, now - state.partner_started_s_ago)
+            self.origin = max(self.first_text_at, now - state.partner_started_s_ago, self.earliest_origin)
         elif state.partner_finished or now - self.first_text_at >= settings.ARENA_STREAM_HOLD_SECONDS:
-            self.origin = now
+            self.origin = max(now, self.earliest_origin)
 
     def flush(self, now: float | None = None) -> None:
         """Persist, then publish, the text the pace lets the voter see by now."""
@@ -303,6 +309,7 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
         publisher=publisher,
         pace=pace,
         hold=None if partner_id is None else lambda: votes_selectors.hold_state(message_id, partner_id),
+        lead_s=context.first_text_lead_s,
     )
     generated_at: float | None = None
     model = context.model

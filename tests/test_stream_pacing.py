@@ -1,15 +1,17 @@
 """Every reply appears at the same pace (inference/pacing.py, inference.services.DeltaBatcher)."""
 
+import random
 import time as time_module
 from typing import Any
 
 import pytest
 from django.conf import settings
 
-from inference.pacing import Pace, battle_pace, sustained_speed
+from inference.models import LLM
+from inference.pacing import Pace, battle_pace, first_text_lead, sustained_speed, typical_first_token_s
 from inference.services import DeltaBatcher
-from votes import services
-from votes.models import Message
+from votes import selectors, services
+from votes.models import Battle, Message
 from votes.selectors import HoldState
 
 
@@ -130,6 +132,74 @@ def test_a_battle_is_paced_at_what_its_slower_model_sustains() -> None:
     assert battle_pace(0, [400.0, 100.0], unmeasured=40, margin=0.8) == 0  # Pacing off stays off.
 
 
+def test_the_first_text_waits_for_the_slowest_model_s_typical_first_token() -> None:
+    """A model's typical wait is the 90th percentile of its recent times to first token (one slow
+    reply of ten moves it less than the maximum would); the arena's lead is the longest typical
+    wait of the models it may draw, unmeasured ones left out, and 0 with pacing off."""
+    assert typical_first_token_s([]) is None
+    assert typical_first_token_s([700.0]) == pytest.approx(0.7)
+    times = [100.0 * i for i in range(1, 11)]  # 0.1 s .. 1.0 s
+    assert typical_first_token_s(times) == pytest.approx(0.91)
+    assert first_text_lead([0.2, None, 2.5, 0.1], pacing=True) == 2.5
+    assert first_text_lead([None], pacing=True) == 0.0
+    assert first_text_lead([0.2, 2.5], pacing=False) == 0.0
+
+
+def set_speeds(llm: LLM, chars_per_s: float, first_token_ms: float) -> None:
+    LLM.objects.filter(pk=llm.pk).update(sustained_chars_per_s=chars_per_s, typical_first_token_ms=first_token_ms)
+
+
+@pytest.mark.django_db
+def test_an_anonymous_battle_is_paced_by_the_arena_not_by_its_pair(demo_llms: list[LLM]) -> None:
+    """Two fast models (300 and 400 characters a second, first tokens in 0.1-0.15 s) and a slow
+    one (5, 2.5 s): every anonymous battle, with the slow model or without it, gets the same pace
+    (0.8 x 5) and the same first-text lead (2.5 s), and its replies' generation context carries
+    them; a named battle of the two fast models keeps its pair's pace (0.8 x 300) and no lead. A
+    model taken out of anonymous battles no longer sets their pace."""
+    fast_a, fast_b = demo_llms
+    slow = LLM.objects.create(name="slow", family=fast_a.family, preset=fast_a.preset, queue=fast_a.queue)
+    set_speeds(fast_a, 400.0, 100.0)
+    set_speeds(fast_b, 300.0, 150.0)
+    set_speeds(slow, 5.0, 2500.0)
+    rng = random.Random(1)
+    battles = [services.start_battle(voter_key="v", rng=rng) for _ in range(12)]
+    with_slow = [b for b in battles if slow.pk in (b.model_a_id, b.model_b_id)]
+    assert with_slow and len(with_slow) < len(battles)  # Both kinds of pair were drawn.
+    assert {(b.pace_chars_per_s, b.first_text_lead_s) for b in battles} == {(0.8 * 5.0, 2.5)}
+    Message.objects.create(battle=battles[0], side="b", turn=0, role=Message.Role.USER, content="Hi")
+    reply = Message.objects.create(battle=battles[0], side="b", turn=0, role=Message.Role.ASSISTANT)
+    context = selectors.generation_context(reply.pk)
+    assert context is not None and (context.pace_chars_per_s, context.first_text_lead_s) == (pytest.approx(4.0), 2.5)
+
+    named = services.start_battle(voter_key="v", mode=Battle.Mode.NAMED, models=[fast_a.name, fast_b.name])
+    assert named.pace_chars_per_s == pytest.approx(240.0) and named.first_text_lead_s is None
+
+    LLM.objects.filter(pk=slow.pk).update(enabled=False)
+    battle = services.start_battle(voter_key="v", rng=rng)
+    assert (battle.pace_chars_per_s, battle.first_text_lead_s) == (pytest.approx(240.0), 0.15)
+
+
+@pytest.mark.django_db
+def test_a_finished_reply_updates_its_model_s_typical_first_token(streaming_reply: Message) -> None:
+    """Each finished reply with a time to first token re-measures its model's typical wait over
+    its last ARENA_STREAM_PACE_SAMPLE replies (0.1 s .. 1.0 s: the 90th percentile, 0.91 s)."""
+    battle = streaming_reply.battle
+    for turn, ms in enumerate(range(100, 1001, 100)):
+        if turn:
+            Message.objects.create(battle=battle, side="a", turn=turn, role=Message.Role.USER, content="Hi")
+            reply = Message.objects.create(
+                battle=battle, side="a", turn=turn, role=Message.Role.ASSISTANT, status=Message.Status.STREAMING
+            )
+        else:
+            reply = streaming_reply
+        assert services.finish_reply(
+            reply.pk, status=Message.Status.DONE, content="ok", delta_count=1, stop_reason="stop",
+            token_count=1, time_to_first_token_ms=ms, duration_ms=ms + 10,
+        )  # fmt: skip
+    battle.model_a.refresh_from_db()
+    assert battle.model_a.typical_first_token_ms == pytest.approx(910.0)
+
+
 class Partner:
     """The other side's reply, as votes.selectors.hold_state reports it to a holding side."""
 
@@ -149,15 +219,64 @@ class Partner:
         return HoldState(partner_started_s_ago=ago, partner_finished=self.finished, stop_requested=self.stop)
 
 
-def paired_batcher(reply: Message, pace: Pace) -> tuple[DeltaBatcher, FakeTime, Recorder, Partner]:
+def paired_batcher(reply: Message, pace: Pace, lead_s: float = 0.0) -> tuple[DeltaBatcher, FakeTime, Recorder, Partner]:
     """One side's batcher on a fake clock, its frames recorded, its first text held for ``partner``."""
     time, recorder = FakeTime(), Recorder()
     partner = Partner(time)
     batcher = DeltaBatcher(
         message_id=reply.pk, group="g", side="a", turn=0, publisher=recorder, pace=pace, hold=partner,
-        clock=time.clock, sleep=time.sleep,
+        lead_s=lead_s, clock=time.clock, sleep=time.sleep,
     )  # fmt: skip
     return batcher, time, recorder, partner
+
+
+def first_and_last_frame_times(
+    reply: Message, partner_first_text_s: float | None, lead_s: float
+) -> tuple[float, float, str]:
+    """When one side's first and last frames go out, and the text they carry: its model has 300
+    characters at 0.1 s, the other side's first text comes at ``partner_first_text_s`` (None: no
+    partner, a turn sent to one side)."""
+    Message.objects.filter(pk=reply.pk).update(content="", delta_count=0)
+    pace = Pace(chars_per_s=100, first_after_s=0.2)
+    if partner_first_text_s is None:
+        time, recorder = FakeTime(), Recorder()
+        batcher = DeltaBatcher(
+            message_id=reply.pk, group="g", side="a", turn=0, publisher=recorder, pace=pace, lead_s=lead_s,
+            clock=time.clock, sleep=time.sleep,
+        )  # fmt: skip
+    else:
+        batcher, time, recorder, partner = paired_batcher(reply, pace, lead_s)
+    sent: list[float] = []
+    recorder_publish = recorder.publish
+
+    def publish(group: str, frames: list[dict[str, Any]]) -> None:
+        sent.append(time.now)
+        recorder_publish(group, frames)
+
+    recorder.publish = publish  # type: ignore[method-assign]
+    time.now = 0.1
+    batcher.add("x" * 300)
+    while partner_first_text_s is not None and time.now < partner_first_text_s:
+        time.now = min(time.now + 0.05, partner_first_text_s)
+        if time.now >= partner_first_text_s:
+            partner.start_now()
+        batcher.flush()
+    batcher.drain()
+    return sent[0], sent[-1], "".join(frame["text"] for frame in recorder.frames)
+
+
+@pytest.mark.django_db
+def test_a_fast_pair_s_first_text_comes_as_late_as_a_slow_pair_s(streaming_reply: Message) -> None:
+    """With the arena's lead of 2.5 s, a side beside a fast partner (first text at 0.2 s), beside
+    a slow one (2.3 s) and alone all show their first text at 2.5 + 0.2 s and their last 299 / 100
+    s later; without the lead the fast pair's would show at 0.4 s."""
+    times = {partner: first_and_last_frame_times(streaming_reply, partner, lead_s=2.5) for partner in (0.2, 2.3, None)}
+    for first, last, text in times.values():
+        assert text == "x" * 300
+        assert first == pytest.approx(2.5 + 0.2, abs=0.06)
+        assert last == pytest.approx(2.5 + 0.2 + 299 / 100, abs=0.06)
+    first, _, _ = first_and_last_frame_times(streaming_reply, 0.2, lead_s=0.0)
+    assert first == pytest.approx(0.2 + 0.2, abs=0.06)
 
 
 @pytest.mark.django_db

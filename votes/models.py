@@ -258,8 +258,16 @@ class Battle(models.Model):
     pace_chars_per_s = models.FloatField(
         null=True,
         blank=True,
-        help_text="Characters a second at which every reply of this battle is shown: what its slower model "
-        "sustains (inference.pacing). Empty: ARENA_STREAM_CHARS_PER_S.",
+        help_text="Characters a second at which every reply of this battle is shown (inference.pacing): an "
+        "anonymous battle's is what the slowest enabled model sustained when it started, whatever its pair; a named "
+        "or direct one's what its slower model sustains. Empty: ARENA_STREAM_CHARS_PER_S.",
+    )
+    first_text_lead_s = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Anonymous battles: no reply's pace starts sooner than this many seconds after its worker started "
+        "on it, what the slowest enabled model typically took to its first token when the battle started "
+        "(inference.pacing). Empty: no such wait.",
     )
     pair_probability = models.FloatField(
         null=True,

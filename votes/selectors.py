@@ -271,6 +271,8 @@ class GenerationContext:
     pace_chars_per_s: float | None  # The battle's pace; None: the site's.
     # The other side's reply to the same prompt (a turn sent to both sides), or None.
     partner_reply_id: int | None
+    # Seconds after the worker starts before the reply's pace may start (anonymous battles).
+    first_text_lead_s: float = 0.0
 
 
 def recent_model_speeds(model: LLM, limit: int) -> list[float]:
@@ -279,6 +281,14 @@ def recent_model_speeds(model: LLM, limit: int) -> list[float]:
         Q(side="a", battle__model_a=model) | Q(side="b", battle__model_b=model)
     )
     return list(replies.order_by("-pk").values_list("model_chars_per_s", flat=True)[:limit])
+
+
+def recent_first_token_ms(model: LLM, limit: int) -> list[float]:
+    """The model's times to its first token (milliseconds) on its last ``limit`` replies."""
+    replies = Message.objects.filter(role=Message.Role.ASSISTANT, time_to_first_token_ms__isnull=False).filter(
+        Q(side="a", battle__model_a=model) | Q(side="b", battle__model_b=model)
+    )
+    return [float(ms) for ms in replies.order_by("-pk").values_list("time_to_first_token_ms", flat=True)[:limit]]
 
 
 @dataclass(frozen=True)
@@ -345,6 +355,7 @@ def generation_context(message_id: int) -> GenerationContext | None:
         conversation=conversation,
         pace_chars_per_s=reply.battle.pace_chars_per_s,
         partner_reply_id=partner,
+        first_text_lead_s=battle.first_text_lead_s or 0.0,
     )
 
 

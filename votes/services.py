@@ -185,6 +185,7 @@ def start_battle(
             "anonymous battles); try again later.",
         )
     id_a, id_b = pairing.draw_pair(weights, rng)
+    drawable = [candidate.id for candidate in candidates]
     return Battle.objects.create(
         model_a_id=id_a,
         model_b_id=id_b,
@@ -192,13 +193,16 @@ def start_battle(
         **(task.snapshot() if task is not None else {}),
         voter_key=voter_key,
         network_key=network_key,
-        pace_chars_per_s=battle_pace(id_a, id_b),
+        # The pace and the first text's wait are the arena's, not the pair's: either would name it.
+        pace_chars_per_s=battle_pace(*drawable),
+        first_text_lead_s=first_text_lead(drawable),
         pair_probability=weights[(min(id_a, id_b), max(id_a, id_b))] / sum(weights.values()),
     )
 
 
 def battle_pace(*model_ids: int) -> float:
-    """The pace of a battle between these models: what the slower one sustains (inference.pacing)."""
+    """The pace of a battle among these models: what the slowest one sustains (inference.pacing).
+    A named or direct battle passes its own models, an anonymous one every model it could draw."""
     sustained = dict(LLM.objects.filter(pk__in=model_ids).values_list("pk", "sustained_chars_per_s"))
     return pacing.battle_pace(
         settings.ARENA_STREAM_CHARS_PER_S,
@@ -206,6 +210,14 @@ def battle_pace(*model_ids: int) -> float:
         unmeasured=settings.ARENA_STREAM_UNMEASURED_CHARS_PER_S,
         margin=settings.ARENA_STREAM_PACE_MARGIN,
     )
+
+
+def first_text_lead(model_ids: Sequence[int]) -> float:
+    """Seconds an anonymous reply's pace waits after its worker starts: the longest typical time
+    to first token of these models, the ones anonymous battles may draw (inference.pacing)."""
+    typical_ms = LLM.objects.filter(pk__in=model_ids).values_list("typical_first_token_ms", flat=True)
+    pacing_on = settings.ARENA_STREAM_CHARS_PER_S > 0 or settings.ARENA_STREAM_FIRST_TEXT_SECONDS > 0
+    return pacing.first_text_lead([None if ms is None else ms / 1000 for ms in typical_ms], pacing=pacing_on)
 
 
 def mark_first_token(message_id: int) -> None:
@@ -729,10 +741,14 @@ def finish_reply(
             return False
         reply = Message.objects.select_related("battle__task", "battle__model_a", "battle__model_b").get(pk=message_id)
         review_reply(reply)
+    model = reply.battle.model_on(reply.side)
     if model_chars_per_s is not None:
-        model = reply.battle.model_on(reply.side)
         speeds = selectors.recent_model_speeds(model, settings.ARENA_STREAM_PACE_SAMPLE)
         LLM.objects.filter(pk=model.pk).update(sustained_chars_per_s=pacing.sustained_speed(speeds))
+    if time_to_first_token_ms is not None:
+        waits = selectors.recent_first_token_ms(model, settings.ARENA_STREAM_PACE_SAMPLE)
+        typical_s = pacing.typical_first_token_s(waits)
+        LLM.objects.filter(pk=model.pk).update(typical_first_token_ms=None if typical_s is None else typical_s * 1000)
     return True
 
 
