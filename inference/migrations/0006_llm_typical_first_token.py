@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('inference', '0004_llm_sustained_speed'),
+        ('inference', '0005_llm_samples_by_default'),
     ]
 
     operations = [
