@@ -378,11 +378,14 @@ async def test_two_models_of_very_different_speed_look_alike_to_the_voter(
     from inference.models import LLM
     from tests.conftest import PRESETS_DIR
 
+    # Sampling (anonymous battles draw no greedy model), at a temperature low enough that the
+    # two battles' replies are alike: the second is paced at what the first measured.
+    near_greedy = {"max_new_tokens": 48, "temperature": 0.05, "top_p": 1.0}
     await database_sync_to_async(LLM.objects.create)(
-        name="fast", family="gemma", preset=str(PRESETS_DIR / "tiny-gemma"), max_new_tokens=48
+        name="fast", family="gemma", preset=str(PRESETS_DIR / "tiny-gemma"), **near_greedy
     )
     await database_sync_to_async(LLM.objects.create)(
-        name="slow", family="chatml", preset=str(smollm2_preset), max_new_tokens=48
+        name="slow", family="chatml", preset=str(smollm2_preset), **near_greedy
     )
     for _battle in ("measuring", "measured"):
         client = await connect_battle()
