@@ -129,3 +129,16 @@ async def test_a_leak_after_the_vote_cannot_void_it(connect_battle: Any, unserve
     for code, count in zip(table.voter, table.count, strict=True):
         judged[table.voters[code]] += count
     assert judged == {leaked.voter_key: 2.0}  # Both battles are this session's.
+
+
+@pytest.mark.django_db
+def test_a_named_battle_goes_on_when_a_model_names_itself_after_the_vote(demo_llms) -> None:
+    """Its names are known from the start: nothing to protect, and nothing is closed."""
+    names = [llm.name for llm in demo_llms[:2]]
+    battle = services.start_battle(voter_key="k", mode=Battle.Mode.NAMED, models=names)
+    answer_prompt(battle, "Hello", replies=lambda reply: "Hello.")
+    services.cast_vote(battle=battle, choice="a")
+    answer_prompt(battle, "Who made you?", replies=lambda reply: "I was trained by Google.")
+    battle.refresh_from_db()
+    assert not battle.closed_reason
+    services.cast_vote(battle=battle, choice="b", stage="after_fix")

@@ -776,7 +776,7 @@ def review_reply(reply: Message) -> None:
     if leak:
         reply.identity_leak = leak[:100]
         reason = f"the reply of side {reply.side.upper()} at turn {reply.turn + 1} names {leak!r}"
-        if battle.votes.exists():  # Cast blind, before the name appeared: they stay counted.
+        if battle.is_anonymous and battle.votes.exists():  # Cast blind: they stay counted.
             battle.close_after_vote(reason)
         else:
             battle.exclude(reason)
