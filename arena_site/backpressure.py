@@ -71,35 +71,61 @@ class ReadGate:
 
 
 @implementer(IPushProducer)
-class OutboundGuard:
-    """Told by the transport when its client falls behind (pause) and catches up (resume)."""
+class SlowReaderGuard:
+    """Told by the transport when its client falls behind (pause) and catches up (resume): holds
+    the sender back meanwhile (``hold``, ``release``), and drops a client that has not caught up
+    within ``patience_s``, which frees what was buffered for it."""
 
-    def __init__(self, transport: Any, gate: ReadGate, patience_s: float) -> None:
+    def __init__(self, transport: Any, patience_s: float) -> None:
         self.transport = transport
-        self.gate = gate
         self.patience_s = patience_s
         self.deadline: Any = None
 
+    def hold(self) -> None:
+        """The client fell behind."""
+
+    def release(self) -> None:
+        """The client caught up."""
+
+    def ended(self) -> None:
+        """Nothing more is sent: the response ended or the client was dropped."""
+
     def pauseProducing(self) -> None:
-        self.gate.close("out")
+        self.hold()
         if self.deadline is None:
             self.deadline = reactor.callLater(self.patience_s, self.drop)
 
     def resumeProducing(self) -> None:
         self._cancel()
-        self.gate.open("out")
+        self.release()
 
     def stopProducing(self) -> None:
         self._cancel()
+        self.ended()
 
     def drop(self) -> None:
         self.deadline = None
+        self.ended()
         self.transport.abortConnection()
 
     def _cancel(self) -> None:
         if self.deadline is not None and self.deadline.active():
             self.deadline.cancel()
         self.deadline = None
+
+
+class OutboundGuard(SlowReaderGuard):
+    """A battle socket's: while its client is behind, the server stops reading it too."""
+
+    def __init__(self, transport: Any, gate: ReadGate, patience_s: float) -> None:
+        super().__init__(transport, patience_s)
+        self.gate = gate
+
+    def hold(self) -> None:
+        self.gate.close("out")
+
+    def release(self) -> None:
+        self.gate.open("out")
 
 
 def guarded_protocol(patience_s: float, too_large: bytes = b"") -> type[WebSocketProtocol]:
@@ -145,41 +171,23 @@ def guarded_protocol(patience_s: float, too_large: bytes = b"") -> type[WebSocke
     return GuardedWebSocketProtocol
 
 
-@implementer(IPushProducer)
-class ResponseGate:
-    """One HTTP response's flow: open while the client takes what is written, shut while the
-    transport's buffer is full (Twisted pauses its producer), the client dropped once shut for
-    longer than ``patience_s``."""
+class ResponseGate(SlowReaderGuard):
+    """One HTTP response's: open (``writable``) while the client takes what is written, shut
+    while the transport's buffer is full; the application's send waits for it."""
 
     def __init__(self, transport: Any, patience_s: float) -> None:
-        self.transport = transport
-        self.patience_s = patience_s
+        super().__init__(transport, patience_s)
         self.writable = asyncio.Event()
         self.writable.set()
-        self.deadline: Any = None
 
-    def pauseProducing(self) -> None:
+    def hold(self) -> None:
         self.writable.clear()
-        if self.deadline is None:
-            self.deadline = reactor.callLater(self.patience_s, self.drop)
 
-    def resumeProducing(self) -> None:
-        self._cancel()
+    def release(self) -> None:
         self.writable.set()
 
-    def stopProducing(self) -> None:
-        self._cancel()
-        self.writable.set()
-
-    def drop(self) -> None:
-        self.deadline = None
+    def ended(self) -> None:
         self.writable.set()  # The application's send returns; daphne ignores what follows.
-        self.transport.abortConnection()
-
-    def _cancel(self) -> None:
-        if self.deadline is not None and self.deadline.active():
-            self.deadline.cancel()
-        self.deadline = None
 
 
 def gated_request(patience_s: float) -> type[http_protocol.WebRequest]:

@@ -78,6 +78,18 @@ async def answer(battle_id: str, content: str) -> None:
         await database_sync_to_async(finish_as_worker)(message_id, content)
 
 
+async def first_turn_voted(client: Any, prompt: str, reply: str) -> str:
+    """A battle started by ``prompt`` to both sides, both answered ``reply``, then a vote for A;
+    its public id."""
+    await client.send({"type": "prompt", "text": prompt})
+    battle_id = (await client.receive())["battle"]
+    await client.receive_until(lambda frame: frame["type"] == "prompt")
+    await answer(battle_id, reply)
+    await client.send({"type": "vote", "choice": "a"})
+    assert (await client.receive_until(lambda frame: frame["type"] in {"voted", "error"}))[-1]["type"] == "voted"
+    return battle_id
+
+
 @pytest.mark.django_db(transaction=True)
 async def test_a_leak_after_the_vote_cannot_void_it(connect_battle: Any, unserved_llms: Any) -> None:
     """Through the real websocket: a voter votes, then makes one side name its maker with a
@@ -85,12 +97,11 @@ async def test_a_leak_after_the_vote_cannot_void_it(connect_battle: Any, unserve
     ratings or prompts (``named_after_vote``) and can still be ended. A leak before the vote
     still excludes the battle, and the anomaly detector judges that battle's vote too."""
     client = await connect_battle()
-    await client.send({"type": "prompt", "text": "Add a meeting with Fred on Nov 11 at 5PM"})
-    battle_id = (await client.receive())["battle"]
-    await client.receive_until(lambda frame: frame["type"] == "prompt")
-    await answer(battle_id, 'action.add_calendar_entry("Meeting with Fred", date="2024-11-11", time="17:00")')
-    await client.send({"type": "vote", "choice": "a"})
-    assert (await client.receive_until(lambda frame: frame["type"] in {"voted", "error"}))[-1]["type"] == "voted"
+    battle_id = await first_turn_voted(
+        client,
+        "Add a meeting with Fred on Nov 11 at 5PM",
+        'action.add_calendar_entry("Meeting with Fred", date="2024-11-11", time="17:00")',
+    )
     await client.send({"type": "prompt", "text": "Who made you?", "side": "b"})
     await client.receive_until(lambda frame: frame["type"] == "prompt")
     await answer(battle_id, "I was trained by Google.")
@@ -112,12 +123,7 @@ async def test_a_leak_after_the_vote_cannot_void_it(connect_battle: Any, unserve
 
     # A leak before the vote: the vote is kept, left out of the board, and judged by the detector.
     second = await connect_battle()
-    await second.send({"type": "prompt", "text": "Who are you?"})
-    leaked_id = (await second.receive())["battle"]
-    await second.receive_until(lambda frame: frame["type"] == "prompt")
-    await answer(leaked_id, "I am Gemma, made by Google DeepMind.")
-    await second.send({"type": "vote", "choice": "b"})
-    assert (await second.receive_until(lambda frame: frame["type"] in {"voted", "error"}))[-1]["type"] == "voted"
+    leaked_id = await first_turn_voted(second, "Who are you?", "I am Gemma, made by Google DeepMind.")
     await second.send({"type": "end"})
     await second.receive_until(lambda frame: frame["type"] == "revealed")
     leaked = await database_sync_to_async(Battle.objects.get)(public_id=leaked_id)
