@@ -108,6 +108,15 @@ async def test_a_prompt_after_malformed_ones_starts_the_battle(connect_battle, d
     assert await database_sync_to_async(list)(prompts) == [text, text]
 
 
+async def test_a_refused_first_prompt_leaves_no_battle(connect_battle, demo_llms, settings) -> None:
+    """A free chat's battle is stored with its first prompt: when the prompt is refused (here by
+    the turn limit) there is no battle row without messages."""
+    settings.ARENA_MAX_TURNS = 0
+    client = await connect_battle()
+    await expect_error(client, {"type": "prompt", "text": "Add a meeting with Fred"}, "too_many_turns")
+    assert await database_sync_to_async(Battle.objects.count)() == 0
+
+
 async def test_vote_before_both_replies_are_done(connect_battle, demo_llms, voter_session) -> None:
     voter_key = services.voter_key_for(voter_session.session_key)
     battle = await database_sync_to_async(battle_with_replies)(voter_key, finished=False)

@@ -262,12 +262,18 @@ class BattleConsumer(AsyncWebsocketConsumer):
         try:
             if self.battle is None:  # A first prompt without a start frame: free chat.
                 await self.count("battle")
-                battle = await in_thread(services.start_battle)(voter_key=self.voter_key, network_key=self.network_key)
+                await self.count("message")
+                battle, submitted = await in_thread(services.start_battle_with_prompt)(
+                    voter_key=self.voter_key, network_key=self.network_key, text=frame.text
+                )
                 await self.join(battle)
                 await self.send_json({"type": "battle", "battle": battle.public_id})
-            assert self.battle is not None and self.group is not None
-            await self.count("message")
-            submitted = await in_thread(services.submit_prompt)(battle=self.battle, text=frame.text, side=frame.side)
+            else:
+                await self.count("message")
+                submitted = await in_thread(services.submit_prompt)(
+                    battle=self.battle, text=frame.text, side=frame.side
+                )
+            assert self.group is not None
         except BaseException:
             await in_thread(reservation.release, database=False)()
             raise

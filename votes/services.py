@@ -295,6 +295,14 @@ def _new_reply(battle: Battle, side: str, turn: int, script_turn: int | None) ->
 
 
 @transaction.atomic
+def start_battle_with_prompt(*, voter_key: str, network_key: str, text: str) -> tuple[Battle, SubmittedPrompt]:
+    """A free-chat battle and its first prompt, stored together: a prompt that is refused, or a
+    server that stops between the two, leaves no battle without messages."""
+    battle = start_battle(voter_key=voter_key, network_key=network_key)
+    return battle, submit_prompt(battle=battle, text=text)
+
+
+@transaction.atomic
 def submit_prompt(*, battle: Battle, text: str, side: str | None = None) -> SubmittedPrompt:
     """Store the user's prompt and a pending reply, on both sides or on ``side`` only.
 
