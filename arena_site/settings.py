@@ -270,6 +270,11 @@ ARENA_WEB_QUERY_THREADS = int(os.environ.get("ARENA_WEB_QUERY_THREADS", "16"))
 ARENA_MAX_PROMPT_CHARS = int(os.environ.get("ARENA_MAX_PROMPT_CHARS", "2000"))
 ARENA_MAX_FRAME_BYTES = int(os.environ.get("ARENA_MAX_FRAME_BYTES", "16384"))
 ARENA_MAX_TURNS = int(os.environ.get("ARENA_MAX_TURNS", "12"))
+# The longest conversation a side may hold, as inference.context_budget counts it (UTF-8 bytes of
+# its texts, plus 16 a message and 192 once): an upper bound on its tokens with any model. Past it
+# the arena refuses the next prompt, the same with every pair; anonymous battles draw only models
+# whose context holds it and a whole reply (the imports' 2048 tokens hold 1900 and 96 new tokens).
+ARENA_MAX_CONVERSATION_BYTES = int(os.environ.get("ARENA_MAX_CONVERSATION_BYTES", "1900"))
 # Battles, messages and votes per session and per client network (/24, /64) in a window
 # (votes/rate_limits.py): "action=per_session/per_network/window_seconds,..."; actions left out
 # keep their defaults.

@@ -3,7 +3,7 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 
 from arena_site.admin_text import TypedTextAdmin
-from inference.models import GREEDY_NOTE, LLM
+from inference.models import CONTEXT_NOTE, GREEDY_NOTE, LLM
 
 
 @admin.register(LLM)
@@ -15,10 +15,13 @@ class LLMAdmin(TypedTextAdmin, admin.ModelAdmin):
 
     @admin.display(boolean=True, description="in anonymous battles")
     def anonymous_battles(self, llm: LLM) -> bool:
-        """Whether anonymous battles may draw it: enabled, weighted, and sampling."""
-        return llm.enabled and llm.sampling_weight > 0 and llm.samples
+        """Whether anonymous battles may draw it: enabled, weighted, sampling, and with the context."""
+        return llm.enabled and llm.sampling_weight > 0 and llm.samples and llm.fits_arena
 
     def save_model(self, request: HttpRequest, obj: LLM, form: ModelForm, change: bool) -> None:
         super().save_model(request, obj, form, change)
         if not obj.samples:
             messages.warning(request, f"{obj.name} decodes greedily. {GREEDY_NOTE}")
+        if not obj.fits_arena:
+            context = "an unknown context" if obj.context_tokens is None else f"a {obj.context_tokens:,}-token context"
+            messages.warning(request, f"{obj.name} has {context}. {CONTEXT_NOTE}")

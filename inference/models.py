@@ -1,8 +1,13 @@
 """The model roster: which LLMs take part in battles and where their generation jobs go."""
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.db.models import F, Value
+from django.db.models.functions import Least
+
+from inference import context_budget
 
 
 def parse_mesh_shape(value: str) -> tuple[int, int] | None:
@@ -45,6 +50,13 @@ GREEDY_NOTE = (
 )
 
 
+CONTEXT_NOTE = (
+    "Anonymous battles draw only models whose context holds the arena's longest conversation "
+    "(ARENA_MAX_CONVERSATION_BYTES, as inference.context_budget counts it) and a whole reply: a refusal "
+    "for length then comes from the arena, the same with every pair. Empty (unknown): not drawn."
+)
+
+
 def samples(*, temperature: float, top_k: int, top_p: float) -> bool:
     """Whether these settings draw tokens at random (inference.engine.sampling): a temperature
     above 0, and neither top-k 1 nor top-p 0, which keep only the most likely token."""
@@ -56,8 +68,18 @@ class LLMQuerySet(models.QuerySet["LLM"]):
         return self.filter(enabled=True, sampling_weight__gt=0)
 
     def sampling(self) -> "LLMQuerySet":
-        """The models whose settings sample (``samples``): the only ones anonymous battles draw."""
+        """The models whose settings sample (``samples``)."""
         return self.filter(temperature__gt=0, top_p__gt=0).exclude(top_k=1)
+
+    def fitting(self) -> "LLMQuerySet":
+        """The models whose context holds any conversation the arena accepts and a whole reply
+        (``fits_arena``)."""
+        reply = Least(F("max_new_tokens"), Value(settings.ARENA_MAX_NEW_TOKENS))
+        return self.filter(context_tokens__gte=Value(settings.ARENA_MAX_CONVERSATION_BYTES) + reply)
+
+    def anonymous(self) -> "LLMQuerySet":
+        """The models anonymous battles draw: enabled, sampling, and fitting the arena's limit."""
+        return self.enabled().sampling().fitting()
 
 
 class LLM(models.Model):
@@ -112,9 +134,16 @@ class LLM(models.Model):
         null=True,
         blank=True,
         editable=False,
-        help_text="What the model sustains: the median of its own speeds on its recent replies, measured by its "
-        "workers before pacing. Anonymous battles are paced at the slowest enabled model's, named and direct "
+        help_text="What the model sustains: the 10th percentile of its own speeds on its recent replies, measured by "
+        "its workers before pacing. Anonymous battles are paced at the slowest enabled model's, named and direct "
         "ones at the slower of their own.",
+    )
+    context_tokens = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Tokens of prompt plus reply the model takes (its preset's sequence length; filled in when it is "
+        "registered). " + CONTEXT_NOTE,
     )
     typical_first_token_ms = models.FloatField(
         null=True,
@@ -149,3 +178,10 @@ class LLM(models.Model):
     @property
     def samples(self) -> bool:
         return samples(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+
+    @property
+    def fits_arena(self) -> bool:
+        """Whether the model's context holds the arena's longest conversation and a whole reply."""
+        reply = min(self.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS)
+        needed = context_budget.context_needed(settings.ARENA_MAX_CONVERSATION_BYTES, reply)
+        return self.context_tokens is not None and self.context_tokens >= needed

@@ -28,6 +28,10 @@ class PresetInfo:
     # A pretrained base model (no chat tuning): it gets the completion template and is labelled
     # "base" in the roster and on the leaderboard.
     base: bool = False
+    # Tokens of prompt plus reply the preset is set up for (inference.streaming.context_length):
+    # its preprocessor's sequence_length, lowered to the backbone's max_sequence_length where it
+    # has one. None when the preset does not say.
+    context: int | None = None
 
 
 def read_preset(path: Path) -> PresetInfo:
@@ -57,7 +61,31 @@ def read_preset(path: Path) -> PresetInfo:
         path=path,
         quality=quality if isinstance(quality, str) else None,
         base=arena.get("base") is True,
+        context=_context_length(path, config),
     )
+
+
+def _context_length(path: Path, config: dict[str, Any]) -> int | None:
+    """As keras-hub's CausalLM.from_preset sets it up: task.json's preprocessor where the preset
+    has one, else preprocessor.json."""
+    preprocessor: Any = None
+    try:
+        task = json.loads((path / "task.json").read_text())
+        preprocessor = task.get("config", {}).get("preprocessor") if isinstance(task, dict) else None
+    except (FileNotFoundError, ValueError):
+        pass
+    if not isinstance(preprocessor, dict):
+        try:
+            preprocessor = json.loads((path / "preprocessor.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+    length = preprocessor.get("config", {}).get("sequence_length") if isinstance(preprocessor, dict) else None
+    if not isinstance(length, int) or isinstance(length, bool) or length <= 0:
+        return None
+    backbone_limit = config.get("config", {}).get("max_sequence_length")
+    if isinstance(backbone_limit, int) and not isinstance(backbone_limit, bool) and backbone_limit > 0:
+        return min(length, backbone_limit)
+    return length
 
 
 def _arena_metadata(path: Path) -> dict[str, Any]:

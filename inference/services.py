@@ -320,6 +320,8 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
     timed_out = threading.Event()
     try:
         engine = hosting.engine_for(model_spec(model))
+        if model.context_tokens != engine.context_length:  # What the roster draws by (LLM.fits_arena).
+            LLM.objects.filter(pk=model.pk).update(context_tokens=engine.context_length)
         turns = [chat_templates.ChatTurn(role=role, content=content) for role, content in context.conversation]
         prompt = chat_templates.render_prompt(model.family, context.system_prompt or None, turns)
         sampling = SamplingParams(
@@ -328,7 +330,17 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
         max_new_tokens = min(model.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS)
         # Room for a whole reply, not just its first token: a reply cut short by the context on
         # one side only would tell the models apart as surely as a refusal.
-        fits = engine.prompt_tokens(prompt) + max_new_tokens <= engine.context_length
+        needed = engine.prompt_tokens(prompt) + max_new_tokens
+        fits = needed <= engine.context_length
+        if not fits:  # Past the arena's own limit only where a model's context is shorter than it.
+            logger.warning(
+                "Reply %s: %s needs %d tokens of its %d-token context (ARENA_MAX_CONVERSATION_BYTES is %d)",
+                message_id,
+                model.name,
+                needed,
+                engine.context_length,
+                settings.ARENA_MAX_CONVERSATION_BYTES,
+            )
         if not _both_sides_fit(context, fits):
             failure = TOO_LONG
             raise ValueError(f"reply {message_id}: the conversation does not fit both models' contexts")

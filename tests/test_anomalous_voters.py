@@ -297,7 +297,7 @@ def test_concentration_spares_a_voter_who_prefers_the_best_model() -> None:
 @pytest.mark.django_db
 def test_refresh_flags_the_stuffer_excludes_their_votes_and_an_admin_can_clear_it(client) -> None:
     models = {
-        name: LLM.objects.create(name=name, family="gemma", preset=name, queue=f"q.{name}")
+        name: LLM.objects.create(name=name, family="gemma", preset=name, queue=f"q.{name}", context_tokens=2048)
         for name in (STRONG, WEAK, MEDIUM)
     }
     rng = random.Random(9)

@@ -27,7 +27,9 @@ def episode() -> FixEpisode:
     current year is 2024." and fixed it; its episode as the refresh records it."""
     call_command("import_tasks", verbosity=0)
     calendar = Task.objects.get(slug="calendar")
-    models = [LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}") for name in ("m1", "m2")]
+    models = [
+        LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}", context_tokens=2048) for name in ("m1", "m2")
+    ]
     battle = Battle.objects.create(
         model_a=models[0], model_b=models[1], voter_key="v", task=calendar, state="ended", **calendar.snapshot()
     )

@@ -44,7 +44,10 @@ def test_specificity_of_corrections(sentence: str, kind: str) -> None:
 
 @pytest.fixture
 def pair(db) -> tuple[LLM, LLM]:
-    return tuple(LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}") for name in ("fixer", "stubborn"))
+    return tuple(
+        LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}", context_tokens=2048)
+        for name in ("fixer", "stubborn")
+    )
 
 
 def battle_with(pair, side_a: list[tuple | None], side_b: list[tuple | None] = (), task: Task | None = None) -> Battle:

@@ -45,12 +45,6 @@ def test_the_loss_counts_the_assistants_fixes_only(smollm2_preset: Path) -> None
     assert mistaken not in tokenizer.detokenize(np.asarray(trained))
 
 
-@pytest.fixture(scope="module")
-def fixer_preset(smollm2_preset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("fixer") / "smollm2-calendar-fixer"
-    return fixer.build_fixer_preset(smollm2_preset, DEFAULT_WEIGHTS, out, {"steps": "test"})
-
-
 def test_lora_goes_to_the_named_kernels_of_the_upper_blocks_only(smollm2_preset: Path) -> None:
     lm = fixer.load_base(smollm2_preset)
     fixer.enable_fixer_lora(lm.backbone)

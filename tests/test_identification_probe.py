@@ -16,28 +16,38 @@ Its score over the battles is tested against chance with a one-sided binomial te
 of each battle are shuffled, so a probe without information is right half the time).
 
 Cost: the battles are real (the consumer, a Celery worker, the tiny demo models' engines), run
-eight at a time so the engine batches them, with pacing off and 12 new tokens a reply.
+eight at a time so the engine batches them, with pacing off and 12 new tokens a reply. The last
+test plays the review's probe against the real roster, paced as the arena paces it (below): 75
+battles of 12 new tokens, about 8 minutes on a 2-core machine.
 """
 
 import asyncio
 import html
+import itertools
 import json
+import math
 import random
 import re
+import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from difflib import SequenceMatcher
+from pathlib import Path
 from statistics import mean
 from typing import Any
 
+import numpy as np
 import pytest
 from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
 from django.test import Client
 from scipy.stats import binomtest
 
+from inference import registry
 from inference.management.commands.register_roster import REAL_MODEL_SAMPLING
 from inference.models import LLM
-from tests.conftest import new_session
+from tests.conftest import BATTLE_PRESETS, new_session
 from votes import evaluation_services, services
 from votes.models import Battle, Task
 
@@ -144,6 +154,14 @@ def test_the_probe_scores_a_coin_without_evidence_and_a_lookup_with_it() -> None
 # --- Fresh battles against the real consumer ---------------------------------------------------------
 
 
+async def vote_and_reveal(client: Any) -> None:
+    """Vote (for side a) and end the battle: its names are revealed to its voter."""
+    await client.send({"type": "vote", "choice": "a"})
+    await client.receive()
+    await client.send({"type": "end"})
+    await client.receive_until(lambda frame: frame["type"] == "revealed")
+
+
 async def play(
     connect_battle: Callable[..., Awaitable[Any]], reveal: bool = False, named: tuple[str, str] | None = None
 ) -> tuple[str, str, str]:
@@ -161,10 +179,7 @@ async def play(
     await client.send({"type": "prompt", "text": PROMPT})
     ends = {frame["side"]: frame for frame in await client.receive_both_ends() if frame["type"] == "end"}
     if reveal:
-        await client.send({"type": "vote", "choice": "a"})
-        await client.receive()
-        await client.send({"type": "end"})
-        await client.receive_until(lambda frame: frame["type"] == "revealed")
+        await vote_and_reveal(client)
     await client.communicator.disconnect()
     assert {end["status"] for end in ends.values()} == {"done"}, ends
     return battle_id, ends["a"]["text"], ends["b"]["text"]
@@ -254,3 +269,277 @@ async def test_a_client_with_every_public_page_cannot_name_the_models_better_tha
     assert len(set(texts)) > 1.5 * BATTLES  # Live battles sample: the texts differ.
     assert p_better_than_chance(points, BATTLES) > 0.01, points
     assert not any(text != text.strip() for text in texts)  # No leading space, no trailing one.
+
+
+# --- The real roster: timing, context probes and every text a voter can hold ---------------------
+#
+# The review's probe against the roster scripts/serve registers (SmolLM2-135M-Instruct, the
+# fine-tuned fixer, Gemma 3 270M base; the demo model's 512-token context keeps it out of
+# anonymous battles), paced as the arena paces them. A voter chats with each model directly (its
+# replies, and its own timing, paced by itself), plays anonymous battles to the reveal (labelled
+# timing of anonymous battles, and their texts with the names, as their share pages show them),
+# reads every public page and API response, and then names the models of fresh anonymous battles
+# from what it can time: when each side's first text comes, the pace, the longest pause, the wait
+# between its last text and its end, and whether a prompt past the length limit is refused (the
+# context probe).
+# The timing probe is a Gaussian classifier with a pooled variance (what each model's sides look
+# like in the labelled battles); its score is the mean probability it gives the truth, so a probe
+# without information scores chance with little noise. Run on named battles (paced by their
+# pair, as every battle was before the arena-wide pace), the same probe names the pair.
+# Style is measured too (character trigrams of every text the voter holds): it names the models
+# of a battle from their writing, which no arena that reveals names after the vote can hide.
+
+ROSTER_FRESH = 50  # Fresh anonymous battles the probe names.
+ROSTER_REVEALED = 10  # Anonymous battles played to the reveal first: the labelled timing.
+ROSTER_DIRECT = 1  # Direct chats with each model.
+ROSTER_NAMED = 12  # Named battles of random pairs, paced by their pair: the control.
+# Battles in flight together: the four replies one network may have in flight (the default
+# ARENA_REPLIES_PER_NETWORK), as the probe is one voter.
+ROSTER_AT_ONCE = 2
+TARGET = "gemma3-270m"  # The side a stuffer looks for: the slowest model, the easiest to time.
+
+
+@dataclass(frozen=True)
+class TimedSide:
+    text: str
+    first_s: float  # From the prompt to the side's first text.
+    last_s: float  # To its last text.
+    end_s: float  # To its end frame.
+    longest_pause_s: float  # The longest wait between two of its deltas.
+
+
+@dataclass(frozen=True)
+class TimedBattle:
+    battle_id: str
+    refused: bool  # The context probe: a prompt past the length limit was refused.
+    sides: dict[str, TimedSide]
+
+    def features(self, side: str) -> list[float]:
+        """What the voter can time of a side, apart from its text (whose length alone sets when it
+        ends at a given pace): first text, pace, longest pause, the wait after the last text."""
+        timed = self.sides[side]
+        pace = len(timed.text) / max(timed.last_s - timed.first_s, 0.05)
+        return [timed.first_s, pace, timed.longest_pause_s, timed.end_s - timed.last_s, float(self.refused)]
+
+
+async def play_timed(
+    connect_battle: Callable[..., Awaitable[Any]], start: dict[str, Any], reveal: bool = False
+) -> TimedBattle:
+    """One battle from a fresh session, timed as its voter sees it, after a context probe."""
+    client = await connect_battle(session=await database_sync_to_async(new_session)())
+    await client.send({"type": "start", "task": "probe", **start})
+    battle_id = (await client.receive())["battle"]
+    await client.receive()  # The battle's state.
+    await client.send({"type": "prompt", "text": "\N{GRINNING FACE}" * 480})  # Past every limit.
+    answer = (await client.receive_until(lambda frame: frame["type"] in ("error", "prompt")))[-1]
+    refused = answer.get("code") == "conversation_too_long"
+    sides = ["a"] if start.get("mode") == "direct" else ["a", "b"]
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    pauses: dict[str, float] = dict.fromkeys(sides, 0.0)
+    ends: dict[str, tuple[float, str, str]] = {}
+    sent = time.monotonic()
+    await client.send({"type": "prompt", "text": PROMPT})
+    while len(ends) < len(sides):
+        frame = await client.receive()
+        now = time.monotonic() - sent
+        if frame["type"] == "delta":
+            side = frame["side"]
+            first.setdefault(side, now)
+            pauses[side] = max(pauses[side], now - last.get(side, now))
+            last[side] = now
+        elif frame["type"] == "end":
+            ends[frame["side"]] = (now, frame["text"], frame["status"])
+    if reveal:
+        await vote_and_reveal(client)
+    await client.communicator.disconnect()
+    assert {status for _, _, status in ends.values()} == {"done"}, ends
+    return TimedBattle(
+        battle_id=battle_id,
+        refused=refused,
+        sides={
+            side: TimedSide(
+                text=text,
+                first_s=first.get(side, end),
+                last_s=last.get(side, end),
+                end_s=end,
+                longest_pause_s=pauses[side],
+            )
+            for side, (end, text, _) in ends.items()
+        },
+    )
+
+
+async def play_many(
+    connect_battle: Callable[..., Awaitable[Any]], starts: list[dict[str, Any]], reveal: bool = False
+) -> list[TimedBattle]:
+    played: list[TimedBattle] = []
+    for at in range(0, len(starts), ROSTER_AT_ONCE):
+        batch = starts[at : at + ROSTER_AT_ONCE]
+        played += await asyncio.gather(*(play_timed(connect_battle, start, reveal) for start in batch))
+    return played
+
+
+def models_of(battle: TimedBattle) -> dict[str, str]:
+    found = Battle.objects.select_related("model_a", "model_b").get(public_id=battle.battle_id)
+    return {"a": found.model_a.name, "b": found.model_b.name}
+
+
+class TimingProbe:
+    """Per model, the mean of its sides' features in labelled battles, with one variance per
+    feature pooled over the models (a floor keeps a constant feature from dividing by 0)."""
+
+    def __init__(self, labelled: list[tuple[list[float], str]]) -> None:
+        self.names = sorted({name for _, name in labelled})
+        rows = np.array([features for features, _ in labelled])
+        labels = np.array([name for _, name in labelled])
+        self.means = {name: rows[labels == name].mean(axis=0) for name in self.names}
+        residuals = np.concatenate([rows[labels == name] - self.means[name] for name in self.names])
+        self.variances = residuals.var(axis=0) + 1e-6 + 1e-4 * rows.var(axis=0)
+
+    def log_likelihood(self, features: list[float], name: str) -> float:
+        return float(-0.5 * np.sum((np.array(features) - self.means[name]) ** 2 / self.variances))
+
+    def assignments(self, battle: TimedBattle) -> dict[tuple[str, str], float]:
+        """The probability of each (model on a, model on b), two different models drawn alike."""
+        scores = {
+            (a, b): self.log_likelihood(battle.features("a"), a) + self.log_likelihood(battle.features("b"), b)
+            for a, b in itertools.permutations(self.names, 2)
+        }
+        top = max(scores.values())
+        weights = {pair: float(np.exp(value - top)) for pair, value in scores.items()}
+        total = sum(weights.values())
+        return {pair: weight / total for pair, weight in weights.items()}
+
+
+def pair_score(probe: TimingProbe, battle: TimedBattle, truth: dict[str, str]) -> float:
+    """The probability the probe gives the battle's true pair (either way round)."""
+    posterior = probe.assignments(battle)
+    return posterior[(truth["a"], truth["b"])] + posterior[(truth["b"], truth["a"])]
+
+
+def side_score(probe: TimingProbe, battle: TimedBattle, truth: dict[str, str], target: str) -> float:
+    """In a battle the target plays, the probability the probe gives its true side, given that
+    it plays (what a stuffer needs to vote for it)."""
+    posterior = probe.assignments(battle)
+    on_a = sum(p for (a, _), p in posterior.items() if a == target)
+    on_b = sum(p for (_, b), p in posterior.items() if b == target)
+    return (on_a if truth["a"] == target else on_b) / (on_a + on_b)
+
+
+def trigrams(text: str) -> Counter[str]:
+    return Counter(text[i : i + 3] for i in range(max(len(text) - 2, 0)))
+
+
+def cosine(left: Counter[str], right: Counter[str]) -> float:
+    dot = sum(count * right[gram] for gram, count in left.items())
+    norm = math.sqrt(sum(c * c for c in left.values()) * sum(c * c for c in right.values()))
+    return dot / norm if norm else 0.0
+
+
+def style_names(battle: TimedBattle, profiles: dict[str, Counter[str]]) -> tuple[str, str]:
+    """The (model on a, model on b) whose writing the two texts are most like."""
+    a, b = (trigrams(battle.sides[side].text) for side in ("a", "b"))
+    return max(
+        itertools.permutations(profiles, 2),
+        key=lambda pair: cosine(a, profiles[pair[0]]) + cosine(b, profiles[pair[1]]),
+    )
+
+
+def real_roster(smollm2: Path, fixer: Path, gemma3: Path, run_id: str, settings: Any) -> list[LLM]:
+    """The roster as register_roster makes it, served by the tests' worker, with short replies."""
+    settings.ARENA_RATE_LIMITS = "battle=1000/1000/3600,message=1000/1000/60,frame=5000/5000/60"
+    settings.ARENA_MAX_NEW_TOKENS = 12
+    settings.ARENA_ENGINE_SLOTS = 4  # Caches for the four replies in flight, not eight.
+    services.import_tasks(PROBE_TASK)
+    queues = [f"test-{run_id}.{name}" for name in BATTLE_PRESETS]
+    roster = []
+    for index, path in enumerate((smollm2, fixer, gemma3)):
+        preset = registry.read_preset(path)
+        roster.append(
+            LLM.objects.create(
+                name=path.name,
+                family=preset.family,
+                preset=str(path),
+                base=preset.base,
+                context_tokens=preset.context,
+                queue=queues[index % len(queues)],
+                **REAL_MODEL_SAMPLING,
+            )
+        )
+    return roster
+
+
+async def test_timing_and_context_probes_name_no_pair_and_no_side_on_the_real_roster(
+    connect_battle, celery_worker, settings, run_id, smollm2_preset, fixer_preset, gemma3_preset
+) -> None:
+    """Timing and context probes name neither the pair of a fresh anonymous battle nor the
+    target's side better than chance plus 10 points; the same timing probe names the pair of
+    battles paced by their pair; style names the models (the residual no pacing can hide)."""
+    roster = await database_sync_to_async(real_roster)(smollm2_preset, fixer_preset, gemma3_preset, run_id, settings)
+    names = [llm.name for llm in roster]
+    assert TARGET in names
+    rng = random.Random(7)
+    # The voter chats with each model (which also measures each model's speed for the pace).
+    direct = await play_many(
+        connect_battle, [{"mode": "direct", "models": [name]} for name in names for _ in range(ROSTER_DIRECT)]
+    )
+    revealed = await play_many(connect_battle, [{}] * ROSTER_REVEALED, reveal=True)
+    fresh = await play_many(connect_battle, [{}] * ROSTER_FRESH)
+    named = await play_many(
+        connect_battle, [{"mode": "named", "models": rng.sample(names, 2)} for _ in range(ROSTER_NAMED)]
+    )
+    truths = {
+        battle.battle_id: await database_sync_to_async(models_of)(battle)
+        for battle in [*direct, *revealed, *fresh, *named]
+    }
+    known = await database_sync_to_async(published_texts)(Client())
+    assert known == {}  # No text of a model in the arena on any public page or API response.
+    assert all(battle.refused for battle in [*direct, *revealed, *fresh, *named])  # The arena's limit, for all.
+
+    # Timing: trained on the revealed anonymous battles, scored on the fresh ones.
+    probe = TimingProbe(
+        [(battle.features(side), truths[battle.battle_id][side]) for battle in revealed for side in ("a", "b")]
+    )
+    pairs = mean(pair_score(probe, battle, truths[battle.battle_id]) for battle in fresh)
+    with_target = [battle for battle in fresh if TARGET in truths[battle.battle_id].values()]
+    sides = mean(side_score(probe, battle, truths[battle.battle_id], TARGET) for battle in with_target)
+    assert len(with_target) >= ROSTER_FRESH // 2
+    assert pairs <= 1 / 3 + 0.10, pairs
+    assert sides <= 1 / 2 + 0.10, sides
+
+    # The control: battles paced by their pair, each scored by the probe trained on the others.
+    control = mean(
+        pair_score(
+            TimingProbe(
+                [
+                    (other.features(side), truths[other.battle_id][side])
+                    for other in named
+                    if other is not battle
+                    for side in ("a", "b")
+                ]
+            ),
+            battle,
+            truths[battle.battle_id],
+        )
+        for battle in named
+    )
+    assert control > 1 / 3 + 0.10, control
+
+    # Style: every text the voter holds with its model's name (direct chats, its revealed battles).
+    profiles: dict[str, Counter[str]] = {name: Counter() for name in names}
+    for battle in [*direct, *revealed]:
+        for side, timed in battle.sides.items():
+            profiles[truths[battle.battle_id][side]] += trigrams(timed.text)
+    styled = [
+        style_names(battle, profiles) == (truths[battle.battle_id]["a"], truths[battle.battle_id]["b"])
+        for battle in fresh
+    ]
+    # Style names both models and their sides far more often than chance (1 in 6): the residual
+    # docs/security.md states, which the board's favour test (leaderboard/anomaly.py) answers.
+    assert binomtest(sum(styled), len(styled), 1 / 6, alternative="greater").pvalue < 0.01, sum(styled)
+    print(  # The figures docs/security.md quotes (pytest -s).
+        f"real roster: timing gives the true pair {pairs:.3f} (chance 0.333) and the target's side {sides:.3f}"
+        f" (chance 0.5, {len(with_target)} battles); paced by the pair, {control:.3f}; style names both sides of"
+        f" {sum(styled)} of {len(styled)} (chance 1 in 6)"
+    )

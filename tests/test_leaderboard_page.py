@@ -40,7 +40,8 @@ def make_battle(model_a: LLM, model_b: LLM, first: str, after_fix: str | None = 
 @pytest.fixture
 def models() -> tuple[LLM, LLM, LLM]:
     return tuple(
-        LLM.objects.create(name=name, family="gemma", preset=f"/presets/{name}") for name in ("strong", "weak", "idle")
+        LLM.objects.create(name=name, family="gemma", preset=f"/presets/{name}", context_tokens=2048)
+        for name in ("strong", "weak", "idle")
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
+from inference.models import LLM
 from votes.models import Battle, Vote
 from votes.testing.voters import ReplyRecord, VoterResult, percentile, summarize
 
@@ -49,10 +50,11 @@ def test_small_load_test_delivers_every_token_in_order(demo_llms, tmp_path: Path
     assert "Worker priority lowered (nice +19, SCHED_IDLE" in (tmp_path / "logs" / "loadtest-worker.log").read_text()
 
 
-def test_load_test_needs_two_models(demo_llms) -> None:
-    demo_llms[0].enabled = False
-    demo_llms[0].save()
-    with pytest.raises(CommandError, match="two enabled models"):
+@pytest.mark.parametrize("left_out", [{"enabled": False}, {"context_tokens": 512}])
+def test_load_test_needs_two_models(demo_llms, left_out: dict[str, object]) -> None:
+    """Two models anonymous battles draw: enabled ones whose context holds the arena's limit."""
+    LLM.objects.filter(pk=demo_llms[0].pk).update(**left_out)
+    with pytest.raises(CommandError, match="two models that anonymous battles draw"):
         call_command("loadtest", battles=1)
 
 

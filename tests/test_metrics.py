@@ -175,9 +175,14 @@ async def test_a_streamed_battle_moves_the_counters(connect_battle, demo_llms, c
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_failed_replies_are_counted_by_cause(connect_battle, demo_llms, celery_worker, metrics_token) -> None:
+async def test_failed_replies_are_counted_by_cause(
+    connect_battle, demo_llms, celery_worker, metrics_token, settings
+) -> None:
+    settings.ARENA_MAX_CONVERSATION_BYTES = 100_000  # Past the models' own context (a named battle).
     before = await sync_to_async(scrape)()
     client = await connect_battle()
+    await client.send({"type": "start", "mode": "named", "models": [llm.name for llm in demo_llms]})
+    await client.receive_until(lambda frame: frame["type"] == "state")
     await client.send({"type": "prompt", "text": LONG_PROMPT})
     await client.receive()
     frames = await client.receive_both_ends()

@@ -264,7 +264,7 @@ async def test_a_fresh_session_campaign_through_the_consumer_is_flagged_by_netwo
     no honest network or voter is flagged. Clearing a network in the admin puts its votes back."""
     models = await database_sync_to_async(
         lambda: {
-            name: LLM.objects.create(name=name, family="gemma", preset=name, queue=f"q.{name}")
+            name: LLM.objects.create(name=name, family="gemma", preset=name, queue=f"q.{name}", context_tokens=2048)
             for name in (STRONG, WEAK, MEDIUM)
         }
     )()
@@ -322,7 +322,7 @@ def test_a_network_flag_keeps_the_honest_votes_behind_it() -> None:
     every voter behind a flagged network once did). The refresh flags the 20 sessions, removes
     that honest voter's flag and counts every honest vote."""
     models = {
-        name: LLM.objects.create(name=name, family="gemma", preset=name, queue=f"q.{name}")
+        name: LLM.objects.create(name=name, family="gemma", preset=name, queue=f"q.{name}", context_tokens=2048)
         for name in (STRONG, WEAK, MEDIUM)
     }
     busy = services.network_key_for("203.0.113.9")
@@ -351,7 +351,8 @@ async def test_votes_past_the_daily_caps_are_kept_but_left_off_the_board(setting
     settings.ARENA_VOTES_PER_NETWORK_PER_DAY = 3
     await database_sync_to_async(
         lambda: [
-            LLM.objects.create(name=name, family="gemma", preset=name, queue=f"q.{name}") for name in (STRONG, WEAK)
+            LLM.objects.create(name=name, family="gemma", preset=name, queue=f"q.{name}", context_tokens=2048)
+            for name in (STRONG, WEAK)
         ]
     )()
     sessions = []

@@ -79,7 +79,10 @@ def test_an_unknown_policy_is_refused() -> None:
 @pytest.mark.django_db
 @pytest.mark.parametrize("policy", ["weighted", "active"])
 def test_battles_are_drawn_by_the_configured_policy(policy: str) -> None:
-    models = [LLM.objects.create(name=f"m{i}", family="gemma", preset=f"p{i}", queue=f"q{i}") for i in range(3)]
+    models = [
+        LLM.objects.create(name=f"m{i}", family="gemma", preset=f"p{i}", queue=f"q{i}", context_tokens=2048)
+        for i in range(3)
+    ]
     LLM.objects.filter(pk=models[2].pk).update(enabled=False)
     with override_settings(ARENA_PAIR_SAMPLING=policy):
         rng = random.Random(3)
@@ -98,11 +101,11 @@ def test_a_greedy_model_is_never_drawn_for_an_anonymous_battle() -> None:
     named it from them. However greedy (temperature 0, top-k 1, top-p 0), it is never drawn for
     an anonymous battle, under either policy; a named or direct battle may still pick it. With
     fewer than two sampling models, an anonymous battle is refused with the no_models error."""
-    sampling = [LLM.objects.create(name=f"s{i}", family="gemma", preset=f"s{i}") for i in range(2)]
+    sampling = [LLM.objects.create(name=f"s{i}", family="gemma", preset=f"s{i}", context_tokens=2048) for i in range(2)]
     greedy = [
-        LLM.objects.create(name="t0", family="gemma", preset="t0", temperature=0.0),
-        LLM.objects.create(name="k1", family="gemma", preset="k1", top_k=1),
-        LLM.objects.create(name="p0", family="gemma", preset="p0", top_p=0.0),
+        LLM.objects.create(name="t0", family="gemma", preset="t0", temperature=0.0, context_tokens=2048),
+        LLM.objects.create(name="k1", family="gemma", preset="k1", top_k=1, context_tokens=2048),
+        LLM.objects.create(name="p0", family="gemma", preset="p0", top_p=0.0, context_tokens=2048),
     ]
     assert all(llm.samples for llm in sampling) and not any(llm.samples for llm in greedy)
     rng = random.Random(5)

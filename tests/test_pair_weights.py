@@ -64,7 +64,10 @@ def test_weights_cost_little_where_preferences_are_bradley_terry() -> None:
 
 @pytest.mark.django_db
 def test_battles_record_their_pair_probability_and_the_board_weighs_by_it() -> None:
-    models = [LLM.objects.create(name=f"m{i}", family="gemma", preset=f"p{i}", queue=f"q{i}") for i in range(3)]
+    models = [
+        LLM.objects.create(name=f"m{i}", family="gemma", preset=f"p{i}", queue=f"q{i}", context_tokens=2048)
+        for i in range(3)
+    ]
     LLM.objects.filter(pk=models[0].pk).update(sampling_weight=4.0)
     rng = random.Random(5)
     with override_settings(ARENA_PAIR_SAMPLING="weighted", ARENA_NEW_MODEL_BOOST=0.0):

@@ -261,7 +261,9 @@ def test_the_page_and_the_api_show_groups_and_open_ends_in_words(client) -> None
     from inference.models import LLM
     from votes.models import Battle, Vote
 
-    models = {name: LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}") for name in "abcd"}
+    models = {
+        name: LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}", context_tokens=2048) for name in "abcd"
+    }
 
     def battle(first: str, second: str, choice: str, voter: str) -> None:
         played = Battle.objects.create(

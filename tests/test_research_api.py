@@ -42,7 +42,9 @@ def voter(name: str) -> str:
 def arena(db) -> list[Battle]:
     """Ten ended battles between three models (one corrected and voted twice), plus one leaked,
     one unfinished and one by a flagged voter."""
-    models = [LLM.objects.create(name=n, family="gemma", preset=f"/p/{n}") for n in ("ant", "bee", "cat")]
+    models = [
+        LLM.objects.create(name=n, family="gemma", preset=f"/p/{n}", context_tokens=2048) for n in ("ant", "bee", "cat")
+    ]
     task = Task.objects.create(slug="cal", title="Calendar", category="API calls", system_prompt="Be brief.")
     battles = []
     choices = ["a", "b", "a", "tie", "a", "both_bad", "a", "b", "a", "a"]

@@ -125,7 +125,9 @@ def test_a_nul_character_from_the_model_is_saved_and_shown_as_a_replacement(stre
 
 def test_a_battle_is_paced_at_what_its_slower_model_sustains() -> None:
     assert sustained_speed([]) is None
-    assert sustained_speed([90.0, 10.0, 100.0, 95.0, 80.0]) == 90.0  # The median: one bad reply is ignored.
+    assert sustained_speed([50.0]) == 50.0
+    # The 10th percentile: what nine replies in ten keep up with.
+    assert sustained_speed([float(speed) for speed in range(100, 200, 5)]) == pytest.approx(109.5)
     assert battle_pace(250, [400.0, 100.0], unmeasured=40, margin=0.8) == pytest.approx(80.0)
     assert battle_pace(50, [400.0, 100.0], unmeasured=40, margin=0.8) == 50  # Never above the site's pace.
     assert battle_pace(250, [400.0, None], unmeasured=40, margin=0.8) == 40  # A new model: the cautious pace.
@@ -157,7 +159,9 @@ def test_an_anonymous_battle_is_paced_by_the_arena_not_by_its_pair(demo_llms: li
     them; a named battle of the two fast models keeps its pair's pace (0.8 x 300) and no lead. A
     model taken out of anonymous battles no longer sets their pace."""
     fast_a, fast_b = demo_llms
-    slow = LLM.objects.create(name="slow", family=fast_a.family, preset=fast_a.preset, queue=fast_a.queue)
+    slow = LLM.objects.create(
+        name="slow", family=fast_a.family, preset=fast_a.preset, queue=fast_a.queue, context_tokens=2048
+    )
     set_speeds(fast_a, 400.0, 100.0)
     set_speeds(fast_b, 300.0, 150.0)
     set_speeds(slow, 5.0, 2500.0)
@@ -382,10 +386,10 @@ async def test_two_models_of_very_different_speed_look_alike_to_the_voter(
     # two battles' replies are alike: the second is paced at what the first measured.
     near_greedy = {"max_new_tokens": 48, "temperature": 0.05, "top_p": 1.0}
     await database_sync_to_async(LLM.objects.create)(
-        name="fast", family="gemma", preset=str(PRESETS_DIR / "tiny-gemma"), **near_greedy
+        name="fast", family="gemma", preset=str(PRESETS_DIR / "tiny-gemma"), context_tokens=2048, **near_greedy
     )
     await database_sync_to_async(LLM.objects.create)(
-        name="slow", family="chatml", preset=str(smollm2_preset), **near_greedy
+        name="slow", family="chatml", preset=str(smollm2_preset), context_tokens=2048, **near_greedy
     )
     for _battle in ("measuring", "measured"):
         client = await connect_battle()

@@ -20,7 +20,13 @@ import numpy as np
 import pytest
 
 from inference import streaming
-from inference.building.demo_models import SYSTEM_PROMPT, build_tiny_models, iter_preset_files, tiny_models
+from inference.building.demo_models import (
+    SYSTEM_PROMPT,
+    TINY_SEQUENCE_LENGTH,
+    build_tiny_models,
+    iter_preset_files,
+    tiny_models,
+)
 from inference.chat_templates import ChatTurn, render_prompt, stop_strings
 from inference.streaming import (
     StreamingGeneration,
@@ -111,7 +117,7 @@ def test_demo_model_descriptions(presets_dir: Path) -> None:
 
 def test_loads_as_the_right_causal_lm(lm: keras_hub.models.CausalLM, family: str) -> None:
     assert isinstance(lm, CAUSAL_LM_CLASSES[family])
-    assert lm.preprocessor.sequence_length == 512
+    assert lm.preprocessor.sequence_length == TINY_SEQUENCE_LENGTH
 
 
 def test_tokenizer_round_trips_newlines_spaces_and_markers(lm: keras_hub.models.CausalLM, family: str) -> None:
@@ -249,12 +255,12 @@ def test_length_limit(lm: keras_hub.models.CausalLM, family: str) -> None:
 
 
 def test_context_caps_the_reply(lm: keras_hub.models.CausalLM, family: str) -> None:
-    prompt = prompt_for(family, "Add a meeting with Fred on Nov 11 at 5PM. " * 30, system=None)
+    prompt = prompt_for(family, "Add a meeting with Fred on Nov 11 at 5PM. " * 120, system=None)
     prompt_tokens = len(encode_prompt(lm, prompt))
-    assert 256 < prompt_tokens < 500
-    generation = stream_generate(lm, prompt, max_new_tokens=400)
-    assert generation.padded_length == 512
-    assert generation.max_new_tokens == 512 - prompt_tokens
+    assert TINY_SEQUENCE_LENGTH - 1000 < prompt_tokens < TINY_SEQUENCE_LENGTH - 50
+    generation = stream_generate(lm, prompt, max_new_tokens=1000)
+    assert generation.padded_length == TINY_SEQUENCE_LENGTH
+    assert generation.max_new_tokens == TINY_SEQUENCE_LENGTH - prompt_tokens
 
 
 @pytest.mark.parametrize("prompt", ["", "  \n"])
@@ -264,8 +270,8 @@ def test_empty_prompt(lm: keras_hub.models.CausalLM, prompt: str) -> None:
 
 
 def test_prompt_too_long(lm: keras_hub.models.CausalLM, family: str) -> None:
-    prompt = prompt_for(family, "Add a meeting with Fred on Nov 11 at 5PM. " * 200)
-    with pytest.raises(ValueError, match="context is 512 tokens"):
+    prompt = prompt_for(family, "Add a meeting with Fred on Nov 11 at 5PM. " * 800)
+    with pytest.raises(ValueError, match=f"context is {TINY_SEQUENCE_LENGTH} tokens"):
         stream_generate(lm, prompt, max_new_tokens=8)
 
 

@@ -228,7 +228,9 @@ def test_agrees_with_lmarenas_arena_rank() -> None:
 
 @pytest.mark.django_db
 def test_the_overall_board_has_a_style_toggle(client) -> None:
-    verbose, terse = (LLM.objects.create(name=n, family="gemma", preset=f"/p/{n}") for n in ("verbose", "terse"))
+    verbose, terse = (
+        LLM.objects.create(name=n, family="gemma", preset=f"/p/{n}", context_tokens=2048) for n in ("verbose", "terse")
+    )
     for index in range(6):
         battle = Battle.objects.create(model_a=verbose, model_b=terse, voter_key=f"v{index}", state="ended")
         long, short = "# Answer\n\n- **long** reply " * 5, "short"
@@ -255,7 +257,7 @@ def test_the_site_reads_each_votes_style_from_the_database() -> None:
     from leaderboard import selectors
 
     names = ["m0", "m1", "m2"]
-    models = [LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}") for name in names]
+    models = [LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}", context_tokens=2048) for name in names]
     rng = np.random.default_rng(3)
     texts = ["plain", "# Title\n\n- a\n- b", "**bold** and **more**", "1. one\n2. two\n\n## H"]
     expected = []
@@ -322,7 +324,9 @@ def test_rate_battles_with_style_control(tmp_path: Path) -> None:
 
 @pytest.mark.django_db
 def test_a_cast_vote_stores_the_style_its_voter_had_seen() -> None:
-    a, b = (LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}") for name in ("m0", "m1"))
+    a, b = (
+        LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}", context_tokens=2048) for name in ("m0", "m1")
+    )
     battle = Battle.objects.create(model_a=a, model_b=b, voter_key="v")
     replies = {("a", 0): ("# Plan\n\n- one\n- **two**", 30), ("b", 0): ("plain" * 8, None), ("a", 1): ("later", 5)}
     for (side, turn), (text, tokens) in replies.items():

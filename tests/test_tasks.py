@@ -94,6 +94,8 @@ def test_invalid_task_is_refused_and_nothing_is_written() -> None:
         (lambda d: d["tasks"][2]["turns"][0].update(expected_output=""), "needs an expected output"),
         (lambda d: d["tasks"][4]["turns"][0].update(expected_output="{'name': 1}"), "not valid JSON"),
         (lambda d: d["tasks"].append(dict(d["tasks"][0])), "given twice"),
+        # Past the arena's longest conversation before the first prompt (inference.context_budget).
+        (lambda d: d["tasks"][0].update(system_prompt="\N{GRINNING FACE}" * 500), "no prompt would fit"),
     ],
 )
 def test_import_errors_say_what_is_wrong(change, message: str) -> None:
@@ -207,8 +209,8 @@ def test_admin_actions_and_import(admin_client) -> None:
     assert admin_client.get(f"/admin/votes/task/{calendar.pk}/change/").status_code == 200
 
     # Run an evaluation: a pending run of every enabled model, handed to a worker on commit.
-    strong = LLM.objects.create(name="strong", family="gemma", preset="/presets/strong")
-    LLM.objects.create(name="off", family="gemma", preset="/presets/off", enabled=False)
+    strong = LLM.objects.create(name="strong", family="gemma", preset="/presets/strong", context_tokens=2048)
+    LLM.objects.create(name="off", family="gemma", preset="/presets/off", enabled=False, context_tokens=2048)
     admin_client.post(changelist, {"action": "run_evaluation", "_selected_action": [calendar.pk]})
     run = EvaluationRun.objects.get()
     assert (run.task, list(run.llms.all()), run.status) == (calendar, [strong], EvaluationRun.Status.PENDING)
@@ -231,7 +233,7 @@ def test_a_battle_keeps_what_its_models_were_given_when_its_task_is_edited(admin
     from votes.models import Battle, Vote
 
     for name in ("m", "n"):
-        LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}")
+        LLM.objects.create(name=name, family="gemma", preset=f"/p/{name}", context_tokens=2048)
     services.import_tasks(bundled())
     task = Task.objects.get(slug="calendar")
     battle = services.start_battle(voter_key="v", task=task)

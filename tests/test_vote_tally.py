@@ -116,7 +116,9 @@ class Arena:
 
     def __init__(self) -> None:
         self.rng = random.Random(7)
-        self.models = [LLM.objects.create(name=f"m{i}", family="gemma", preset=f"/p/m{i}") for i in range(4)]
+        self.models = [
+            LLM.objects.create(name=f"m{i}", family="gemma", preset=f"/p/m{i}", context_tokens=2048) for i in range(4)
+        ]
         self.tasks = [None, *(Task.objects.create(slug=f"t{c}", title=c, category=c) for c in ("API calls", "Dates"))]
 
     def battle(self, voter: str, *, ended: bool = True, leaked: bool = False, winner: int | None = None) -> Battle:

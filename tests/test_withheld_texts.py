@@ -32,7 +32,10 @@ def reply_of(llm: LLM) -> str:
 @pytest.fixture
 def finished_run(db: None) -> EvaluationRun:
     services.import_tasks(json.loads(BUNDLED_TASKS.read_text()))
-    llms = [LLM.objects.create(name=name, family="gemma", preset="unused") for name in ("alpha", "beta")]
+    llms = [
+        LLM.objects.create(name=name, family="gemma", preset="unused", context_tokens=2048)
+        for name in ("alpha", "beta")
+    ]
     run = evaluation_services.create_evaluation(
         task=Task.objects.get(slug="calendar"), llms=llms, attempts=2, max_tries=1, fix_attempts=1, decoys=0
     )
@@ -148,7 +151,7 @@ def test_the_anonymous_vote_sample_names_the_models_but_withholds_their_texts(db
     # Texts that do not name their model (one that did would be an identity leak, not counted).
     texts = {"alpha": "Booked: walrus-one.", "beta": "Booked: heron-two."}
     for name in texts:
-        LLM.objects.create(name=name, family="gemma", preset="unused")
+        LLM.objects.create(name=name, family="gemma", preset="unused", context_tokens=2048)
     ended_battle_with(texts)
 
     def shown(body: str) -> set[str]:

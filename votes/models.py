@@ -7,12 +7,14 @@ client that reconnects rebuilds the whole battle from these rows.
 import secrets
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from inference import context_budget
 from inference.models import LLM
 from leaderboard import style
 from votes import checkers, evaluation, feedback
@@ -93,6 +95,12 @@ class Task(models.Model):
             )
         if context and context[-1]["role"] != "assistant":
             raise ValidationError({"context": "The context ends with the model's reply the first prompt answers."})
+        size = context_budget.conversation_size(self.system_prompt, [item["content"] for item in context] + [""])
+        if size > settings.ARENA_MAX_CONVERSATION_BYTES:
+            raise ValidationError(
+                f"The system prompt and context come to {size:,} of the {settings.ARENA_MAX_CONVERSATION_BYTES:,} "
+                "bytes a conversation may hold (ARENA_MAX_CONVERSATION_BYTES): no prompt would fit."
+            )
 
     def context_conversation(self) -> list[tuple[str, str]]:
         """The context as (role, content) pairs, as generation takes a conversation."""

@@ -10,6 +10,7 @@ from typing import Any
 from django.db.models import Count, FloatField, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Cast, Coalesce, Length, Now
 
+from inference import context_budget
 from inference.models import LLM
 from leaderboard import style
 from votes import corrections, evaluation, feedback
@@ -30,9 +31,10 @@ from votes.pairing import Candidate
 def pairing_candidates(*, with_ratings: bool = False) -> list[Candidate]:
     """The models an anonymous battle may draw, as pair sampling sees them: weight, battles so
     far, overall rating (from the latest leaderboard refresh; only if ``with_ratings``). Only
-    enabled models that sample: a greedy one's replies are a lookup table that names it
-    (inference.models.GREEDY_NOTE)."""
-    models = list(LLM.objects.enabled().sampling())
+    enabled models that sample (a greedy one's replies are a lookup table that names it:
+    inference.models.GREEDY_NOTE) and whose context holds the arena's longest conversation (a
+    refusal for length would otherwise come with some pairs only: inference.models.CONTEXT_NOTE)."""
+    models = list(LLM.objects.anonymous())
     battles: Counter[int] = Counter()
     for side in ("model_a", "model_b"):
         for row in Battle.objects.filter(mode=Battle.Mode.ANONYMOUS).values(side).annotate(n=Count("id")):
@@ -319,6 +321,18 @@ def hold_state(message_id: int, partner_id: int) -> HoldState:
         partner_finished=partner["status"] in Message.FINISHED_STATUSES,
         stop_requested=own is None or own["stop_requested"],
     )
+
+
+def conversation_size(battle: Battle, side: str, prompt: str) -> int:
+    """The size of ``side``'s conversation with ``prompt`` added, as the arena counts it
+    (inference.context_budget): everything its model would be given for the next reply, as
+    ``generation_context`` gathers it."""
+    history = Message.objects.filter(battle=battle, side=side).order_by("turn", "-role")
+    texts = list(history.values_list("content", flat=True))
+    if battle.task_id is None:
+        return context_budget.conversation_size(None, [*texts, prompt])
+    context = [item["content"] for item in battle.context]
+    return context_budget.conversation_size(battle.system_prompt, [*context, *texts, prompt])
 
 
 def generation_context(message_id: int) -> GenerationContext | None:

@@ -181,8 +181,8 @@ def start_battle(
     if not weights:
         raise ArenaError(
             "no_models",
-            "The arena needs at least two enabled models that sample (greedy ones are not drawn for "
-            "anonymous battles); try again later.",
+            "The arena needs at least two enabled models that sample and whose context holds its longest "
+            "conversation (other models are not drawn for anonymous battles); try again later.",
         )
     id_a, id_b = pairing.draw_pair(weights, rng)
     drawable = [candidate.id for candidate in candidates]
@@ -294,6 +294,19 @@ def _new_reply(battle: Battle, side: str, turn: int, script_turn: int | None) ->
     return GenerationJob(message_id=reply.pk, queue=battle.model_on(side).queue)
 
 
+def _refuse_if_too_long(battle: Battle, targets: Sequence[str], text: str) -> None:
+    """The arena's limit on a conversation's length, the same whichever models play: past it no
+    model is asked (inference.context_budget; every anonymous model's context holds it)."""
+    limit = settings.ARENA_MAX_CONVERSATION_BYTES
+    size = max(selectors.conversation_size(battle, target, text) for target in targets)
+    if size > limit:
+        raise ArenaError(
+            "conversation_too_long",
+            f"With this prompt the conversation would come to {size:,} of the {limit:,} bytes a battle may hold "
+            "(the same limit with every model); send a shorter prompt, or vote and start a new battle.",
+        )
+
+
 @transaction.atomic
 def start_battle_with_prompt(*, voter_key: str, network_key: str, text: str) -> tuple[Battle, SubmittedPrompt]:
     """A free-chat battle and its first prompt, stored together: a prompt that is refused, or a
@@ -328,6 +341,7 @@ def submit_prompt(*, battle: Battle, text: str, side: str | None = None) -> Subm
         raise ArenaError("vote_first", "Say which side did better on the first try before going on.")
     jobs, corrects = [], []
     targets = SIDES if side is None else (side,)
+    _refuse_if_too_long(battle, targets, text)
     for target in targets:
         script_turn, checked_turn = _script_turns(battle, target, text)
         Message.objects.create(

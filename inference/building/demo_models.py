@@ -67,7 +67,10 @@ if TYPE_CHECKING:
     import keras_hub  # Imported lazily at run time: keras and jax take seconds to import.
 
 VOCABULARY_SIZE = 1024
-SEQUENCE_LENGTH = 512
+SEQUENCE_LENGTH = 512  # The trained demo models' context.
+# The tiny test presets' context: room for the arena's longest conversation and a long reply
+# (arena_site.settings.ARENA_MAX_CONVERSATION_BYTES), as the imported real models have.
+TINY_SEQUENCE_LENGTH = 2048
 CORPUS_CONVERSATIONS = 1500
 
 LLAMA3_SPECIAL_TOKENS = (
@@ -317,7 +320,7 @@ def _build_gemma(seed: int) -> keras_hub.models.CausalLM:
     proto = train_gemma_sentencepiece(corpus)
     tokenizer = keras_hub.models.GemmaTokenizer(proto=proto, name="gemma_tokenizer")
     preprocessor = keras_hub.models.GemmaCausalLMPreprocessor(
-        tokenizer=tokenizer, sequence_length=SEQUENCE_LENGTH, name="gemma_causal_lm_preprocessor"
+        tokenizer=tokenizer, sequence_length=TINY_SEQUENCE_LENGTH, name="gemma_causal_lm_preprocessor"
     )
     keras.utils.set_random_seed(seed)
     backbone = keras_hub.models.GemmaBackbone(
@@ -349,7 +352,7 @@ def _build_llama3(seed: int) -> keras_hub.models.CausalLM:
         name="llama3_tokenizer",
     )
     preprocessor = keras_hub.models.Llama3CausalLMPreprocessor(
-        tokenizer=tokenizer, sequence_length=SEQUENCE_LENGTH, name="llama3_causal_lm_preprocessor"
+        tokenizer=tokenizer, sequence_length=TINY_SEQUENCE_LENGTH, name="llama3_causal_lm_preprocessor"
     )
     keras.utils.set_random_seed(seed + 1)
     backbone = keras_hub.models.Llama3Backbone(

@@ -29,7 +29,7 @@ class Command(BaseCommand):
             path = preset.path.resolve()
             stored = str(path.relative_to(settings.BASE_DIR)) if path.is_relative_to(settings.BASE_DIR) else str(path)
             model, created = LLM.objects.update_or_create(
-                name=preset.name, defaults={"family": preset.family, "preset": stored}
+                name=preset.name, defaults={"family": preset.family, "preset": stored, "context_tokens": preset.context}
             )
             upgrade_greedy_defaults(model)
             self.stdout.write(f"{'Added' if created else 'Updated'} {model.name} ({model.family}) -> {stored}")

@@ -25,8 +25,9 @@ def upgrade_greedy_defaults(model: LLM) -> bool:
 class Command(BaseCommand):
     help = (
         "Register the default roster: every imported real checkpoint (ARENA_IMPORTED_PRESETS_DIR) and the bundled "
-        "weak demo model, all sampling at temperature 0.7 / top-p 0.95. Admin edits of existing entries are kept; "
-        "an entry still at the old greedy defaults is given those sampling settings."
+        "weak demo model, all sampling at temperature 0.7 / top-p 0.95, each with its preset's context (anonymous "
+        "battles draw only models whose context holds ARENA_MAX_CONVERSATION_BYTES and a reply). Admin edits of "
+        "existing entries are kept; an entry still at the old greedy defaults is given those sampling settings."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -44,13 +45,18 @@ class Command(BaseCommand):
         for preset in [*imported, *bundled]:
             path = preset.path.resolve()
             stored = str(path.relative_to(settings.BASE_DIR)) if path.is_relative_to(settings.BASE_DIR) else str(path)
-            model, created = LLM.objects.get_or_create(
-                name=preset.name,
-                defaults={"family": preset.family, "preset": stored, "base": preset.base, **REAL_MODEL_SAMPLING},
-            )
+            # What the preset says about itself; the admin's settings (sampling, weight…) are kept.
+            described = {
+                "family": preset.family,
+                "preset": stored,
+                "base": preset.base,
+                "context_tokens": preset.context,
+            }
+            model, created = LLM.objects.get_or_create(name=preset.name, defaults={**described, **REAL_MODEL_SAMPLING})
             upgrade_greedy_defaults(model)
-            if not created and (model.family, model.preset, model.base) != (preset.family, stored, preset.base):
-                model.family, model.preset, model.base = preset.family, stored, preset.base
-                model.save(update_fields=["family", "preset", "base"])
+            if not created and any(getattr(model, field) != value for field, value in described.items()):
+                for field, value in described.items():
+                    setattr(model, field, value)
+                model.save(update_fields=list(described))
             label = "base model" if preset.base else "chat model"
             self.stdout.write(f"{'Added' if created else 'Kept'} {model.name} ({model.family}, {label}) -> {stored}")

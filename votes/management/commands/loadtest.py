@@ -68,8 +68,11 @@ class Command(BaseCommand):
         if connection.vendor != "postgresql" or not settings.REDIS_URL:
             raise CommandError("The load test needs PostgreSQL and Redis: set DATABASE_URL and REDIS_URL.")
         queues = sorted(set(LLM.objects.enabled().values_list("queue", flat=True)))
-        if LLM.objects.enabled().sampling().count() < 2:  # What an anonymous battle draws from.
-            raise CommandError("The load test needs at least two enabled models that sample (register_demo_models).")
+        if LLM.objects.anonymous().count() < 2:  # What an anonymous battle draws from.
+            raise CommandError(
+                "The load test needs at least two models that anonymous battles draw: enabled, sampling, and "
+                "holding the arena's longest conversation (register_roster)."
+            )
         env = {
             "ARENA_TRACE_FRAMES": "1",
             # Every voter comes from 127.0.0.1: the per-network budgets are off for the run (the
