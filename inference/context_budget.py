@@ -32,7 +32,7 @@ from collections.abc import Iterable
 # template's 12; Vicuna's 15; Mistral's 15).
 MESSAGE_ALLOWANCE = 16
 # Tokens a template adds once, at most: the start token, the header of the reply to come, and
-# Vicuna's default system sentence (33 words) when the task has no system prompt.
+# Vicuna's default system sentence (154 bytes) when the task has no system prompt.
 CONVERSATION_ALLOWANCE = 192
 
 

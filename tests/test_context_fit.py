@@ -105,18 +105,13 @@ def test_the_arena_count_bounds_the_tokens_of_every_tokenizer(source: Path | str
     path = request.getfixturevalue(source) if isinstance(source, str) else source
     family = registry.read_preset(path).family
     tokenizer = keras_hub.tokenizers.Tokenizer.from_preset(str(path))
-    worst = 0
     for system, messages in conversations(seed=len(str(path))):
         turns = [
             chat_templates.ChatTurn("user" if i % 2 == 0 else "assistant", text) for i, text in enumerate(messages)
         ]
         prompt = chat_templates.render_prompt(family, system, turns)
         tokens = len(tokenizer([prompt])[0]) + 1
-        texts = sum(context_budget.text_size(text) for text in [system or "", *messages])
-        worst = max(worst, tokens - texts)
         assert tokens <= context_budget.conversation_size(system, messages), (family, system, messages)
-    # What the templates take beyond the texts stays within the allowances.
-    assert worst <= context_budget.CONVERSATION_ALLOWANCE + 25 * context_budget.MESSAGE_ALLOWANCE
 
 
 def llm_draws(count: int) -> set[str]:
