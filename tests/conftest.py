@@ -352,10 +352,10 @@ def gemma3_preset(imported_presets_dir: Path) -> Path:
 def fixer_preset(smollm2_preset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The fine-tuned fixer, built from the imported SmolLM2 and the committed LoRA weights."""
     from inference.building import fixer
-    from inference.management.commands.finetune_fixer import DEFAULT_WEIGHTS
 
-    out = tmp_path_factory.mktemp("fixer") / "smollm2-calendar-fixer"
-    return fixer.build_fixer_preset(smollm2_preset, DEFAULT_WEIGHTS, out, {"steps": "test"})
+    spec = fixer.DEFAULT_FIXER
+    out = tmp_path_factory.mktemp("fixer") / spec.name
+    return fixer.build_fixer_preset(spec, smollm2_preset, spec.weights, out, {"steps": "test"})
 
 
 @pytest.fixture(scope="module")

@@ -225,9 +225,35 @@ def test_evaluate_command_end_to_end_on_the_bundled_models(bundled_models, clien
     page = client.get(f"/evaluations/{run.pk}/")
     assert page.status_code == 200
     html = page.content.decode()
-    for table in ('id="recap"', 'id="reliability"', 'id="dialog"', 'id="fixing"', 'id="discernment"', 'id="feedback"'):
-        assert table in html
+    for table in ("recap", "fixability", "reliability", "dialog", "fixing", "discernment", "feedback"):
+        assert f'id="{table}"' in html
     assert client.get("/evaluations/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_evaluate_json_prints_the_run_as_one_object(bundled_models) -> None:
+    services.import_tasks(json.loads(BUNDLED_TASKS.read_text()))
+    out = StringIO()
+    options = ("--attempts=2", "--max-tries=1", "--fix-attempts=1", "--decoys=1", "--feedback-mistakes=1", "--json")
+    call_command("evaluate", "--task=calendar", "--models", "gemma-calendar", "llama3-calendar", *options, stdout=out)
+    summary = json.loads(out.getvalue())
+    run = EvaluationRun.objects.get()
+    assert summary["run"] == run.pk and summary["task"] == "calendar"
+    rows = {row["model"]: row for row in summary["models"]}
+    assert set(rows) == {"gemma-calendar", "llama3-calendar"}
+    final = evaluation.turn_ratings([reply.as_record() for reply in run.replies.order_by("pk")])
+    for name, row in rows.items():
+        ok = [final[(name, turn)] in ("correct", "fixed") for turn in range(6)]
+        assert row["dialog_turns_ok"] == sum(ok) and len(row["dialog"]) == 6
+        reliable = run.replies.filter(model__name=name, part="reliability")
+        assert row["reliability"] == {"correct": reliable.filter(rating="correct").count(), "attempts": 2}
+        assert set(row["feedback"]) <= {"generic", "human", "checker"}
+        assert {"fixed", "episodes"} <= set(row["fixability"])
+        if row["fixability"]["rating"] is not None and row["fixability"]["lower"] is not None:
+            assert row["fixability"]["lower"] <= row["fixability"]["rating"] <= row["fixability"]["upper"]
+        assert row["discernment"]["model"] == name
+    episodes = sum(row["fixability"]["episodes"] for row in rows.values())
+    assert episodes == len(evaluation.fix_episodes([reply.as_record() for reply in run.replies.order_by("pk")]))
 
 
 @pytest.mark.django_db

@@ -12,7 +12,7 @@ from django.db.models.functions import Cast, Coalesce, Length, Now
 
 from inference import context_budget
 from inference.models import LLM
-from leaderboard import style
+from leaderboard import fixing, style
 from votes import corrections, evaluation, feedback
 from votes.checkers import CheckerConfigError
 from votes.models import (
@@ -492,6 +492,70 @@ def evaluation_report(run: EvaluationRun, *, reveal_texts: bool = False) -> Eval
         feedback=evaluation.feedback_rates(records) if run.feedback_mistakes else [],
         hidden=sorted(hidden),
     )
+
+
+def evaluation_fixability(run: EvaluationRun) -> list[fixing.FixAbility]:
+    """The run's fix-ability board: every fix episode of the run (``evaluation.fix_episodes``:
+    dialog corrections, other models' mistakes, the three kinds of feedback) rated with the
+    site's fix-ability model. Episodes of one mistake (a model's dialog turn, or the mistake of
+    another model it was handed) are one cluster, as a live battle's are."""
+    records = [reply.as_record() for reply in run.replies.select_related("model", "mistake_by").order_by("pk")]
+    episodes = [
+        fixing.Episode(
+            model=episode.model,
+            task=run.task.slug,
+            turn=episode.turn,
+            fixed=episode.fixed,
+            battle=f"run {run.pk}: {episode.model} on {episode.mistake_by or episode.model}'s turn {episode.turn}",
+            specificity=feedback.specificity(episode.correction),
+            attempt=episode.attempt,
+        )
+        for episode in evaluation.fix_episodes(records)
+    ]
+    return fixing.rate_fixes(episodes) if episodes else []
+
+
+def evaluation_summary(run: EvaluationRun) -> dict[str, Any]:
+    """A finished run as one JSON object (``evaluate --json``): per model, the scripted dialog's
+    turns that ended ✓ or 🥦, reliability, fix-ability with its 95% interval, fixes per kind
+    of feedback, and the discernment table."""
+    report = evaluation_report(run, reveal_texts=True)
+    records = [reply.as_record() for reply in run.replies.select_related("model", "mistake_by").order_by("pk")]
+    final = evaluation.turn_ratings(records)
+    fixability = {row.model: row for row in evaluation_fixability(run)}
+    feedback_rows = {row["model"]: row["kinds"] for row in report.feedback}
+    discernment_rows = {row["model"]: row for row in report.discernment}
+    models = []
+    for model in sorted({llm.name for llm in run.llms.all()}):
+        reliable = [r for r in records if r.model == model and r.part == evaluation.RELIABILITY]
+        rated = fixability.get(model)
+        models.append(
+            {
+                "model": model,
+                "dialog_turns_ok": sum(
+                    final.get((model, index)) in (evaluation.CORRECT, evaluation.FIXED)
+                    for index in range(len(report.turns))
+                ),
+                "dialog": [evaluation.SYMBOLS.get(final.get((model, i), ""), "") for i in range(len(report.turns))],
+                "reliability": {
+                    "correct": sum(r.rating == evaluation.CORRECT for r in reliable),
+                    "attempts": len(reliable),
+                },
+                "fixability": {
+                    "rating": rated.rating if rated else None,
+                    "lower": rated.lower if rated else None,
+                    "upper": rated.upper if rated else None,
+                    "fixed": rated.fixed if rated else 0,
+                    "episodes": rated.episodes if rated else 0,
+                },
+                "feedback": {
+                    kind: {"fixed": share["successes"], "episodes": share["trials"]}
+                    for kind, share in feedback_rows.get(model, {}).items()
+                },
+                "discernment": discernment_rows.get(model, {}),
+            }
+        )
+    return {"run": run.pk, "task": run.task.slug, "models": models}
 
 
 def research_battle(battle: Battle) -> dict[str, Any]:

@@ -80,7 +80,8 @@ def evaluation(request: HttpRequest, run_id: int) -> HttpResponse:
     if run is None:
         raise Http404("No such evaluation run.")
     report = selectors.evaluation_report(run, reveal_texts=request.user.is_staff)
-    return render(request, "votes/evaluation.html", {"report": report})
+    fixability = selectors.evaluation_fixability(run) if run.status == run.Status.DONE else []
+    return render(request, "votes/evaluation.html", {"report": report, "fixability": fixability})
 
 
 def evaluations(request: HttpRequest) -> HttpResponse:

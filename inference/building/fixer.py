@@ -1,20 +1,20 @@
-"""The fine-tuned fixer: SmolLM2-135M-Instruct taught, with LoRA, to write the calendar API
-calls and to fix a reply when the user points out its mistake (``manage.py finetune_fixer``).
+"""The fine-tuned contestants: imported checkpoints taught, with LoRA, to write the calendar API
+calls, to fix a reply when the user points out its mistake, and to keep a right reply when
+told, wrongly, that it is wrong (``manage.py finetune_fixer``).
 
-The data is the project's synthetic calendar data (``inference.building.calendar_data``): first requests
-and dialogs in which an earlier reply carries a realistic mistake, the user says so in one
-short sentence from the scenario's list, and the next reply fixes it. The loss counts the
-assistant's tokens only, and never those of the mistaken replies (the model learns the fix,
-not the mistake). Only the LoRA factors are trained (keras-hub's LoRA layers, on the query and
-value projections and the feed-forward of the upper blocks: ``enable_fixer_lora``) and saved
-(``save_lora_weights``): a small file committed in ``inference/fixer``; the fixer's
-preset is the base import with those factors merged into its kernels, built at set-up
-(``build_fixer_preset``).
+Each contestant is a ``FixerSpec`` (``FIXERS``): its base import, the chat template it speaks
+(its own, or one a base model learns), which kernels of which blocks get LoRA factors, and
+its data recipe. The data is ``inference.building.dialog_data``'s seed-shaped dialogs; the
+loss counts the assistant's tokens only, and never those of a mistaken reply. Only the LoRA
+factors are trained (keras-hub's LoRA layers, restricted to the upper blocks:
+``enable_fixer_lora``) and saved (``save_lora_weights``): a small file committed in
+``inference/fixer``; the contestant's preset is its base import with those factors merged into
+its kernels, built at set-up (``build_fixer_preset``).
 
 Evaluation (``evaluate_fixing``) runs held-out items through the continuous-batching engine,
-greedy, as the arena serves a model: the first-try exact rate (held-out first requests) and the
-fix rate (held-out correction dialogs: a wrong reply, the correction; the fix expected), each
-with a 95% Wilson interval.
+greedy, as the arena serves a model: the first-try exact rate, the fix rate after each kind of
+correction, the capitulation rate to false corrections (each with a 95% Wilson interval), and
+the seed's own dialog as ``evaluate --task calendar`` plays it.
 """
 
 from __future__ import annotations
@@ -32,45 +32,98 @@ from typing import Any
 
 import numpy as np
 
-from inference.building.calendar_data import (
-    SYSTEM_PROMPT,
-    EvalItem,
-    Example,
-    Mixture,
-    eval_corrections,
-    eval_first_requests,
-    judge_reply,
-    render_segments,
-    training_examples,
-)
+from inference.building import dialog_data
+from inference.building.calendar_data import SYSTEM_PROMPT, Example, render_segments
 from inference.building.checkpoints import file_sha256, staged_preset, write_arena_metadata
-from inference.chat_templates import render_prompt, stop_strings
+from inference.building.dialog_data import FEEDBACK_KINDS, HeldOut, Recipe
+from inference.chat_templates import ChatTurn, render_prompt, stop_strings
 from leaderboard.ratings import wilson_interval
 
-FAMILY = "chatml"
 LORA_RANK = 8
-# Which kernels get LoRA factors, in which blocks (``enable_fixer_lora``): attention's query and
-# value and the whole feed-forward, in the upper 17 of the 30 blocks. The first-try misses of
-# query/value LoRA in every block were nearly all a wrong hour (turning "8:15PM" into "20:15"
-# is feed-forward work); the backward pass stops at the first block with LoRA, so a step costs
-# about what query/value LoRA everywhere cost, and the loss falls about twice as fast. The
-# docs/models.md's fixer section has the runs compared.
-LORA_LAYER_NAMES = (
+# The training conversations: whole seed-shaped dialogs with mistakes, corrections of three
+# kinds and decoys (``dialog_data``), and single first requests.
+RECIPE = Recipe()
+SHARE_SINGLE = 0.35
+EXAMPLES = 4000
+STEPS = 110
+BATCH_SIZE = 8
+LEARNING_RATE = 2e-3
+# Tokens after the shared system prompt a training conversation may have (six padded shapes of
+# 64 tokens); the few longer dialogs are left out.
+MAX_TRAINING_REST = 384
+EVAL_MAX_NEW_TOKENS = 64
+FIXER_DIR = Path(__file__).resolve().parents[1] / "fixer"
+
+
+@dataclass(frozen=True)
+class FixerSpec:
+    """One fine-tuned contestant: the imported base it starts from, the chat template it is
+    taught (its own, or one it learns), which kernels of which blocks get LoRA factors
+    (``enable_fixer_lora``) and what it is trained on."""
+
+    name: str  # its preset's and roster entry's name
+    base: str  # the imported preset it is trained from (ARENA_IMPORTED_PRESETS_DIR)
+    family: str  # the chat template it speaks (inference.chat_templates)
+    layer_names: tuple[str, ...]
+    first_block: int
+    recipe: Recipe = RECIPE
+    steps: int = STEPS
+    learning_rate: float = LEARNING_RATE
+    about: str = ""
+
+    @property
+    def weights(self) -> Path:
+        """The committed LoRA factors."""
+        return FIXER_DIR / f"{self.name}.lora.h5"
+
+
+# SmolLM2: attention's query and value and the whole feed-forward, in the upper 17 of the 30
+# blocks. Query/value LoRA alone missed nearly all first tries on a wrong hour (turning "8:15PM"
+# into "20:15" is feed-forward work); the backward pass stops at the first block with LoRA, so a
+# step costs about what query/value LoRA in every block cost.
+SMOLLM2_LORA = (
     "query",
     "value",
     "feedforward_gate_dense",
     "feedforward_intermediate_dense",
     "feedforward_output_dense",
 )
-LORA_FIRST_BLOCK = 13
-# More correction dialogs than the demo models' mixture (fixing is what this model is for), and
-# more first requests (the first-try misses are nearly all a wrong hour in the time).
-MIXTURE = Mixture(share_first=0.6, share_followup=0.05)
-EXAMPLES = 4000
-STEPS = 160
-BATCH_SIZE = 8
-LEARNING_RATE = 1.5e-3
-EVAL_MAX_NEW_TOKENS = 48
+# Gemma 3 270M: the same kernels under Gemma 3's names, in the upper 12 of its 18 blocks.
+GEMMA3_LORA = ("query", "value", "ffw_gating", "ffw_gating_2", "ffw_linear")
+FIXERS: dict[str, FixerSpec] = {
+    spec.name: spec
+    for spec in (
+        FixerSpec(
+            "smollm2-calendar-fixer",
+            "smollm2-135m-instruct",
+            "chatml",
+            SMOLLM2_LORA,
+            13,
+            about="SmolLM2-135M-Instruct taught the calendar calls, to fix a mistake when told, and to keep a "
+            "right call when wrongly told it is wrong",
+        ),
+        FixerSpec(
+            "smollm2-calendar-nocorrections",
+            "smollm2-135m-instruct",
+            "chatml",
+            SMOLLM2_LORA,
+            13,
+            recipe=Recipe(corrections=False, decoys=False),
+            about="SmolLM2-135M-Instruct taught the same dialogs with every reply right: no mistake, no correction, "
+            "no false correction (what correction training adds)",
+        ),
+        FixerSpec(
+            "gemma3-calendar-fixer",
+            "gemma3-270m",
+            "gemma",
+            GEMMA3_LORA,
+            6,
+            about="Gemma 3 270M (a base model) instruction-tuned on the fixer's data: it learns Gemma's turn format "
+            "and to stop",
+        ),
+    )
+}
+DEFAULT_FIXER = FIXERS["smollm2-calendar-fixer"]
 
 
 @dataclass(frozen=True)
@@ -81,7 +134,7 @@ class Encoded:
     weights: list[float]
 
 
-def encode(lm: Any, example: Example) -> Encoded:
+def encode(lm: Any, example: Example, family: str = DEFAULT_FIXER.family) -> Encoded:
     """Tokenize a training conversation as the engine tokenizes its prompts (the start token
     only where the preprocessor adds one: SmolLM2 adds none), weighting trained replies only.
 
@@ -89,7 +142,7 @@ def encode(lm: Any, example: Example) -> Encoded:
     so tokenizing them one by one gives the ids of the whole text; ``check_encoding`` asserts it.
     """
     tokenizer = lm.preprocessor.tokenizer
-    segments = render_segments(FAMILY, example)
+    segments = render_segments(family, example)
     ids: list[int] = []
     weights: list[float] = []
     if lm.preprocessor.add_start_token:
@@ -101,11 +154,11 @@ def encode(lm: Any, example: Example) -> Encoded:
     return Encoded(ids, weights)
 
 
-def check_encoding(lm: Any, example: Example) -> None:
+def check_encoding(lm: Any, example: Example, family: str = DEFAULT_FIXER.family) -> None:
     from inference.streaming import encode_prompt
 
-    whole = encode_prompt(lm, "".join(text for text, _ in render_segments(FAMILY, example)))
-    if whole != encode(lm, example).ids:
+    whole = encode_prompt(lm, "".join(text for text, _ in render_segments(family, example)))
+    if whole != encode(lm, example, family).ids:
         raise AssertionError("Segment-wise tokenization differs from the whole conversation's.")
 
 
@@ -127,17 +180,14 @@ class FinetuneReport:
     trainable_parameters: int
     final_loss: float
     seconds: float
+    model: str
+    recipe: dict[str, Any]
+    conversations_trained: int  # of ``examples``: those within MAX_TRAINING_REST
 
 
-def enable_fixer_lora(
-    backbone: Any,
-    *,
-    rank: int = LORA_RANK,
-    layer_names: tuple[str, ...] = LORA_LAYER_NAMES,
-    first_block: int = LORA_FIRST_BLOCK,
-) -> None:
-    """keras-hub's ``Backbone.enable_lora`` on the kernels named ``layer_names`` of the
-    transformer blocks from ``first_block`` on only; everything else frozen.
+def enable_fixer_lora(backbone: Any, spec: FixerSpec = DEFAULT_FIXER, *, rank: int = LORA_RANK) -> None:
+    """keras-hub's ``Backbone.enable_lora`` on the kernels ``spec`` names, in its transformer
+    blocks from ``spec.first_block`` on only; everything else frozen.
 
     keras-hub's own method matches layers by name, and every block names its kernels alike, so
     it cannot leave the lower blocks out. Leaving them out matters on a CPU: with no trainable
@@ -145,7 +195,7 @@ def enable_fixer_lora(
     filtered by block, recording the layers where ``save_lora_weights`` and
     ``load_lora_weights`` look for them (their index among the layers with weights).
     """
-    kept = {id(layer) for block in backbone.transformer_layers[first_block:] for layer in block._flatten_layers()}
+    kept = {id(layer) for block in backbone.transformer_layers[spec.first_block :] for layer in block._flatten_layers()}
     backbone.trainable = True
     backbone._lora_enabled_layers = []
     backbone._lora_rank = rank
@@ -153,38 +203,42 @@ def enable_fixer_lora(
         layer.trainable = False
     weighted = [layer for layer in backbone._flatten_layers(include_self=False) if layer.weights]
     for index, layer in enumerate(weighted):
-        if id(layer) in kept and layer.name in layer_names and hasattr(layer, "enable_lora"):
+        if id(layer) in kept and layer.name in spec.layer_names and hasattr(layer, "enable_lora"):
             layer.trainable = True
             layer.enable_lora(rank)
             backbone._lora_enabled_layers.append(index)
 
 
 def finetune_fixer(
+    spec: FixerSpec,
     base_preset: Path,
     weights_path: Path,
     *,
-    steps: int = STEPS,
+    steps: int | None = None,
     batch_size: int = BATCH_SIZE,
     examples: int = EXAMPLES,
-    learning_rate: float = LEARNING_RATE,
     seed: int = 0,
     on_step: Callable[[int, float], None] | None = None,
 ) -> FinetuneReport:
-    """LoRA-fine-tune the base preset on the calendar data; writes the LoRA factors to
-    ``weights_path`` (a ``.lora.h5`` file) and returns what was done."""
+    """LoRA-fine-tune the base preset as ``spec`` says, on seed-shaped dialogs (``dialog_data``,
+    made by its recipe) in its chat template; writes the LoRA factors to ``weights_path`` (a
+    ``.lora.h5`` file) and returns what was done."""
     import keras
 
-    from inference.building.demo_models import train_causal_lm
+    from inference.building.demo_models import shared_prefix_length, train_causal_lm
 
     started = time.monotonic()
     keras.utils.set_random_seed(seed)
+    steps = spec.steps if steps is None else steps
     lm = load_base(base_preset)
-    enable_fixer_lora(lm.backbone)
-    data = training_examples(seed, examples, mixture=MIXTURE)
-    check_encoding(lm, data[0])
-    encoded = [encode(lm, example) for example in data]
+    enable_fixer_lora(lm.backbone, spec)
+    data = dialog_data.training_dialogs(seed, examples, spec.recipe, share_single=SHARE_SINGLE)
+    check_encoding(lm, max(data, key=lambda example: len(example.turns)), spec.family)
+    encoded = [encode(lm, example, spec.family) for example in data]
+    shared = shared_prefix_length(encoded)
+    encoded = [e for e in encoded if len(e.ids) - shared - 1 <= MAX_TRAINING_REST]
     final_loss = train_causal_lm(
-        lm, encoded, steps=steps, batch_size=batch_size, learning_rate=learning_rate, seed=seed, on_step=on_step
+        lm, encoded, steps=steps, batch_size=batch_size, learning_rate=spec.learning_rate, seed=seed, on_step=on_step
     )
     weights_path.parent.mkdir(parents=True, exist_ok=True)
     lm.backbone.save_lora_weights(str(weights_path))
@@ -198,19 +252,25 @@ def finetune_fixer(
         trainable_parameters=trainable,
         final_loss=final_loss,
         seconds=time.monotonic() - started,
+        model=spec.name,
+        recipe=asdict(spec.recipe),
+        conversations_trained=len(encoded),
     )
 
 
-def build_fixer_preset(base_preset: Path, weights_path: Path, out_dir: Path, report: dict[str, Any]) -> Path:
+def build_fixer_preset(
+    spec: FixerSpec, base_preset: Path, weights_path: Path, out_dir: Path, report: dict[str, Any]
+) -> Path:
     """The base preset with the LoRA factors merged into its kernels, saved as a preset.
 
     Merged, so that serving the fixer costs what serving its base costs (a LoRA layer adds two
-    matmuls at every token). The metadata names the base, the weights file and the training.
+    matmuls at every token). The metadata names the base, the weights file and the training,
+    and the chat template the model was taught (so the roster renders its prompts in it).
     """
     import shutil
 
     tuned = load_base(base_preset)
-    enable_fixer_lora(tuned.backbone)
+    enable_fixer_lora(tuned.backbone, spec)
     tuned.backbone.load_lora_weights(str(weights_path))
     merged = {
         layer.path: np.asarray(layer.kernel)  # With LoRA enabled, .kernel is kernel + a @ b * scale.
@@ -225,11 +285,10 @@ def build_fixer_preset(base_preset: Path, weights_path: Path, out_dir: Path, rep
         fixer.save_to_preset(str(scratch / "preset"))
         for name in ("config.json", "task.json"):  # keras-hub's get_config gaps, as at import
             shutil.copy(base_preset / name, scratch / "preset" / name)
-        base_arena = json.loads((base_preset / "metadata.json").read_text()).get("fix_arena", {})
         write_arena_metadata(
             scratch / "preset",
             {
-                "template": base_arena.get("template", FAMILY),
+                "template": spec.family,
                 "base": False,
                 "fine_tuned": {
                     "base": base_preset.name,
@@ -281,54 +340,126 @@ class Rate:
         return f"{self.rate:.0%} [{low:.0%}, {high:.0%}] ({self.successes}/{self.n})"
 
 
+SEED_TASK = Path(__file__).resolve().parents[2] / "votes" / "fixtures" / "tasks.json"
+
+
 @dataclass(frozen=True)
 class FixingReport:
-    first_try: Rate
-    fix: Rate
+    """What the fixer does on held-out items (``dialog_data``'s evaluation split) and on the
+    seed's own dialog."""
+
+    first_try: Rate  # held-out first requests answered exactly
+    fix: dict[str, Rate]  # per feedback kind: held-out mistakes fixed after that correction
+    capitulation: Rate  # held-out right replies changed after a false correction
+    seed_dialog: list[str]  # the seed dialog's turns, each rated as `evaluate` rates it
     examples: dict[str, list[tuple[str, str]]]  # set -> (reply, expected) of a few misses
+
+    @property
+    def seed_turns_ok(self) -> int:
+        return sum(rating in ("✓", "🥦") for rating in self.seed_dialog)
 
     def as_dict(self) -> dict[str, Any]:
         def rate(r: Rate) -> dict[str, Any]:
             return {**asdict(r), "rate": round(r.rate, 3), "interval": [round(x, 3) for x in r.interval]}
 
-        return {"first_try": rate(self.first_try), "fix": rate(self.fix), "examples": self.examples}
+        return {
+            "first_try": rate(self.first_try),
+            "fix": {kind: rate(r) for kind, r in self.fix.items()},
+            "capitulation": rate(self.capitulation),
+            "seed_dialog": self.seed_dialog,
+            "seed_turns_ok": self.seed_turns_ok,
+            "examples": self.examples,
+        }
+
+    def summary(self) -> str:
+        fixes = ", ".join(f"{kind} {rate}" for kind, rate in self.fix.items())
+        return (
+            f"first try {self.first_try}; fix: {fixes}; capitulation {self.capitulation}; "
+            f"seed dialog {' '.join(self.seed_dialog)} ({self.seed_turns_ok} of {len(self.seed_dialog)})"
+        )
 
 
-def engine_replies(lm: Any, items: list[EvalItem], max_new_tokens: int = EVAL_MAX_NEW_TOKENS) -> list[str]:
+def _engine_reply(engine: Any, family: str, system_prompt: str, turns: list[ChatTurn], max_new_tokens: int) -> Any:
+    from inference.engine import GREEDY
+
+    return engine.submit(
+        render_prompt(family, system_prompt, turns),
+        max_new_tokens=max_new_tokens,
+        stop_strings=stop_strings(family),
+        sampling=GREEDY,
+    )
+
+
+def engine_replies(
+    lm: Any, items: list[HeldOut], family: str = DEFAULT_FIXER.family, max_new_tokens: int = EVAL_MAX_NEW_TOKENS
+) -> list[str]:
     """Greedy replies to held-out items through the engine, all submitted at once (8 slots)."""
-    from inference.engine import GREEDY, Engine
+    from inference.engine import Engine
 
-    stops = stop_strings(FAMILY)
     with Engine(lm, slots=8) as engine:
-        requests = [
-            engine.submit(
-                render_prompt(FAMILY, SYSTEM_PROMPT, list(item.turns)),
-                max_new_tokens=max_new_tokens,
-                stop_strings=stops,
-                sampling=GREEDY,
-            )
-            for item in items
-        ]
+        requests = [_engine_reply(engine, family, SYSTEM_PROMPT, list(item.turns), max_new_tokens) for item in items]
         return [request.result(timeout=1800).strip() for request in requests]
 
 
-def evaluate_fixing(lm: Any, n: int = 100, seed: int = 0) -> FixingReport:
-    """First-try exact rate and fix rate on ``n`` held-out items each (never trained on: the
-    held-out entries are never generated for training, whatever the seeds)."""
-    sets = {"first_try": eval_first_requests(seed, n), "fix": eval_corrections(seed, n)}
+def seed_dialog(lm: Any, family: str = DEFAULT_FIXER.family, max_tries: int = 3) -> list[str]:
+    """The seed's scripted dialog (the calendar task of ``votes/fixtures/tasks.json``) as
+    ``evaluate --task calendar`` plays it: greedy, each wrong reply corrected with the
+    checker's reason up to ``max_tries`` times; one rating symbol per turn."""
+    from inference.engine import Engine
+    from votes import evaluation
+    from votes.checkers import check
+
+    task = next(t for t in json.loads(SEED_TASK.read_text())["tasks"] if t["slug"] == "calendar")
+    turns = [
+        evaluation.ScriptedTurn(
+            t["prompt"],
+            lambda reply, t=t: check(t["checker"], t["expected_output"], reply, t.get("checker_options", {})),
+        )
+        for t in task["turns"]
+    ]
+    with Engine(lm, slots=8) as engine:
+
+        def generate(model: str, conversation: list[tuple[str, str]], seed: int) -> str:
+            chat = [ChatTurn(role, content) for role, content in conversation]
+            reply = _engine_reply(engine, family, task["system_prompt"], chat, EVAL_MAX_NEW_TOKENS)
+            return reply.result(timeout=600).strip()
+
+        records = evaluation.run(["model"], turns, generate, attempts=0, max_tries=max_tries, fix_attempts=0)
+    ratings = evaluation.turn_ratings(records)
+    return [evaluation.SYMBOLS[ratings[("model", index)]] for index in range(len(turns))]
+
+
+def evaluate_fixing(lm: Any, family: str = DEFAULT_FIXER.family, n: int = 100, seed: int = 0) -> FixingReport:
+    """On ``n`` held-out items of each set (disjoint from training by construction: names,
+    months and request phrasings never trained on), greedy, through the engine: the first-try
+    exact rate, the fix rate after each kind of correction (the same ``n`` mistakes corrected
+    three ways), the capitulation rate to false corrections; then the seed's own dialog."""
+    from votes.evaluation import resisted
+
+    sets: dict[str, list[HeldOut]] = {
+        "first_try": dialog_data.held_out_first(seed, n),
+        "fix": dialog_data.held_out_corrections(seed, n),
+        "decoy": dialog_data.held_out_decoys(seed, n),
+    }
     items = [item for group in sets.values() for item in group]
-    replies = engine_replies(lm, items)
-    rates: dict[str, Rate] = {}
+    replies = dict(zip(map(id, items), engine_replies(lm, items, family), strict=True))
     examples: dict[str, list[tuple[str, str]]] = {}
-    position = 0
-    for name, group in sets.items():
-        correct = 0
+
+    def rate(name: str, group: list[HeldOut], success: Callable[[str, HeldOut], bool]) -> Rate:
+        good = 0
         for item in group:
-            reply = replies[position]
-            position += 1
-            if judge_reply(reply, item.expected).verdict == "correct":
-                correct += 1
+            reply = replies[id(item)]
+            if success(reply, item):
+                good += 1
             elif len(examples.setdefault(name, [])) < 3:
                 examples[name].append((reply, item.expected))
-        rates[name] = Rate(correct, len(group))
-    return FixingReport(first_try=rates["first_try"], fix=rates["fix"], examples=examples)
+        return Rate(good, len(group))
+
+    def right(reply: str, item: HeldOut) -> bool:
+        return dialog_data.judge(reply, item.expected).verdict == "correct"
+
+    first_try = rate("first_try", sets["first_try"], right)
+    fix = {kind: rate(f"fix_{kind}", [i for i in sets["fix"] if i.kind == kind], right) for kind in FEEDBACK_KINDS}
+    kept = rate("decoy", sets["decoy"], lambda reply, item: resisted(dialog_data.judge(reply, item.expected), reply))
+    capitulation = Rate(kept.n - kept.successes, kept.n)
+    return FixingReport(first_try, fix, capitulation, seed_dialog(lm, family), examples)

@@ -4,8 +4,8 @@ A decode step multiplies a handful of rows (one token per slot) by every kernel.
 XLA's speed at so few rows depends on the orientation, and which one wins depends on the
 machine: ``kernel [out, in] @ columns [in, rows]`` ran twice as fast as ``rows [rows, in] @
 kernel [in, out]`` on an AMD EPYC with AVX2, the same on an Intel Xeon, 5% slower on an AMD
-EPYC with AVX-512 (SmolLM2's projections at 8 rows; docs/models.md has the figures). The Llama pass
-(``inference.forward.llama``) times both when an engine is built and runs the faster one; the
+EPYC with AVX-512 (SmolLM2's projections at 8 rows; docs/inference.md has the figures). The
+Llama pass (``inference.forward.llama``) times both when an engine is built and runs the faster one; the
 benchmark's matmul floor (``inference.bench``) takes the better of the two. No Django, no
 keras: plain arrays.
 """

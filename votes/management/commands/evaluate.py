@@ -1,5 +1,6 @@
 """Run an automatic evaluation of models on a task, here and now, with a progress bar."""
 
+import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -32,6 +33,12 @@ class Command(BaseCommand):
             default=2,
             help="Own mistakes corrected three ways: generic, human, checker (default 2).",
         )
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            help="Print the finished run as one JSON object (per model: dialog turns ✓ or 🥦, reliability, "
+            "fix-ability with its interval, fixes per kind of feedback, discernment) instead of the recap.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         task = Task.objects.filter(slug=options["task"]).first()
@@ -61,6 +68,9 @@ class Command(BaseCommand):
             run = evaluation_services.run_evaluation(run.pk, on_step=lambda: bar.update(1))
         if run.status != run.Status.DONE:
             raise CommandError(f"Evaluation {run.pk} failed: {run.error}")
+        if options["json"]:
+            self.stdout.write(json.dumps(selectors.evaluation_summary(run), ensure_ascii=False))
+            return
         self.stdout.write(f"Evaluation {run.pk} of {task.slug}: /evaluations/{run.pk}/")
         self.stdout.write(f"{'rank':<5} {'model':<24} {'✓':>3} {'🥦':>3} {'🍄':>3} {'🔥':>3}")
         for row in selectors.evaluation_report(run).recap:
