@@ -66,6 +66,7 @@ def test_the_fixer_preset_is_the_base_with_the_committed_lora_merged(smollm2_pre
     metadata = json.loads((fixer_preset / "metadata.json").read_text())["fix_arena"]
     assert metadata["template"] == "chatml" and metadata["base"] is False
     assert metadata["fine_tuned"]["lora_weights"] == DEFAULT_WEIGHTS.name
+    assert metadata["fine_tuned"]["about"] == fixer.DEFAULT_FIXER.about
     base, tuned = fixer.load_base(smollm2_preset), fixer.load_base(fixer_preset)
 
     def kernels(lm: Any, index: int) -> dict[str, np.ndarray]:
@@ -131,3 +132,28 @@ def test_the_fixer_fixes_more_held_out_mistakes_than_its_base(smollm2_preset: Pa
     base, tuned = fixed(smollm2_preset), fixed(fixer_preset)
     assert tuned > base, (base, tuned)
     assert tuned >= len(items) // 3, tuned  # The fixer fixes 53-77% of held-out mistakes, its base 7-11%.
+
+
+def test_gemma3_training_forward_pass_with_shared_prefix_equals_full_forward() -> None:
+    """Gemma 3's cache is per layer and its cache functions take image inputs: the trainer's
+    shared-prefix pass (``forward_after_prefix``) gives it the same hidden states as a full
+    forward pass over whole rows, sliding-window layers included."""
+    import keras
+    import keras_hub
+
+    from inference.building.demo_models import forward_after_prefix
+
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.Gemma3Backbone(
+        vocabulary_size=64, image_size=None, num_layers=3, num_query_heads=2, num_key_value_heads=1,
+        hidden_dim=32, intermediate_dim=64, head_dim=16, sliding_window_size=12, vision_encoder=None,
+    )  # fmt: skip
+    lm = keras_hub.models.Gemma3CausalLM(backbone=backbone, preprocessor=None)
+    rng = np.random.default_rng(0)
+    prefix = rng.integers(1, 64, size=(1, 9)).astype("int32")
+    rest = rng.integers(1, 64, size=(2, 11)).astype("int32")
+    full = np.concatenate([np.repeat(prefix, 2, axis=0), rest], axis=1)
+    reference = lm({"token_ids": full, "padding_mask": np.ones_like(full, dtype=bool)})
+    hidden = forward_after_prefix(lm, prefix, rest)
+    logits = lm.backbone.token_embedding(hidden, reverse=True)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(reference)[:, prefix.shape[1] :], atol=1e-4)

@@ -850,9 +850,22 @@ def forward_after_prefix(lm: keras_hub.models.CausalLM, prefix: Any, inputs: Any
     ``call_with_cache``): the function of a full forward pass over whole rows (causal attention),
     gradients through the prefix included."""
     import jax.numpy as jnp
+    import keras_hub
 
-    _, cache = lm._build_cache(jnp.asarray(prefix))  # (1, layers, 2, prefix, heads, dim)
     batch, length = inputs.shape
+    if isinstance(lm, keras_hub.models.Gemma3CausalLM):
+        # Gemma 3's cache is a tuple of per-layer (keys, values), each [batch, positions, heads,
+        # dim], and its cache functions also take image inputs (none here).
+        _, kv = lm._build_cache(jnp.asarray(prefix), None, None, None, None)
+
+        def broadcast(part: Any) -> Any:
+            padded = jnp.pad(part, [(0, 0), (0, length), (0, 0), (0, 0)])
+            return jnp.broadcast_to(padded, (batch, *padded.shape[1:]))
+
+        per_layer = tuple((broadcast(keys), broadcast(values)) for keys, values in kv)
+        _, hidden, _ = lm.call_with_cache(inputs, per_layer, prefix.shape[1])
+        return hidden
+    _, cache = lm._build_cache(jnp.asarray(prefix))  # (1, layers, 2, prefix, heads, dim)
     layers = []
     for i in range(cache.shape[1]):
         padded = jnp.pad(cache[:, i], [(0, 0), (0, 0), (0, length), (0, 0), (0, 0)])  # room for inputs

@@ -69,7 +69,7 @@ class FixerSpec:
     recipe: Recipe = RECIPE
     steps: int = STEPS
     learning_rate: float = LEARNING_RATE
-    about: str = ""
+    about: str = ""  # what it is, for its preset's metadata
 
     @property
     def weights(self) -> Path:
@@ -291,6 +291,8 @@ def build_fixer_preset(
                 "template": spec.family,
                 "base": False,
                 "fine_tuned": {
+                    "model": spec.name,
+                    "about": spec.about,
                     "base": base_preset.name,
                     "lora_weights": weights_path.name,
                     "lora_sha256": file_sha256(weights_path),
