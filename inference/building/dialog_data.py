@@ -327,8 +327,8 @@ def spoken_time(rng: random.Random, hour: int, minute: int) -> str:
     return f"at {clock}{' ' if rng.random() < 0.3 else ''}{half}"
 
 
-def pick_duration(rng: random.Random) -> tuple[str, str, str]:
-    """(how the request says it, as "3 hours"; its code in the call, "60*3"); ("", "30") for none."""
+def pick_duration(rng: random.Random) -> tuple[str, str]:
+    """(how the request says it, "3 hours"; its code in the call, "60*3"); ("", "30") for none."""
     r = rng.random()
     if r < 0.4:
         return "", str(DEFAULT_DURATION)
