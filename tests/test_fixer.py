@@ -121,7 +121,7 @@ def test_contestants_are_built_one_by_one_or_all_together(tmp_path: Path) -> Non
 
 
 def test_the_fixer_fixes_more_held_out_mistakes_than_its_base(smollm2_preset: Path, fixer_preset: Path) -> None:
-    # Never trained on: held-out names, months and phrasings; one mistake corrected three ways.
+    # Never trained on: held-out names, dates and templates; eight mistakes, each corrected three ways.
     items = dialog_data.held_out_corrections(seed=1, count=8)
 
     def fixed(preset: Path) -> int:
