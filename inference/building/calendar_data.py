@@ -216,7 +216,7 @@ def render_reply(persona: Persona, turn: _Turn) -> str:
 # --- Spoken forms --------------------------------------------------------------------------------
 
 
-def _ordinal(day: int) -> str:
+def ordinal(day: int) -> str:
     suffix = "th" if 10 <= day % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(day % 10, "th")
     return f"{day}{suffix}"
 
@@ -229,7 +229,7 @@ def spoken_date(rng: random.Random, date: dt.date, with_year: bool) -> str:
                 f"{short} {date.day}, {date.year}",
                 f"{long} {date.day}, {date.year}",
                 f"{date.month}/{date.day}/{date.year}",
-                f"{long} {_ordinal(date.day)} {date.year}",
+                f"{long} {ordinal(date.day)} {date.year}",
             )
         )
     return rng.choice(
@@ -237,8 +237,8 @@ def spoken_date(rng: random.Random, date: dt.date, with_year: bool) -> str:
             f"{short} {date.day}",
             f"{long} {date.day}",
             f"{date.month}/{date.day}",
-            f"the {_ordinal(date.day)} of {long}",
-            f"{long} {_ordinal(date.day)}",
+            f"the {ordinal(date.day)} of {long}",
+            f"{long} {ordinal(date.day)}",
         )
     )
 
@@ -290,7 +290,7 @@ def _pick_subject(rng: random.Random, avoid: set[str] | None = None) -> tuple[st
             return spoken, title
 
 
-def _the(spoken: str) -> str:
+def definite(spoken: str) -> str:
     """ "a meeting with Fred" -> "the meeting with Fred", for cancelling it."""
     for article in ("a ", "an "):
         if spoken.startswith(article):
@@ -358,7 +358,7 @@ def _new_request(d: _Dialog, *, cancel: bool = False, allow_year: bool = True) -
     polite = rng.random() < 0.3
     if cancel:
         entry = Entry(title, date, hour, minute, lower_pm=lower_pm)
-        target = _the(spoken)
+        target = definite(spoken)
         if polite:
             text = rng.choice(
                 (
@@ -496,7 +496,7 @@ def _cancel_earlier(d: _Dialog) -> tuple[str, _Turn]:
     rng = d.rng
     title = rng.choice(sorted(d.entries))
     entry = d.entries[title]
-    target = _the(d.spoken.get(title, title.lower()))
+    target = definite(d.spoken.get(title, title.lower()))
     text = rng.choice((f"Cancel {target}.", f"Remove {target}.", f"Delete {target} from my calendar."))
     return text, _Turn(entry, "remove")
 

@@ -47,9 +47,12 @@ from inference.building.calendar_data import (
     DEFAULT_DURATION,
     DEFAULT_YEAR,
     MONTHS,
+    PERSON_EVENTS,
     Entry,
     Example,
     add_call,
+    definite,
+    ordinal,
     remove_call,
 )
 from inference.chat_templates import ChatTurn
@@ -98,13 +101,6 @@ class Pools:
     phrasing: int  # 0: the training templates of every request kind, 1: the held-out ones
 
 
-PERSON_EVENTS = (
-    ("a meeting", "Meeting"),
-    ("a call", "Call"),
-    ("lunch", "Lunch"),
-    ("dinner", "Dinner"),
-    ("coffee", "Coffee"),
-)
 SPLITS: dict[Split, Pools] = {
     "train": Pools(
         split="train",
@@ -291,24 +287,19 @@ TEMPLATES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 # --- Spoken forms ----------------------------------------------------------------------------------
 
 
-def _ordinal(day: int) -> str:
-    suffix = "th" if 10 <= day % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(day % 10, "th")
-    return f"{day}{suffix}"
-
-
 def spoken_date(rng: random.Random, date: dt.date, with_year: bool) -> str:
     short, long = MONTHS[date.month - 1]
     forms = [
         f"{short} {date.day}",
         f"{long} {date.day}",
-        f"the {_ordinal(date.day)} of {long}",
-        f"{long} {_ordinal(date.day)}",
+        f"the {ordinal(date.day)} of {long}",
+        f"{long} {ordinal(date.day)}",
     ]
     if with_year:
         forms = [
             f"{short} {date.day}, {date.year}",
             f"{long} {date.day}, {date.year}",
-            f"{long} {_ordinal(date.day)} {date.year}",
+            f"{long} {ordinal(date.day)} {date.year}",
         ]
     return rng.choice(forms)
 
@@ -416,13 +407,6 @@ class _Dialog:
                 return date
 
 
-def _the(spoken: str) -> str:
-    for article in ("a ", "an "):
-        if spoken.startswith(article):
-            return "the " + spoken[len(article) :]
-    return spoken if spoken.startswith("the ") else "the " + spoken
-
-
 def _new_event(d: _Dialog, kind: str, date: dt.date, *, with_year: bool = False) -> _Request:
     spoken, title = d.subject()
     hour, minute = _random_time(d.rng)
@@ -455,7 +439,7 @@ def _first(d: _Dialog) -> _Request:
         date = d.date(year)
         text = d.template(
             "cancel_first",
-            target=_the(spoken),
+            target=definite(spoken),
             date=spoken_date(d.rng, date, with_year),
             when=spoken_time(d.rng, hour, minute),
         )
@@ -502,7 +486,7 @@ def _time(d: _Dialog) -> _Request:
 def _cancel(d: _Dialog) -> _Request:
     title = d.rng.choice(sorted(d.entries))
     entry, spoken = d.entries[title]
-    target = _the(spoken or title.lower())
+    target = definite(spoken or title.lower())
     return _Request(d.template("cancel", target=target, Target=target[0].upper() + target[1:]), entry, "remove")
 
 
