@@ -306,12 +306,13 @@ ARENA_DELTA_FLUSH_SECONDS = float(os.environ.get("ARENA_DELTA_FLUSH_SECONDS", "0
 ARENA_STREAM_CHARS_PER_S = float(os.environ.get("ARENA_STREAM_CHARS_PER_S", "250"))
 ARENA_STREAM_FIRST_TEXT_SECONDS = float(os.environ.get("ARENA_STREAM_FIRST_TEXT_SECONDS", "0.3"))
 # An anonymous battle is paced at MARGIN times what the slowest model anonymous battles may draw
-# sustains (the median of its own speeds on its last SAMPLE replies), UNMEASURED characters a
+# sustains (the 10th percentile of its own speeds on its last SAMPLE replies: MARGIN leaves room for
+# its slower replies, whose pauses would show), UNMEASURED characters a
 # second if it has none; a named or direct battle at its slower model's. An anonymous reply's
 # pace starts no sooner than the longest typical time to first token (90th percentile of the last
 # SAMPLE replies) of those models after its worker's start; on a turn to both sides each side's
 # first text also waits (at most HOLD seconds) for the other's.
-ARENA_STREAM_PACE_MARGIN = float(os.environ.get("ARENA_STREAM_PACE_MARGIN", "0.8"))
+ARENA_STREAM_PACE_MARGIN = float(os.environ.get("ARENA_STREAM_PACE_MARGIN", "0.65"))
 ARENA_STREAM_PACE_SAMPLE = int(os.environ.get("ARENA_STREAM_PACE_SAMPLE", "20"))
 ARENA_STREAM_UNMEASURED_CHARS_PER_S = float(os.environ.get("ARENA_STREAM_UNMEASURED_CHARS_PER_S", "40"))
 ARENA_STREAM_HOLD_SECONDS = float(os.environ.get("ARENA_STREAM_HOLD_SECONDS", "20"))
