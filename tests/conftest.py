@@ -112,6 +112,17 @@ def battle_llm_fields(preset: str, queue: str) -> dict[str, Any]:
     }
 
 
+def registered_llm(path: Path, queue: str, **fields: Any) -> LLM:
+    """A real imported preset's roster entry as register_roster makes it, served from ``queue``."""
+    from inference.management.commands.register_roster import REAL_MODEL_SAMPLING
+
+    preset = registry.read_preset(path)
+    described = {"family": preset.family, "base": preset.base, "context_tokens": preset.context}
+    return LLM.objects.create(
+        name=path.name, preset=str(path), queue=queue, **described, **REAL_MODEL_SAMPLING, **fields
+    )
+
+
 @pytest.fixture
 def demo_llms(db: None, run_id: str) -> list[LLM]:
     return [

@@ -44,10 +44,9 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from scipy.stats import binomtest
 
-from inference import registry
 from inference.management.commands.register_roster import REAL_MODEL_SAMPLING
 from inference.models import LLM
-from tests.conftest import BATTLE_PRESETS, new_session
+from tests.conftest import BATTLE_PRESETS, new_session, registered_llm
 from votes import evaluation_services, services
 from votes.models import Battle, Task
 
@@ -453,21 +452,7 @@ def real_roster(smollm2: Path, fixer: Path, gemma3: Path, run_id: str, settings:
     settings.ARENA_ENGINE_SLOTS = 4  # Caches for the four replies in flight, not eight.
     services.import_tasks(PROBE_TASK)
     queues = [f"test-{run_id}.{name}" for name in BATTLE_PRESETS]
-    roster = []
-    for index, path in enumerate((smollm2, fixer, gemma3)):
-        preset = registry.read_preset(path)
-        roster.append(
-            LLM.objects.create(
-                name=path.name,
-                family=preset.family,
-                preset=str(path),
-                base=preset.base,
-                context_tokens=preset.context,
-                queue=queues[index % len(queues)],
-                **REAL_MODEL_SAMPLING,
-            )
-        )
-    return roster
+    return [registered_llm(path, queues[index % len(queues)]) for index, path in enumerate((smollm2, fixer, gemma3))]
 
 
 async def test_timing_and_context_probes_name_no_pair_and_no_side_on_the_real_roster(

@@ -1,0 +1,228 @@
+"""manage.py bench_fixing_board: voters who judge as the task's checker does play task battles
+through the real websocket, then the leaderboard refresh rates the fix episodes they made."""
+
+import asyncio
+import json
+import random
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
+
+from inference.models import LLM
+from leaderboard import services
+from leaderboard.models import LeaderboardSnapshot
+from votes.models import Battle, Task
+from votes.testing.checker_voter import FEEDBACK_KINDS, CheckerVoter, ScriptedTurn
+from votes.testing.stack import Stack, StackError, database_url
+
+FIXING = "fixing"
+
+
+class Command(BaseCommand):
+    help = (
+        "Start daphne and a Celery worker on loopback (this configuration's PostgreSQL and Redis), let "
+        "simulated voters play anonymous battles on a task (its scripted prompts, every reply judged and "
+        "rated by the task's checker, every wrong side corrected alone), refresh the leaderboard and "
+        'print its live "Fixing mistakes" board. Run it on a database of its own: its battles and '
+        "votes are real ones."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--task", default="calendar", help="The task's short name (slug).")
+        parser.add_argument("--battles", type=int, default=60, help="Battles in all.")
+        parser.add_argument("--at-once", type=int, default=4, help="Voters playing at the same time.")
+        parser.add_argument("--turns", type=int, help="Scripted turns each voter plays (default: all).")
+        parser.add_argument(
+            "--max-corrections", type=int, default=1, help="Corrections a wrong side gets at each scripted turn."
+        )
+        parser.add_argument(
+            "--feedback",
+            default=",".join(FEEDBACK_KINDS),
+            help="The kinds of correction the voters send, drawn at random: checker, human, generic.",
+        )
+        parser.add_argument(
+            "--expect",
+            action="append",
+            default=[],
+            metavar="BETTER>WORSE",
+            help="Fail unless BETTER's fix-ability interval lies wholly above WORSE's (repeatable).",
+        )
+        parser.add_argument("--seed", type=int, default=0, help="Seeds the voters' choices.")
+        parser.add_argument("--worker-threads", type=int, default=16, help="The Celery worker's thread pool.")
+        parser.add_argument("--allow-existing", action="store_true", help="Run on a database that has battles.")
+        parser.add_argument("--json", type=Path, help="Also write the board and the run's figures to this file.")
+        parser.add_argument("--log-dir", type=Path, help="Where the children's logs go (default: a temp folder).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["battles"] < 1 or options["at_once"] < 1 or options["max_corrections"] < 0:
+            raise CommandError("--battles and --at-once must be at least 1, --max-corrections at least 0.")
+        if connection.vendor != "postgresql" or not settings.REDIS_URL:
+            raise CommandError("The bench needs PostgreSQL and Redis: set DATABASE_URL and REDIS_URL.")
+        if Battle.objects.exists() and not options["allow_existing"]:
+            raise CommandError(
+                "This database already has battles, and the bench's would join them on the board: point "
+                "DATABASE_URL at a database of its own (migrate, register_roster, import_tasks), or pass "
+                "--allow-existing."
+            )
+        task = Task.objects.filter(slug=options["task"], active=True).first()
+        if task is None:
+            raise CommandError(f"No active task {options['task']!r} (import_tasks loads the calendar task).")
+        script = [ScriptedTurn.from_script(turn) for turn in task.snapshot()["script"]]
+        if not script:
+            raise CommandError(f"The task {task.slug!r} has no scripted turns.")
+        feedback_kinds = [kind.strip() for kind in options["feedback"].split(",") if kind.strip()]
+        if not feedback_kinds or set(feedback_kinds) - set(FEEDBACK_KINDS):
+            raise CommandError(f"--feedback takes some of {', '.join(FEEDBACK_KINDS)}, comma-separated.")
+        expectations = [parse_expectation(text) for text in options["expect"]]
+        drawn = list(LLM.objects.anonymous().values_list("name", flat=True))
+        if len(drawn) < 2:
+            raise CommandError(
+                "Anonymous battles draw from fewer than two models (register_roster registers the roster)."
+            )
+        for name in {name for pair in expectations for name in pair} - set(drawn):
+            raise CommandError(f"{name!r} is not a model anonymous battles draw ({', '.join(sorted(drawn))}).")
+        queues = sorted(set(LLM.objects.enabled().values_list("queue", flat=True)))
+        log_dir = options["log_dir"] or Path(tempfile.mkdtemp(prefix="arena-fixbench-"))
+        stack = Stack(
+            database_url=database_url(connection.settings_dict),
+            redis_url=settings.REDIS_URL,
+            log_dir=log_dir,
+            env=BENCH_ENV,
+        )
+        self.stderr.write(f"{len(drawn)} models drawn: {', '.join(sorted(drawn))}; logs in {log_dir}")
+        try:
+            stack.start_worker("fixbench-worker", queues, concurrency=options["worker_threads"])
+            _, url = stack.start_web()
+            voters = asyncio.run(
+                play(
+                    options["battles"],
+                    options["at_once"],
+                    options["seed"],
+                    lambda index, rng: CheckerVoter(
+                        url,
+                        index,
+                        rng,
+                        task=task.slug,
+                        script=script,
+                        turns=options["turns"],
+                        max_corrections=options["max_corrections"],
+                        feedback_kinds=feedback_kinds,
+                    ),
+                    progress=lambda done: self.stderr.write(f"{done}/{options['battles']} battles"),
+                )
+            )
+        except (StackError, ValueError) as error:
+            raise CommandError(str(error)) from error
+        finally:
+            stack.stop()
+        results = [voter.result for voter in voters]
+        errors = [error for result in results for error in result.errors]
+        services.refresh_leaderboard()
+        board = LeaderboardSnapshot.objects.filter(category=FIXING).order_by("-refresh__created", "-pk").first()
+        rows = board.rows if board is not None else []
+        report = {
+            "battles": len(results),
+            "finished": sum(result.finished for result in results),
+            "votes": sum(result.votes for result in results),
+            "replies_judged": sum(len(voter.log.judged) for voter in voters),
+            "corrections": sum(voter.log.corrections for voter in voters),
+            "errors": errors,
+            "board": rows,
+            "unrated": board.unrated if board is not None else [],
+            "excluded": board.excluded if board is not None else {},
+            "separated": separated(rows),
+        }
+        self.stdout.write(format_board(report))
+        if options["json"]:
+            options["json"].write_text(json.dumps(report, indent=2))
+        problems = [f"{len(errors)} voters failed, first: {errors[0]}"] if errors else []
+        by_model = {row["model"]: row for row in rows}
+        for better, worse in expectations:
+            if not above(by_model.get(better), by_model.get(worse)):
+                problems.append(f"{better}'s fix-ability interval is not wholly above {worse}'s")
+        if problems:
+            raise CommandError("Fixing board bench failed: " + "; ".join(problems))
+
+
+# The worker and daphne of the run: every voter comes from 127.0.0.1, so the per-network budgets
+# and caps are off (each voter has a session of its own); pacing is off, as the board, not the
+# voter's view of time, is what is measured.
+BENCH_ENV = {
+    "ARENA_RATE_LIMITS": "battle=30/0/3600,message=60/0/60,vote=60/0/60,frame=600/0/60",
+    "ARENA_NEW_SESSIONS_PER_NETWORK": "0",
+    "ARENA_SOCKETS_PER_NETWORK": "0",
+    "ARENA_REPLIES_PER_NETWORK": "0",
+    "ARENA_STREAM_CHARS_PER_S": "0",
+    "ARENA_STREAM_FIRST_TEXT_SECONDS": "0",
+}
+
+
+async def play(
+    battles: int,
+    at_once: int,
+    seed: int,
+    voter: Callable[[int, random.Random], CheckerVoter],
+    progress: Callable[[int], object] = lambda done: None,
+) -> list[CheckerVoter]:
+    """``battles`` voters, ``at_once`` of them playing at any time, each once; in order."""
+    voters = [voter(index, random.Random(seed * 100_003 + index)) for index in range(battles)]
+    pending = iter(voters)
+    done = 0
+
+    async def lane() -> None:
+        nonlocal done
+        for each in pending:
+            await each.play()
+            done += 1
+            progress(done)
+
+    await asyncio.gather(*(lane() for _ in range(min(at_once, battles))))
+    return voters
+
+
+def parse_expectation(text: str) -> tuple[str, str]:
+    better, sep, worse = text.partition(">")
+    if not sep or not better.strip() or not worse.strip():
+        raise CommandError(f"--expect takes BETTER>WORSE (two model names), got {text!r}.")
+    return better.strip(), worse.strip()
+
+
+def above(better: dict[str, Any] | None, worse: dict[str, Any] | None) -> bool:
+    """Whether ``better``'s interval lies wholly above ``worse``'s (an open end bounds nothing)."""
+    if better is None or worse is None or better["lower"] is None or worse["upper"] is None:
+        return False
+    return bool(better["lower"] > worse["upper"])
+
+
+def separated(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """Every pair of models whose intervals do not overlap, the better one first."""
+    return [[high["model"], low["model"]] for high in rows for low in rows if above(high, low)]
+
+
+def format_board(report: dict[str, Any]) -> str:
+    def bound(value: float | None) -> str:
+        return "open" if value is None else f"{value:.0f}"
+
+    lines = [
+        f"battles {report['finished']}/{report['battles']} finished, {len(report['errors'])} errors",
+        "Fixing mistakes (fix-ability, 95% intervals; raw share fixed with its Wilson interval):",
+    ]
+    for row in report["board"]:
+        rating = "unrated" if row["rating"] is None else f"{row['rating']:.0f}"
+        lines.append(
+            f"  {row['model']:<32} {rating:>7} [{bound(row['lower'])}, {bound(row['upper'])}]"
+            f"  fixed {row['fixed']}/{row['episodes']} = {row['fix_rate']:.0%}"
+            f" [{row['fix_lower']:.0%}, {row['fix_upper']:.0%}]"
+        )
+    lines += [f"  unrated: {name}" for name in report["unrated"]]
+    left_out = ", ".join(f"{n} ({reason})" for reason, n in report["excluded"].items() if n)
+    lines.append(f"episodes left out: {left_out or 'none'}")
+    lines.append(
+        "separated (intervals apart): " + ("; ".join(f"{high} > {low}" for high, low in report["separated"]) or "none")
+    )
+    return "\n".join(lines)
