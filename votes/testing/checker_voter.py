@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from votes import checkers, evaluation
-from votes.testing.voters import ReplyRecord, Voter
+from votes.testing.voters import ErrorFrame, ReplyRecord, Voter
 
 FEEDBACK_KINDS = (evaluation.CHECKER_FEEDBACK, evaluation.HUMAN_FEEDBACK, evaluation.GENERIC_FEEDBACK)
 NO_CHECK = "none"
+TOO_LONG = "conversation_too_long"  # The error code of a prompt past ARENA_MAX_CONVERSATION_BYTES.
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class Judged:
 class CheckerVoterLog:
     judged: list[Judged] = field(default_factory=list)
     corrections: int = 0
+    cut_at_limit: bool = False  # The conversation reached the arena's length limit before the script's end.
 
 
 def correction_text(result: checkers.CheckResult, kind: str) -> str:
@@ -120,24 +122,35 @@ class CheckerVoter(Voter):
         self.step = f"starting a battle on {self.task}"
         await self.send({"type": "start", "task": self.task})
         await self.read_until(lambda frame: frame["type"] == "state")
-        for position, scripted in enumerate(self.script):
-            await self.ask(scripted.prompt, position, scripted, sides=("a", "b"))
-            if "first_try" not in self.voted:
-                await self.cast("first_try")
-            corrected = False
-            for _ in range(self.max_corrections):
-                wrong_sides = [side for side in "ab" if self.wrong[side]]
-                if not wrong_sides:
-                    break
-                for side in wrong_sides:
-                    await self.correct(side, position, scripted)
-                    corrected = True
-            if corrected and "after_fix" not in self.voted:
-                await self.cast("after_fix")
+        try:
+            for position, scripted in enumerate(self.script):
+                await self.play_turn(position, scripted)
+        except ErrorFrame as error:
+            if error.code != TOO_LONG:
+                raise
+            # The conversation reached the arena's length limit: the voter ends the battle there.
+            self.log.cut_at_limit = True
         self.step = "ending the battle"
         await self.send({"type": "end"})
         revealed = (await self.read_until(lambda frame: frame["type"] == "revealed"))[-1]
         self.result.models = dict(revealed.get("models") or {})
+
+    async def play_turn(self, position: int, scripted: ScriptedTurn) -> None:
+        """One scripted prompt to both sides, the first-try vote after the first, then each wrong
+        side corrected alone, and the after-fix vote after the first correction."""
+        await self.ask(scripted.prompt, position, scripted, sides=("a", "b"))
+        if "first_try" not in self.voted:
+            await self.cast("first_try")
+        corrected = False
+        for _ in range(self.max_corrections):
+            wrong_sides = [side for side in "ab" if self.wrong[side]]
+            if not wrong_sides:
+                break
+            for side in wrong_sides:
+                await self.correct(side, position, scripted)
+                corrected = True
+        if corrected and "after_fix" not in self.voted:
+            await self.cast("after_fix")
 
     async def ask(self, text: str, position: int, scripted: ScriptedTurn, sides: Sequence[str]) -> None:
         """Send ``text`` to ``sides``, read the replies, judge and rate each one."""

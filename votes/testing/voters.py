@@ -57,6 +57,14 @@ class VoterResult:
     finished: bool = False
 
 
+class ErrorFrame(RuntimeError):
+    """The arena answered a frame with an error frame."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"error frame {code}: {message}")
+        self.code = code
+
+
 def session_cookie(base_url: str) -> str:
     """GET the arena page, as a browser does first (it creates the session): the Cookie header."""
     with urllib.request.urlopen(base_url.rstrip("/") + "/", timeout=60) as response:
@@ -164,7 +172,7 @@ class Voter:
                 self.result.layer_latencies_s.append(frame["relayed_at"] - left_worker_at)
                 self.result.socket_latencies_s.append(arrived - frame["relayed_at"])
         if frame["type"] == "error":
-            raise RuntimeError(f"error frame {frame['code']}: {frame['message']}")
+            raise ErrorFrame(frame["code"], frame["message"])
         if frame["type"] == "delta":
             record = self.result.replies.get((frame["turn"], frame["side"]))
             if record is None or frame["seq"] != record.next_seq:

@@ -6,6 +6,7 @@ import json
 import random
 import tempfile
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,11 @@ from django.db import connection
 
 from inference.models import LLM
 from leaderboard import services
+from leaderboard.bench_database import scratch_database
 from leaderboard.models import LeaderboardSnapshot
-from votes.models import Battle, Task
+from votes import selectors as votes_selectors
+from votes import services as votes_services
+from votes.models import Battle, FixEpisode, Message, Task
 from votes.testing.checker_voter import FEEDBACK_KINDS, CheckerVoter, ScriptedTurn
 from votes.testing.stack import Stack, StackError, database_url
 
@@ -28,8 +32,8 @@ class Command(BaseCommand):
         "Start daphne and a Celery worker on loopback (this configuration's PostgreSQL and Redis), let "
         "simulated voters play anonymous battles on a task (its scripted prompts, every reply judged and "
         "rated by the task's checker, every wrong side corrected alone), refresh the leaderboard and "
-        'print its live "Fixing mistakes" board. Run it on a database of its own: its battles and '
-        "votes are real ones."
+        'print its live "Fixing mistakes" board. It plays in a scratch database (dropped afterwards) '
+        "with the configured roster's anonymous models and the task."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -54,7 +58,12 @@ class Command(BaseCommand):
         )
         parser.add_argument("--seed", type=int, default=0, help="Seeds the voters' choices.")
         parser.add_argument("--worker-threads", type=int, default=16, help="The Celery worker's thread pool.")
-        parser.add_argument("--allow-existing", action="store_true", help="Run on a database that has battles.")
+        parser.add_argument(
+            "--in-place",
+            action="store_true",
+            help="Play in the configured database (it must have no battle) instead of a scratch one "
+            "(bench_<name>: its roster's anonymous models and the task copied in, dropped afterwards).",
+        )
         parser.add_argument("--json", type=Path, help="Also write the board and the run's figures to this file.")
         parser.add_argument("--log-dir", type=Path, help="Where the children's logs go (default: a temp folder).")
 
@@ -63,12 +72,8 @@ class Command(BaseCommand):
             raise CommandError("--battles and --at-once must be at least 1, --max-corrections at least 0.")
         if connection.vendor != "postgresql" or not settings.REDIS_URL:
             raise CommandError("The bench needs PostgreSQL and Redis: set DATABASE_URL and REDIS_URL.")
-        if Battle.objects.exists() and not options["allow_existing"]:
-            raise CommandError(
-                "This database already has battles, and the bench's would join them on the board: point "
-                "DATABASE_URL at a database of its own (migrate, register_roster, import_tasks), or pass "
-                "--allow-existing."
-            )
+        if options["in_place"] and Battle.objects.exists():
+            raise CommandError("--in-place needs a database without battles: the bench's would join them on the board.")
         task = Task.objects.filter(slug=options["task"], active=True).first()
         if task is None:
             raise CommandError(f"No active task {options['task']!r} (import_tasks loads the calendar task).")
@@ -79,13 +84,40 @@ class Command(BaseCommand):
         if not feedback_kinds or set(feedback_kinds) - set(FEEDBACK_KINDS):
             raise CommandError(f"--feedback takes some of {', '.join(FEEDBACK_KINDS)}, comma-separated.")
         expectations = [parse_expectation(text) for text in options["expect"]]
-        drawn = list(LLM.objects.anonymous().values_list("name", flat=True))
+        roster = [
+            {field: value for field, value in row.items() if field != "id"} for row in LLM.objects.anonymous().values()
+        ]
+        drawn = sorted(row["name"] for row in roster)
         if len(drawn) < 2:
             raise CommandError(
                 "Anonymous battles draw from fewer than two models (register_roster registers the roster)."
             )
         for name in {name for pair in expectations for name in pair} - set(drawn):
-            raise CommandError(f"{name!r} is not a model anonymous battles draw ({', '.join(sorted(drawn))}).")
+            raise CommandError(f"{name!r} is not a model anonymous battles draw ({', '.join(drawn)}).")
+        tasks = votes_selectors.export_tasks([task])
+        self.stderr.write(f"{len(drawn)} models drawn: {', '.join(drawn)}")
+        with nullcontext() if options["in_place"] else scratch_database():
+            if not options["in_place"]:  # The roster and the task, in the bench's own database.
+                LLM.objects.bulk_create(LLM(**row) for row in roster)
+                votes_services.import_tasks(tasks)
+            voters = self.play(task.slug, script, feedback_kinds, options)
+            report = board_report(voters)
+        self.stdout.write(format_board(report))
+        if options["json"]:
+            options["json"].write_text(json.dumps(report, indent=2))
+        errors = report["errors"]
+        problems = [f"{len(errors)} voters failed, first: {errors[0]}"] if errors else []
+        by_model = {row["model"]: row for row in report["board"]}
+        for better, worse in expectations:
+            if not above(by_model.get(better), by_model.get(worse)):
+                problems.append(f"{better}'s fix-ability interval is not wholly above {worse}'s")
+        if problems:
+            raise CommandError("Fixing board bench failed: " + "; ".join(problems))
+
+    def play(
+        self, task: str, script: list[ScriptedTurn], feedback_kinds: list[str], options: dict[str, Any]
+    ) -> list[CheckerVoter]:
+        """Start daphne and a worker on the current database, let the voters play, stop them."""
         queues = sorted(set(LLM.objects.enabled().values_list("queue", flat=True)))
         log_dir = options["log_dir"] or Path(tempfile.mkdtemp(prefix="arena-fixbench-"))
         stack = Stack(
@@ -94,11 +126,11 @@ class Command(BaseCommand):
             log_dir=log_dir,
             env=BENCH_ENV,
         )
-        self.stderr.write(f"{len(drawn)} models drawn: {', '.join(sorted(drawn))}; logs in {log_dir}")
+        self.stderr.write(f"Starting daphne and a worker for {', '.join(queues)} (logs in {log_dir})")
         try:
             stack.start_worker("fixbench-worker", queues, concurrency=options["worker_threads"])
             _, url = stack.start_web()
-            voters = asyncio.run(
+            return asyncio.run(
                 play(
                     options["battles"],
                     options["at_once"],
@@ -107,7 +139,7 @@ class Command(BaseCommand):
                         url,
                         index,
                         rng,
-                        task=task.slug,
+                        task=task,
                         script=script,
                         turns=options["turns"],
                         max_corrections=options["max_corrections"],
@@ -120,33 +152,41 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from error
         finally:
             stack.stop()
-        results = [voter.result for voter in voters]
-        errors = [error for result in results for error in result.errors]
-        services.refresh_leaderboard()
-        board = LeaderboardSnapshot.objects.filter(category=FIXING).order_by("-refresh__created", "-pk").first()
-        rows = board.rows if board is not None else []
-        report = {
-            "battles": len(results),
-            "finished": sum(result.finished for result in results),
-            "votes": sum(result.votes for result in results),
-            "replies_judged": sum(len(voter.log.judged) for voter in voters),
-            "corrections": sum(voter.log.corrections for voter in voters),
-            "errors": errors,
-            "board": rows,
-            "unrated": board.unrated if board is not None else [],
-            "excluded": board.excluded if board is not None else {},
-            "separated": separated(rows),
-        }
-        self.stdout.write(format_board(report))
-        if options["json"]:
-            options["json"].write_text(json.dumps(report, indent=2))
-        problems = [f"{len(errors)} voters failed, first: {errors[0]}"] if errors else []
-        by_model = {row["model"]: row for row in rows}
-        for better, worse in expectations:
-            if not above(by_model.get(better), by_model.get(worse)):
-                problems.append(f"{better}'s fix-ability interval is not wholly above {worse}'s")
-        if problems:
-            raise CommandError("Fixing board bench failed: " + "; ".join(problems))
+
+
+def board_report(voters: list[CheckerVoter]) -> dict[str, Any]:
+    """Refresh the leaderboard, as the site does, and report its "Fixing mistakes" board beside
+    what the voters did, and whether the server's checker judged every reply as they did."""
+    results = [voter.result for voter in voters]
+    services.refresh_leaderboard()
+    board = LeaderboardSnapshot.objects.filter(category=FIXING).order_by("-refresh__created", "-pk").first()
+    rows = board.rows if board is not None else []
+    verdicts = {
+        (battle, turn, side): verdict
+        for battle, turn, side, verdict in Message.objects.filter(role=Message.Role.ASSISTANT).values_list(
+            "battle__public_id", "turn", "side", "check_verdict"
+        )
+    }
+    judged = [(voter.battle_id, judged) for voter in voters for judged in voter.log.judged]
+    ended = Battle.objects.filter(state=Battle.State.ENDED)
+    return {
+        "battles": len(results),
+        "finished": sum(result.finished for result in results),
+        "battles_ended": ended.count(),
+        "votes": sum(result.votes for result in results),
+        "replies_judged": len(judged),
+        "judged_as_the_server": sum(
+            verdicts.get((battle, one.turn, one.side)) == one.verdict for battle, one in judged
+        ),
+        "corrections": sum(voter.log.corrections for voter in voters),
+        "cut_at_limit": sum(voter.log.cut_at_limit for voter in voters),
+        "episodes_recorded": FixEpisode.objects.filter(battle__in=ended).count(),
+        "errors": [error for result in results for error in result.errors],
+        "board": rows,
+        "unrated": board.unrated if board is not None else [],
+        "excluded": board.excluded if board is not None else {},
+        "separated": separated(rows),
+    }
 
 
 # The worker and daphne of the run: every voter comes from 127.0.0.1, so the per-network budgets
@@ -209,7 +249,10 @@ def format_board(report: dict[str, Any]) -> str:
         return "open" if value is None else f"{value:.0f}"
 
     lines = [
-        f"battles {report['finished']}/{report['battles']} finished, {len(report['errors'])} errors",
+        f"battles {report['finished']}/{report['battles']} finished ({report['cut_at_limit']} ended early at the"
+        f" arena's length limit), {len(report['errors'])} errors; {report['corrections']} corrections;"
+        f" the server's checker judged {report['judged_as_the_server']} of {report['replies_judged']} replies as"
+        " the voters did",
         "Fixing mistakes (fix-ability, 95% intervals; raw share fixed with its Wilson interval):",
     ]
     for row in report["board"]:
