@@ -90,6 +90,11 @@ def vote_choice(wrong: Mapping[str, bool]) -> str:
 
 
 class CheckerVoter(Voter):
+    # The bench measures the board, not the wait: a reply may wait for its model's first
+    # compilation of a longer conversation's shape, behind a busy engine, far longer than a
+    # load test allows.
+    frame_timeout_s = 900.0
+
     def __init__(
         self,
         base_url: str,

@@ -75,6 +75,8 @@ def session_cookie(base_url: str) -> str:
 
 
 class Voter:
+    frame_timeout_s = FRAME_TIMEOUT_S  # Longer than this without a frame: the voter gives up.
+
     def __init__(self, base_url: str, index: int, rng: random.Random) -> None:
         self.base_url = base_url.rstrip("/")
         self.index = index
@@ -97,7 +99,7 @@ class Voter:
             self.result.finished = True
         except TimeoutError:
             self.result.errors.append(
-                f"voter {self.index}: no frame for {FRAME_TIMEOUT_S:.0f} s while {self.step} "
+                f"voter {self.index}: no frame for {self.frame_timeout_s:.0f} s while {self.step} "
                 f"(battle {self.battle_id}, last frame {self.last_frame})"
             )
         except Exception as error:  # Reported, never raised: one voter's failure is a finding.
@@ -156,7 +158,7 @@ class Voter:
                 return frames
 
     async def read(self) -> dict[str, Any]:
-        raw = await asyncio.wait_for(self.socket.recv(), FRAME_TIMEOUT_S)
+        raw = await asyncio.wait_for(self.socket.recv(), self.frame_timeout_s)
         arrived = time.time()
         frame = json.loads(raw)
         self.last_frame = " ".join(f"{key}={frame[key]}" for key in ("type", "side", "turn", "seq") if key in frame)

@@ -5,6 +5,7 @@ import asyncio
 import json
 import random
 import tempfile
+import uuid
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
@@ -98,7 +99,10 @@ class Command(BaseCommand):
         self.stderr.write(f"{len(drawn)} models drawn: {', '.join(drawn)}")
         with nullcontext() if options["in_place"] else scratch_database():
             if not options["in_place"]:  # The roster and the task, in the bench's own database.
-                LLM.objects.bulk_create(LLM(**row) for row in roster)
+                # Queues of this run's own: no other worker on this broker takes its jobs, and
+                # its worker takes no job another run left behind.
+                run = uuid.uuid4().hex[:8]
+                LLM.objects.bulk_create(LLM(**{**row, "queue": f"fixbench-{run}.{row['name']}"}) for row in roster)
                 votes_services.import_tasks(tasks)
             voters = self.play(task.slug, script, feedback_kinds, options)
             report = board_report(voters)
