@@ -23,7 +23,9 @@ from votes.testing.voters import ErrorFrame, ReplyRecord, Voter
 
 FEEDBACK_KINDS = (evaluation.CHECKER_FEEDBACK, evaluation.HUMAN_FEEDBACK, evaluation.GENERIC_FEEDBACK)
 NO_CHECK = "none"
-TOO_LONG = "conversation_too_long"  # The error code of a prompt past ARENA_MAX_CONVERSATION_BYTES.
+# The error codes of a prompt past the arena's limits (ARENA_MAX_CONVERSATION_BYTES, the battle's
+# turns): the voter ends the battle there.
+AT_LIMIT = ("conversation_too_long", "too_many_turns")
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ class Judged:
 class CheckerVoterLog:
     judged: list[Judged] = field(default_factory=list)
     corrections: int = 0
-    cut_at_limit: bool = False  # The conversation reached the arena's length limit before the script's end.
+    cut_at_limit: bool = False  # The battle reached the arena's length or turn limit before the script's end.
 
 
 def correction_text(result: checkers.CheckResult, kind: str) -> str:
@@ -131,9 +133,8 @@ class CheckerVoter(Voter):
             for position, scripted in enumerate(self.script):
                 await self.play_turn(position, scripted)
         except ErrorFrame as error:
-            if error.code != TOO_LONG:
+            if error.code not in AT_LIMIT:
                 raise
-            # The conversation reached the arena's length limit: the voter ends the battle there.
             self.log.cut_at_limit = True
         self.step = "ending the battle"
         await self.send({"type": "end"})

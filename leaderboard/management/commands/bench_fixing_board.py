@@ -254,7 +254,7 @@ def format_board(report: dict[str, Any]) -> str:
 
     lines = [
         f"battles {report['finished']}/{report['battles']} finished ({report['cut_at_limit']} ended early at the"
-        f" arena's length limit), {len(report['errors'])} errors; {report['corrections']} corrections;"
+        f" arena's length or turn limit), {len(report['errors'])} errors; {report['corrections']} corrections;"
         f" the server's checker judged {report['judged_as_the_server']} of {report['replies_judged']} replies as"
         " the voters did",
         "Fixing mistakes (fix-ability, 95% intervals; raw share fixed with its Wilson interval):",
