@@ -120,7 +120,6 @@ class CheckerVoter(Voter):
         self.max_corrections = max_corrections
         self.feedback_kinds = list(feedback_kinds)
         self.log = CheckerVoterLog()
-        self.turn = 0
         self.wrong = {"a": False, "b": False}  # Each side's latest reply judged wrong.
         self.voted: set[str] = set()
         self.reasons: dict[str, checkers.CheckResult] = {}  # Why each side's latest wrong reply is wrong.
@@ -160,7 +159,7 @@ class CheckerVoter(Voter):
 
     async def ask(self, text: str, position: int, scripted: ScriptedTurn, sides: Sequence[str]) -> None:
         """Send ``text`` to ``sides``, read the replies, judge and rate each one."""
-        self.step = f"sending turn {self.turn} to {'/'.join(sides)}"
+        self.step = f"sending a prompt to {'/'.join(sides)}"
         frame: dict[str, Any] = {"type": "prompt", "text": text}
         if len(sides) == 1:
             frame["side"] = sides[0]
@@ -183,7 +182,6 @@ class CheckerVoter(Voter):
             self.log.judged.append(Judged(side, turn, position, result.verdict, rating, correction))
             if self.wrong[side]:
                 self.reasons[side] = result
-        self.turn = turn + 1
 
     async def correct(self, side: str, position: int, scripted: ScriptedTurn) -> None:
         kind = self.rng.choice(self.feedback_kinds)

@@ -93,8 +93,9 @@ class Command(BaseCommand):
             raise CommandError(
                 "Anonymous battles draw from fewer than two models (register_roster registers the roster)."
             )
-        for name in {name for pair in expectations for name in pair} - set(drawn):
-            raise CommandError(f"{name!r} is not a model anonymous battles draw ({', '.join(drawn)}).")
+        unknown = sorted({name for pair in expectations for name in pair} - set(drawn))
+        if unknown:
+            raise CommandError(f"{unknown[0]!r} is not a model anonymous battles draw ({', '.join(drawn)}).")
         tasks = votes_selectors.export_tasks([task])
         self.stderr.write(f"{len(drawn)} models drawn: {', '.join(drawn)}")
         with nullcontext() if options["in_place"] else scratch_database():
