@@ -340,6 +340,8 @@ LOGGING = {
         "console": {"class": "logging.StreamHandler", **({"formatter": "json"} if LOG_FORMAT == "json" else {})}
     },
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    # One line per request to a model endpoint at INFO: every reply of a model served elsewhere.
+    "loggers": {"httpx": {"level": "WARNING"}},
 }
 # Celery workers replace the root logger's handlers with their own (plain text) unless told not
 # to: with JSON logs they keep the one above.
@@ -403,6 +405,14 @@ ARENA_TRACE_FRAMES = env_bool("ARENA_TRACE_FRAMES", False)
 # Threads of the embedded mode's in-process worker: concurrent replies share each engine's batch.
 ARENA_IN_PROCESS_WORKERS = int(os.environ.get("ARENA_IN_PROCESS_WORKERS", "8"))
 ARENA_EVALUATION_QUEUE = os.environ.get("ARENA_EVALUATION_QUEUE", "evaluations")
+# Models served elsewhere (an OpenAI-compatible endpoint, inference.clients.openai_compatible):
+# the Celery queue of the light workers that stream their replies (no Keras, no JAX), how long
+# a connection may take and a silence in the stream may last, and the most a server may send
+# for one reply (its answer is untrusted).
+ARENA_ENDPOINT_QUEUE = os.environ.get("ARENA_ENDPOINT_QUEUE", "endpoints")
+ARENA_ENDPOINT_CONNECT_TIMEOUT_SECONDS = float(os.environ.get("ARENA_ENDPOINT_CONNECT_TIMEOUT_SECONDS", "10"))
+ARENA_ENDPOINT_READ_TIMEOUT_SECONDS = float(os.environ.get("ARENA_ENDPOINT_READ_TIMEOUT_SECONDS", "120"))
+ARENA_ENDPOINT_MAX_RESPONSE_BYTES = int(os.environ.get("ARENA_ENDPOINT_MAX_RESPONSE_BYTES", str(2 * 1024 * 1024)))
 
 # Research API and dumps. The judge pseudonym is an HMAC of the voter with this secret: keep it
 # stable, or dumps stop being joinable across exports.

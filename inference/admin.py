@@ -8,10 +8,23 @@ from inference.models import CONTEXT_NOTE, GREEDY_NOTE, LLM
 
 @admin.register(LLM)
 class LLMAdmin(TypedTextAdmin, admin.ModelAdmin):
-    list_display = ("name", "family", "base", "queue", "enabled", "sampling_weight", "anonymous_battles", "preset")
+    list_display = ("name", "family", "base", "served_by", "queue", "enabled", "sampling_weight", "anonymous_battles")
     list_filter = ("family", "enabled")
     list_editable = ("enabled", "sampling_weight")
-    search_fields = ("name", "preset", "queue")
+    search_fields = ("name", "preset", "queue", "endpoint_url", "served_model")
+    fieldsets = (
+        (None, {"fields": ("name", "family", "base", "enabled", "sampling_weight", "queue")}),
+        ("Hosted by the arena (keras-hub)", {"fields": ("preset", "dtype", "mesh_shape")}),
+        (
+            "Served elsewhere (an OpenAI-compatible endpoint)",
+            {"fields": ("endpoint_url", "served_model", "api_key_env", "server_applies_template")},
+        ),
+        ("Replies", {"fields": ("temperature", "top_k", "top_p", "max_new_tokens", "context_tokens")}),
+    )
+
+    @admin.display(description="served by")
+    def served_by(self, llm: LLM) -> str:
+        return llm.endpoint_url or f"keras-hub: {llm.preset}"
 
     @admin.display(boolean=True, description="in anonymous battles")
     def anonymous_battles(self, llm: LLM) -> bool:

@@ -1,8 +1,10 @@
 """The model roster: which LLMs take part in battles and where their generation jobs go."""
 
+import re
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, URLValidator
 from django.db import models
 from django.db.models import F, Value
 from django.db.models.functions import Least
@@ -25,6 +27,19 @@ def validate_mesh_shape(value: str) -> None:
         parse_mesh_shape(value)
     except ValueError as error:
         raise ValidationError(str(error)) from error
+
+
+# An endpoint's key is read from a variable named like one: never SECRET_KEY, DATABASE_URL or
+# another of the arena's own secrets, which the request would otherwise send to the endpoint.
+_KEY_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*_API_KEY")
+
+
+def validate_env_name(value: str) -> None:
+    if value and not _KEY_ENV_NAME.fullmatch(value):
+        raise ValidationError(
+            f"{value!r} is not the name of an API key variable: give the name (letters, digits, underscores, ending "
+            'in "_API_KEY", e.g. "VLLM_API_KEY") of the environment variable that holds the key, never the key.'
+        )
 
 
 class Family(models.TextChoices):
@@ -86,15 +101,57 @@ class LLM(models.Model):
     """One contestant. Its name is secret to voters until they have voted."""
 
     name = models.CharField(max_length=100, unique=True, help_text="Public name, revealed after the vote.")
-    family = models.CharField(max_length=20, choices=Family.choices)
+    family = models.CharField(
+        max_length=20,
+        choices=Family.choices,
+        blank=True,
+        help_text="Its chat template. Blank only for a model served elsewhere whose server applies the template.",
+    )
     preset = models.CharField(
         max_length=500,
-        help_text="A local preset folder, or a Kaggle/Hugging Face handle loaded with from_preset.",
+        blank=True,
+        help_text="A local preset folder, or a Kaggle/Hugging Face handle loaded with from_preset (the arena's own "
+        "keras-hub hosts); blank for a model served elsewhere (the endpoint below).",
+    )
+    # Served elsewhere: any OpenAI-compatible server (vLLM, a hosted API, another arena host).
+    # Database defaults as well: rows written by code from before these fields (a rolling
+    # deploy, a migration's historical model) are models the arena hosts.
+    endpoint_url = models.URLField(
+        max_length=500,
+        blank=True,
+        default="",
+        db_default="",
+        validators=[URLValidator(schemes=["http", "https"])],
+        help_text='The OpenAI-compatible API root that serves this model, e.g. "http://vllm:8000/v1"; blank: the '
+        "arena's own keras-hub host loads the preset.",
+    )
+    served_model = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        db_default="",
+        help_text='The name the endpoint serves the model under (its "model" field).',
+    )
+    api_key_env = models.CharField(
+        max_length=100,
+        blank=True,
+        default="",
+        db_default="",
+        validators=[validate_env_name],
+        help_text="The environment variable of the generation workers that holds the endpoint's API key (the key "
+        "itself is never stored here); blank: no key.",
+    )
+    server_applies_template = models.BooleanField(
+        default=True,
+        db_default=True,
+        help_text="The endpoint applies the model's chat template (/chat/completions with messages). Off: the arena "
+        "renders the prompt with the family's template and sends a plain completion (/completions).",
     )
     queue = models.CharField(
         max_length=100,
         blank=True,
-        help_text='Celery queue of the inference hosts that hold this model; default "model.<name>".',
+        help_text='Celery queue of the workers that generate this model\'s replies; default "model.<name>" (hosted '
+        "here) or ARENA_ENDPOINT_QUEUE (served elsewhere).",
     )
     base = models.BooleanField(
         default=False,
@@ -172,8 +229,33 @@ class LLM(models.Model):
 
     def save(self, *args: object, **kwargs: object) -> None:
         if not self.queue:
-            self.queue = f"model.{self.name}"
+            self.queue = settings.ARENA_ENDPOINT_QUEUE if self.endpoint_url else f"model.{self.name}"
         super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+    def clean(self) -> None:
+        super().clean()
+        errors: dict[str, str] = {}
+        if self.endpoint_url:
+            if not self.served_model:
+                errors["served_model"] = "A model served elsewhere needs the name its endpoint serves it under."
+            if not self.context_tokens:
+                errors["context_tokens"] = (
+                    "A model served elsewhere needs its context length (the arena cannot read it)."
+                )
+            if not self.server_applies_template and not self.family:
+                errors["family"] = "The arena renders this model's prompt: choose its template family."
+        else:
+            if not self.preset:
+                errors["preset"] = "A model the arena hosts needs its preset (or give the endpoint that serves it)."
+            if not self.family:
+                errors["family"] = "A model the arena hosts needs its template family."
+        if errors:
+            raise ValidationError(errors)
+
+    @property
+    def served_elsewhere(self) -> bool:
+        """Served by an OpenAI-compatible endpoint rather than the arena's own keras-hub host."""
+        return bool(self.endpoint_url)
 
     @property
     def samples(self) -> bool:

@@ -6,12 +6,16 @@ from inference.models import LLM
 
 
 def models_for_host(*, names: Sequence[str] = (), queues: Sequence[str] = ()) -> list[LLM]:
-    """The enabled models an inference host serves: by name, by queue, or all of them.
+    """The enabled models an inference host serves: by name, by queue, or all of them; never a
+    model served elsewhere (its endpoint).
 
     Raises ValueError naming any requested model or queue that the roster does not have.
     """
-    models = LLM.objects.enabled().order_by("name")
+    models = LLM.objects.enabled().filter(endpoint_url="").order_by("name")
     if names:
+        elsewhere = sorted(LLM.objects.filter(name__in=names).exclude(endpoint_url="").values_list("name", flat=True))
+        if elsewhere:
+            raise ValueError(f"{', '.join(elsewhere)} is served by its endpoint, not by an inference host.")
         models = models.filter(name__in=names)
         missing = sorted(set(names) - {m.name for m in models})
         if missing:

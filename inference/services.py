@@ -6,16 +6,21 @@ tier does, through Celery's task discovery) stays cheap.
 
 import logging
 import math
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from django.conf import settings
 from django.core.cache import cache
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import DatabaseError, connections
 
 from inference import metrics
+from inference.chat_templates import ChatTurn
+from inference.clients.base import GREEDY, ModelClient, Sampling
+from inference.clients.openai_compatible import Endpoint, OpenAICompatibleClient
 from inference.hosting import ModelSpec
 from inference.models import LLM, parse_mesh_shape
 from inference.pacing import Pace
@@ -54,6 +59,36 @@ def model_spec(model: LLM) -> ModelSpec:
         mesh_shape=parse_mesh_shape(model.mesh_shape),
         slots=settings.ARENA_ENGINE_SLOTS,
     )
+
+
+def endpoint(model: LLM) -> Endpoint:
+    """Where a model served elsewhere is, with its key read from the workers' environment now."""
+    return Endpoint(
+        base_url=model.endpoint_url,
+        served_model=model.served_model,
+        context_tokens=model.context_tokens or 0,
+        api_key=os.environ.get(model.api_key_env) if model.api_key_env else None,
+        server_applies_template=model.server_applies_template,
+        family=model.family,
+        connect_timeout_s=settings.ARENA_ENDPOINT_CONNECT_TIMEOUT_SECONDS,
+        read_timeout_s=settings.ARENA_ENDPOINT_READ_TIMEOUT_SECONDS,
+        max_response_bytes=settings.ARENA_ENDPOINT_MAX_RESPONSE_BYTES,
+    )
+
+
+def client_for(model: LLM) -> ModelClient:
+    """The client of whatever serves ``model``: its OpenAI-compatible endpoint, or the arena's own
+    keras-hub engine in this process (loaded on first use)."""
+    if model.served_elsewhere:
+        return OpenAICompatibleClient(endpoint(model))
+    from inference.clients.local import LocalEngineClient
+
+    return LocalEngineClient(model_spec(model))
+
+
+def without_prefix(model: LLM, deltas: Iterator[str]) -> Iterator[str]:
+    """A family's habitual prefix taken off (none known for a model without a family)."""
+    return without_family_prefix(model.family, deltas) if model.family else deltas
 
 
 class DeltaBatcher:
@@ -288,9 +323,6 @@ def _both_sides_fit(
 
 
 def _generate(context: votes_selectors.GenerationContext, previous_status: str, publisher: FramePublisher) -> None:
-    from inference import chat_templates, hosting
-    from inference.engine import SamplingParams
-
     message_id = context.message_id
     group = votes_selectors.battle_group(context.battle_public_id)
     if previous_status == Message.Status.STREAMING:
@@ -319,37 +351,30 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
     watchdog = None
     timed_out = threading.Event()
     try:
-        engine = hosting.engine_for(model_spec(model))
-        if model.context_tokens != engine.context_length:  # What the roster draws by (LLM.fits_arena).
-            LLM.objects.filter(pk=model.pk).update(context_tokens=engine.context_length)
-        turns = [chat_templates.ChatTurn(role=role, content=content) for role, content in context.conversation]
-        prompt = chat_templates.render_prompt(model.family, context.system_prompt or None, turns)
-        sampling = SamplingParams(
-            temperature=model.temperature, top_k=model.top_k, top_p=model.top_p, seed=context.seed
-        )
+        client = client_for(model)
+        if model.context_tokens != client.context_length:  # What the roster draws by (LLM.fits_arena).
+            LLM.objects.filter(pk=model.pk).update(context_tokens=client.context_length)
+        system = context.system_prompt or None
+        turns = [ChatTurn(role=role, content=content) for role, content in context.conversation]
+        sampling = Sampling(temperature=model.temperature, top_k=model.top_k, top_p=model.top_p, seed=context.seed)
         max_new_tokens = min(model.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS)
         # Room for a whole reply, not just its first token: a reply cut short by the context on
         # one side only would tell the models apart as surely as a refusal.
-        needed = engine.prompt_tokens(prompt) + max_new_tokens
-        fits = needed <= engine.context_length
+        needed = client.prompt_tokens(system, turns) + max_new_tokens
+        fits = needed <= client.context_length
         if not fits:  # Past the arena's own limit only where a model's context is shorter than it.
             logger.warning(
                 "Reply %s: %s needs %d tokens of its %d-token context (ARENA_MAX_CONVERSATION_BYTES is %d)",
                 message_id,
                 model.name,
                 needed,
-                engine.context_length,
+                client.context_length,
                 settings.ARENA_MAX_CONVERSATION_BYTES,
             )
         if not _both_sides_fit(context, fits):
             failure = TOO_LONG
             raise ValueError(f"reply {message_id}: the conversation does not fit both models' contexts")
-        request = engine.submit(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            stop_strings=chat_templates.stop_strings(model.family),
-            sampling=sampling,
-        )
+        request = client.submit(system, turns, max_new_tokens=max_new_tokens, sampling=sampling)
 
         def time_out() -> None:
             timed_out.set()
@@ -359,7 +384,7 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
         watchdog.daemon = True
         watchdog.start()
         # A family's habitual prefix, then the edges' whitespace: no tell reaches the voter.
-        deltas = without_family_prefix(model.family, request.deltas(tick=batcher.interval))
+        deltas = without_prefix(model, request.deltas(tick=batcher.interval))
         for delta in without_edge_whitespace(deltas):
             if delta:
                 batcher.add(delta)
@@ -471,27 +496,80 @@ def _finish(
 
 
 def generate_text(model: LLM, system_prompt: str | None, conversation: list[tuple[str, str]], seed: int) -> str:
-    """One whole reply from the model's engine, for evaluation runs (no streaming, no rows).
+    """One whole reply from whatever serves the model, for evaluation runs (no streaming, no rows).
 
     Greedy, whatever the roster's sampling settings (real models sample in battles): a run
     measures each model's most likely reply, reproducibly. The model's token limit applies, as
     in a battle; ``seed`` is kept for the interface (it matters only to sampled decoding).
     """
-    from inference import chat_templates, hosting
-    from inference.engine import GREEDY
     from votes.evaluation import ContextOverflow
 
-    engine = hosting.engine_for(model_spec(model))
-    turns = [chat_templates.ChatTurn(role=role, content=content) for role, content in conversation]
+    client = client_for(model)
+    turns = [ChatTurn(role=role, content=content) for role, content in conversation]
+    max_new_tokens = min(model.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS)
     try:
-        request = engine.submit(
-            chat_templates.render_prompt(model.family, system_prompt or None, turns),
-            max_new_tokens=min(model.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS),
-            stop_strings=chat_templates.stop_strings(model.family),
-            sampling=GREEDY,
-        )
+        if client.prompt_tokens(system_prompt or None, turns) + 1 > client.context_length:
+            raise ValueError(f"The conversation does not fit {model.name}'s {client.context_length}-token context.")
+        request = client.submit(system_prompt or None, turns, max_new_tokens=max_new_tokens, sampling=GREEDY)
     except ValueError as error:  # The conversation is never empty: it does not fit the context.
         raise ContextOverflow(str(error)) from error
     text = request.result(timeout=settings.ARENA_GENERATION_TIMEOUT_SECONDS)
     metrics.record_generation(model.name, request.stats)
-    return without_family_prefix_text(model.family, text).strip()  # As a battle shows it.
+    text = without_family_prefix_text(model.family, text) if model.family else text
+    return text.strip()  # As a battle shows it.
+
+
+def save_endpoint_model(
+    name: str,
+    *,
+    url: str,
+    served_model: str,
+    api_key_env: str = "",
+    context_tokens: int | None = None,
+    family: str = "",
+    server_applies_template: bool = True,
+    base: bool = False,
+    enabled: bool = True,
+    sampling: dict[str, float] | None = None,
+    max_new_tokens: int = 96,
+    check: bool = True,
+) -> tuple[LLM, bool]:
+    """Add a model served by an OpenAI-compatible endpoint to the roster, or update its entry.
+
+    With ``check``, the server is asked for its models first (raising ``EndpointError`` if it does
+    not answer or does not serve ``served_model``), and the context length it states is used when
+    none is given. Raises ``ValidationError`` for an entry the roster cannot take.
+    """
+    from inference.clients.openai_compatible import EndpointError
+
+    model = LLM.objects.filter(name=name).first() or LLM(name=name)
+    created = model.pk is None
+    if not created and not model.served_elsewhere:
+        raise ValidationError({"name": f"{name} is hosted by the arena (preset {model.preset}); choose another name."})
+    model.endpoint_url = url
+    model.served_model = served_model
+    model.api_key_env = api_key_env
+    model.family = family
+    model.server_applies_template = server_applies_template
+    model.base = base
+    model.enabled = enabled
+    model.max_new_tokens = max_new_tokens
+    model.preset = ""
+    model.queue = ""  # The endpoints' queue (LLM.save).
+    for field, value in (sampling or {}).items():
+        setattr(model, field, value)
+    model.context_tokens = context_tokens
+    if check:
+        model.clean_fields(exclude=["context_tokens"])  # A URL and names worth asking.
+        try:
+            client = OpenAICompatibleClient(endpoint(model))
+        except ValueError as error:
+            raise ValidationError({NON_FIELD_ERRORS: str(error)}) from None
+        served = client.served_models()
+        if served_model not in served:
+            listed = ", ".join(sorted(served)) or "none"
+            raise EndpointError(f"The server at {url} does not serve {served_model!r} (it serves: {listed}).")
+        model.context_tokens = context_tokens or served[served_model]
+    model.full_clean()
+    model.save()
+    return model, created

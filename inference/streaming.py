@@ -41,6 +41,7 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import codecs
 import itertools
+import queue
 import random
 import threading
 import time
@@ -472,6 +473,68 @@ def _model_state(lm: keras_hub.models.CausalLM) -> tuple[list[Any], list[Any]]:
         [v.value for v in lm.trainable_variables],
         [v.value for v in lm.non_trainable_variables],
     )
+
+
+class DeltaQueue:
+    """A reply's text deltas, handed from the thread that produces them to the one that reads
+    them (the engine's ``Request``, a streamed endpoint reply): the reader iterates ``deltas``,
+    the producer calls ``_put`` for each delta and ``_close`` once, after the outcome is set.
+    ``_failure()`` says what iteration and ``result()`` raise at the end (None: nothing)."""
+
+    _END = object()
+
+    def __init__(self) -> None:
+        self.text = ""
+        self._deltas: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._finished = threading.Event()
+        self._drained = False
+
+    @property
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def __iter__(self) -> Iterator[str]:
+        return self.deltas(tick=None)
+
+    def deltas(self, tick: float | None) -> Iterator[str]:
+        """The text deltas, and (with a ``tick``) an empty string whenever ``tick`` seconds pass
+        without one: a reader that shows text on a clock (the arena's pacing) gets to run
+        between the model's bursts."""
+        while not self._drained:
+            try:
+                item = self._deltas.get(timeout=tick)
+            except queue.Empty:
+                yield ""
+                continue
+            if item is self._END:
+                self._drained = True
+                break
+            yield item
+        self._raise_failure()
+
+    def result(self, timeout: float | None = None) -> str:
+        """Wait for the end (without iterating) and return the whole text; raise on failure."""
+        if not self._finished.wait(timeout):
+            raise TimeoutError(f"The generation did not finish within {timeout} s.")
+        self._raise_failure()
+        return self.text
+
+    def _failure(self) -> BaseException | None:
+        return None
+
+    def _raise_failure(self) -> None:
+        failure = self._failure()
+        if failure is not None:
+            raise failure
+
+    def _put(self, delta: str) -> None:
+        self.text += delta
+        self._deltas.put(delta)
+
+    def _close(self) -> None:
+        # Outcome first, end marker last: a consumer that sees the end sees the outcome.
+        self._finished.set()
+        self._deltas.put(self._END)
 
 
 @dataclass

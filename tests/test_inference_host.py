@@ -22,3 +22,9 @@ def test_host_refuses_unknown_models_and_queues(demo_llms) -> None:
         call_command("run_inference_host", "--models", "ghost", "--warm-up-only")
     with pytest.raises(CommandError, match=r"No enabled model on queue model\.ghost"):
         call_command("run_inference_host", "--queues", "model.ghost", "--warm-up-only")
+
+
+def test_host_serves_over_http_once_warm(demo_llms) -> None:
+    out = StringIO()
+    call_command("run_inference_host", "--models", "tiny-gemma", "--serve", "--warm-up-only", stdout=out)
+    assert "tiny-gemma: loaded and compiled in" in out.getvalue()

@@ -3,14 +3,12 @@ produces them, its outcome and its timings, and the errors the engine raises."""
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Literal
 
 from inference.engine.sampling import SamplingParams
-from inference.streaming import GenerationStats, IncrementalText
+from inference.streaming import DeltaQueue, GenerationStats, IncrementalText
 
 EngineStopReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -23,10 +21,7 @@ class EngineClosedError(RuntimeError):
     """The engine was shut down: it accepts no more requests."""
 
 
-_END = object()  # Ends a request's delta queue.
-
-
-class Request:
+class Request(DeltaQueue):
     """One generation in an Engine: iterate it for text deltas, then read its outcome.
 
     Iteration blocks until the decode thread produces text and ends when the generation does;
@@ -48,21 +43,18 @@ class Request:
         text: IncrementalText,
         wake: Callable[[], None],
     ) -> None:
+        super().__init__()
         self.prompt_ids = prompt_ids
         self.max_new_tokens = max_new_tokens  # Already capped by the context.
         self.sampling = sampling
-        self.text = ""
         self.stop_reason: EngineStopReason | None = None
         self.stats = GenerationStats()
         self.error: BaseException | None = None
         self._stop_ids = stop_ids
         self._text = text
         self._wake = wake
-        self._deltas: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._submitted = time.perf_counter()
         self._cancel_requested = False
-        self._finished = threading.Event()
-        self._drained = False
         self._slot: int | None = None
         self._position = 0  # Next cache index the decode thread will run this request at.
 
@@ -71,37 +63,12 @@ class Request:
         """The generated ids so far (a stop token is not included)."""
         return self._text.token_ids
 
-    @property
-    def done(self) -> bool:
-        return self._finished.is_set()
-
-    def __iter__(self) -> Iterator[str]:
-        return self.deltas(tick=None)
-
-    def deltas(self, tick: float | None) -> Iterator[str]:
-        """The text deltas, as iterating the request gives them, and (with a ``tick``) an empty
-        string whenever ``tick`` seconds pass without one: a reader that shows text on a clock
-        (the arena's pacing) gets to run between the model's bursts."""
-        while not self._drained:
-            try:
-                item = self._deltas.get(timeout=tick)
-            except queue.Empty:
-                yield ""
-                continue
-            if item is _END:
-                self._drained = True
-                break
-            yield item
-        if self.stop_reason == "error":
-            raise EngineError(f"The engine's decode loop failed: {self.error!r}") from self.error
-
-    def result(self, timeout: float | None = None) -> str:
-        """Wait for the end (without iterating) and return the whole text; raise on error."""
-        if not self._finished.wait(timeout):
-            raise TimeoutError(f"The generation did not finish within {timeout} s.")
-        if self.stop_reason == "error":
-            raise EngineError(f"The engine's decode loop failed: {self.error!r}") from self.error
-        return self.text
+    def _failure(self) -> BaseException | None:
+        if self.stop_reason != "error":
+            return None
+        failure = EngineError(f"The engine's decode loop failed: {self.error!r}")
+        failure.__cause__ = self.error
+        return failure
 
     def cancel(self) -> None:
         """Stop at the next dispatch (or drop it from the queue); stop_reason becomes "cancelled"."""
@@ -111,8 +78,7 @@ class Request:
     # --- Called by the decode thread only ---------------------------------------------------
 
     def _emit(self, delta: str) -> None:
-        self.text += delta
-        self._deltas.put(delta)
+        self._put(delta)
 
     def _end(self, reason: EngineStopReason, error: BaseException | None = None) -> None:
         if self._finished.is_set():
@@ -127,6 +93,4 @@ class Request:
         self.error = error
         self.stats.tokens = len(self._text.token_ids)
         self.stats.duration_s = time.perf_counter() - self._submitted
-        # Outcome first, end marker last: a consumer that sees the end sees the outcome.
-        self._finished.set()
-        self._deltas.put(_END)
+        self._close()

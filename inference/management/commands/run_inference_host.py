@@ -1,4 +1,4 @@
-"""python manage.py run_inference_host [--models a,b | --queues model.a,model.b]"""
+"""python manage.py run_inference_host [--models a,b | --queues model.a,model.b] [--serve [--port P]]"""
 
 import time
 from typing import Any
@@ -30,6 +30,14 @@ class Command(BaseCommand):
         parser.add_argument("--loglevel", default="INFO")
         parser.add_argument("--warm-up-only", action="store_true", help="Load and compile, report, then exit.")
         parser.add_argument(
+            "--serve",
+            action="store_true",
+            help="Serve the models over the OpenAI-compatible protocol (/v1/chat/completions, /v1/models, /health) "
+            "instead of consuming Celery queues: the roster then points entries at this host's URL.",
+        )
+        parser.add_argument("--bind", default="127.0.0.1", help="With --serve: the address to listen on.")
+        parser.add_argument("--port", type=int, default=8100, help="With --serve: the port.")
+        parser.add_argument(
             "--evaluations",
             action="store_true",
             help="Also run evaluation runs (the ARENA_EVALUATION_QUEUE queue); host every model they use.",
@@ -42,6 +50,16 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from error
         if not models:
             raise CommandError("No enabled models to host; add some in the admin or run register_demo_models.")
+        if options["serve"]:
+            from inference.hosts.openai_server import Host, HostedModel, serve
+
+            host = Host([HostedModel(services.model_spec(model)) for model in models])
+            if options["warm_up_only"]:
+                host.warm_up(self.stdout.write)
+                hosting.shutdown_all()
+                return
+            serve(host, bind=options["bind"], port=options["port"], log_level=options["loglevel"].lower())
+            return
         for model in models:
             started = time.monotonic()
             engine = hosting.warm_up(services.model_spec(model))

@@ -1,0 +1,43 @@
+"""The arena's own keras-hub engine, in this process (``inference.hosting``): the embedded
+arena's models, and an inference host's. Keras and JAX are imported on first use."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from inference import chat_templates
+from inference.chat_templates import ChatTurn
+from inference.clients.base import Generation, Sampling
+from inference.hosting import ModelSpec
+
+
+class LocalEngineClient:
+    def __init__(self, spec: ModelSpec) -> None:
+        from inference import hosting
+
+        self.spec = spec
+        self.engine = hosting.engine_for(spec)
+
+    @property
+    def context_length(self) -> int:
+        return self.engine.context_length
+
+    def render(self, system: str | None, turns: Sequence[ChatTurn]) -> str:
+        return chat_templates.render_prompt(self.spec.family, system, turns)
+
+    def prompt_tokens(self, system: str | None, turns: Sequence[ChatTurn]) -> int:
+        return self.engine.prompt_tokens(self.render(system, turns))
+
+    def submit(
+        self, system: str | None, turns: Sequence[ChatTurn], *, max_new_tokens: int, sampling: Sampling
+    ) -> Generation:
+        from inference.engine import SamplingParams
+
+        return self.engine.submit(
+            self.render(system, turns),
+            max_new_tokens=max_new_tokens,
+            stop_strings=chat_templates.stop_strings(self.spec.family),
+            sampling=SamplingParams(
+                temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed
+            ),
+        )
