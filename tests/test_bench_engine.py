@@ -139,3 +139,35 @@ def test_default_preset_is_the_strong_demo_model(tmp_path: Path) -> None:
     assert default_preset(tmp_path) == tmp_path / "b-strong"
     assert read_preset(PRESETS_DIR / "gemma-calendar").quality == "strong"
     assert default_preset() == PRESETS_DIR / "gemma-calendar"  # The bundled one.
+
+
+def test_bench_engine_against_another_openai_compatible_server(tmp_path: Path) -> None:
+    """The arena's host (a child process the command starts) against another server of the same
+    weights: both servers' figures at each level, the ratio, and the same greedy text."""
+    from inference.hosts.openai_server import host_process
+
+    with host_process({"other": PRESET}, tmp_path / "other.log", slots=2, compile_all=False) as url:
+        out = io.StringIO()
+        call_command(
+            "bench_engine", "--preset", str(PRESET), "--against", url, "--served-model", "other", "--json",
+            "--prompts", "2", "--max-new-tokens", "8", "--concurrency", "1,2", "--slots", "2", "--repeats", "1",
+            stdout=out,
+        )  # fmt: skip
+    result = json.loads(out.getvalue())
+    assert result["other"] == {"url": url, "model": "other"} and result["same_text"] is True
+    assert [level["concurrency"] for level in result["levels"]] == [1, 2]
+    for level in result["levels"]:
+        for server in ("arena", "other"):
+            figures = level[server]
+            assert figures["requests"] == 2 and figures["tokens"] == 2 * 8  # ignore_eos: exact lengths.
+            assert figures["aggregate_tokens_per_s"] > 0 and 0 < figures["ttft_p50_s"] <= figures["ttft_p95_s"]
+        assert level["ratio"] == pytest.approx(
+            level["arena"]["aggregate_tokens_per_s"] / level["other"]["aggregate_tokens_per_s"]
+        )
+
+
+def test_bench_engine_against_needs_the_served_model() -> None:
+    from django.core.management import CommandError
+
+    with pytest.raises(CommandError, match="--against needs --served-model"):
+        call_command("bench_engine", "--preset", str(PRESET), "--against", "http://127.0.0.1:9/v1")

@@ -94,6 +94,20 @@ def test_metadata_records_source_checksum_licence_and_template(
     assert (read_preset(gemma3_preset).family, read_preset(gemma3_preset).base) == ("completion", True)
 
 
+def test_the_hugging_face_layout_is_kept_for_other_engines(smollm2_hugging_face: Path) -> None:
+    """What vLLM needs to serve the same weights: the config, the float32 tensors, the tokenizer
+    and its chat template (ChatML)."""
+    from safetensors import safe_open
+
+    config = json.loads((smollm2_hugging_face / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["architectures"] == ["LlamaForCausalLM"]
+    with safe_open(smollm2_hugging_face / "model.safetensors", "np") as tensors:
+        assert tensors.get_tensor("model.embed_tokens.weight").dtype == np.float32
+    template = json.loads((smollm2_hugging_face / "tokenizer_config.json").read_text())["chat_template"]
+    assert "<|im_start|>" in template
+    assert (smollm2_hugging_face / "tokenizer.json").is_file()
+
+
 def test_imported_smollm2_answers_a_question(smollm2_preset: Path) -> None:
     from inference.chat_templates import ChatTurn, render_prompt, stop_strings
     from inference.engine import GREEDY, Engine

@@ -278,9 +278,14 @@ def import_checkpoint(
     cache_dir: Path | None = None,
     replace: bool = False,
     context: int = DEFAULT_CONTEXT,
+    hugging_face_dir: Path | None = None,
     report: Callable[[str], None] = lambda line: None,
 ) -> ImportedCheckpoint:
     """Import ``source`` as the keras-hub preset ``presets_dir/name``; returns its metadata.
+
+    ``hugging_face_dir``: where to keep the Hugging Face layout a GGUF file was written to on the
+    way (config, float32 safetensors, tokenizer with its chat template), the folder another
+    engine (vLLM) serves the same weights from; replaced if it exists.
 
     ``sha256`` (optional) must match the source's GGUF file (or model.safetensors); a package
     that declares its own checksum is always checked against it. ``template`` overrides the
@@ -347,4 +352,9 @@ def import_checkpoint(
             context=int(lm.preprocessor.sequence_length),
         )
         write_arena_metadata(preset_dir, imported.as_metadata())
+        if hugging_face_dir is not None and hf_dir != resolved.path:
+            shutil.rmtree(hugging_face_dir, ignore_errors=True)
+            hugging_face_dir.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(hf_dir, hugging_face_dir)
+            report(f"kept the Hugging Face layout in {hugging_face_dir}")
     return imported

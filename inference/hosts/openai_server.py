@@ -25,7 +25,9 @@ import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -71,16 +73,17 @@ class Host:
         self.models = {model.spec.name: model for model in models}
         self.ready: set[str] = set()
 
-    def warm_up(self, report: Callable[[str], None] = logger.info) -> None:
-        """Load every model and compile every shape its engine will use, before taking traffic."""
+    def warm_up(self, report: Callable[[str], None] = logger.info, *, compile_all: bool = True) -> None:
+        """Load every model and (``compile_all``) compile every shape its engine will use, before
+        taking traffic; without it, each shape compiles at its first use."""
         from inference import hosting
 
         for name, model in self.models.items():
             started = time.monotonic()
-            engine = hosting.warm_up(model.spec)
+            engine = hosting.warm_up(model.spec) if compile_all else hosting.engine_for(model.spec)
             self.ready.add(name)
             report(
-                f"{name}: loaded and compiled in {time.monotonic() - started:.1f} s "
+                f"{name}: loaded{' and compiled' if compile_all else ''} in {time.monotonic() - started:.1f} s "
                 f"({engine.compilations} compilations)"
             )
 
@@ -200,7 +203,12 @@ class OpenAIServer:
     async def chat_completions(self, request: Request) -> Response:
         body = await read_json(request)
         system, turns = parse_messages(body)
-        return await self.answer(body, "chat.completion", lambda client: (system, turns, ()))
+
+        def submit(client: Any, max_tokens: int, sampling: Sampling) -> tuple[Generation, int]:
+            generation = client.submit(system, turns, max_new_tokens=max_tokens, sampling=sampling)
+            return generation, client.prompt_tokens(system, turns)
+
+        return await self.answer(body, "chat.completion", submit)
 
     async def completions(self, request: Request) -> Response:
         body = await read_json(request)
@@ -208,10 +216,25 @@ class OpenAIServer:
         if not isinstance(prompt, str) or not prompt.strip():
             raise BadRequest("prompt must be a non-empty string (one prompt per request).")
         stop = parse_stop(body)
-        return await self.answer(body, "text_completion", lambda client: (None, prompt, stop))
+        ignore_eos = body.get("ignore_eos", False)
+        if not isinstance(ignore_eos, bool):
+            raise BadRequest("ignore_eos must be true or false.")
+
+        def submit(client: Any, max_tokens: int, sampling: Sampling) -> tuple[Generation, int]:
+            # ignore_eos (vLLM's): no token ends the reply, so that benchmarks get exact lengths.
+            generation = client.engine.submit(
+                prompt,
+                max_new_tokens=max_tokens,
+                stop_strings=stop,
+                sampling=_engine_sampling(sampling),
+                ignore_stop_tokens=ignore_eos,
+            )
+            return generation, client.engine.prompt_tokens(prompt)
+
+        return await self.answer(body, "text_completion", submit)
 
     async def answer(
-        self, body: dict[str, Any], kind: str, conversation: Callable[[Any], tuple[Any, Any, Any]]
+        self, body: dict[str, Any], kind: str, submit: Callable[[Any, int, Sampling], tuple[Generation, int]]
     ) -> Response:
         name = body.get("model")
         if not isinstance(name, str):
@@ -224,16 +247,8 @@ class OpenAIServer:
         max_tokens = _integer(body, "max_tokens", limit, 1, limit)
         if "max_completion_tokens" in body:
             max_tokens = _integer(body, "max_completion_tokens", limit, 1, limit)
-        system, turns, stop = conversation(client)
         try:
-            if isinstance(turns, str):  # A prompt rendered by the caller.
-                prompt_tokens = client.engine.prompt_tokens(turns)
-                generation = client.engine.submit(
-                    turns, max_new_tokens=max_tokens, stop_strings=stop, sampling=_engine_sampling(sampling)
-                )
-            else:
-                prompt_tokens = client.prompt_tokens(system, turns)
-                generation = client.submit(system, turns, max_new_tokens=max_tokens, sampling=sampling)
+            generation, prompt_tokens = submit(client, max_tokens, sampling)
         except ValueError as error:  # Too long for the context, and the like.
             raise BadRequest(str(error)) from None
         reply_id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}"
@@ -379,8 +394,6 @@ async def read_json(request: Request) -> dict[str, Any]:
 
 def parse_model_option(text: str, slots: int) -> HostedModel:
     """ "NAME=PRESET" (the family read from the preset) -> a hosted model."""
-    from pathlib import Path
-
     from inference import registry
 
     name, sep, preset = text.partition("=")
@@ -390,11 +403,63 @@ def parse_model_option(text: str, slots: int) -> HostedModel:
     return HostedModel(ModelSpec(name=name, family=info.family, preset=str(Path(preset).resolve()), slots=slots))
 
 
-def serve(host: Host, *, bind: str, port: int, log_level: str = "info") -> None:
+@contextmanager
+def host_process(
+    models: dict[str, Path],
+    log: Path,
+    *,
+    port: int | None = None,
+    slots: int = 8,
+    compile_all: bool = True,
+    timeout_s: float = 600,
+) -> Iterator[str]:
+    """This module serving ``models`` (name -> preset folder) in a child process, once its
+    /health says every model is warm: its API root. Stopped on leaving."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import httpx
+
+    if port is None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "inference.hosts.openai_server", "--port", str(port), "--slots", str(slots)]
+    command += [] if compile_all else ["--compile-lazily"]
+    for name, preset in models.items():
+        command += ["--model", f"{name}={preset}"]
+    with log.open("wb") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env={**os.environ})
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"The model host exited ({process.returncode}): {log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"The model host was not ready in {timeout_s:g} s: {log.read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def serve(host: Host, *, bind: str, port: int, log_level: str = "info", compile_all: bool = True) -> None:
     """Warm every model, then serve until interrupted."""
     import uvicorn
 
-    host.warm_up()
+    host.warm_up(compile_all=compile_all)
     uvicorn.run(OpenAIServer(host).app, host=bind, port=port, log_level=log_level, timeout_graceful_shutdown=5)
 
 
@@ -404,10 +469,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--slots", type=int, default=8, help="Decode slots of each model's engine.")
+    parser.add_argument(
+        "--compile-lazily",
+        action="store_true",
+        help="Load the models but compile each shape at its first use: ready sooner, first replies slower.",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     host = Host([parse_model_option(text, args.slots) for text in args.model])
-    serve(host, bind=args.host, port=args.port)
+    serve(host, bind=args.host, port=args.port, compile_all=not args.compile_lazily)
 
 
 if __name__ == "__main__":

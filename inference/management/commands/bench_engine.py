@@ -47,6 +47,15 @@ class Command(BaseCommand):
             default=1.0,
             help="How long each timing of the machine runs (a third of each busy decode step's); default 1.",
         )
+        parser.add_argument(
+            "--against",
+            metavar="URL",
+            help="Instead: the arena's own host (this preset, served over HTTP by a child process) against the "
+            "OpenAI-compatible server at URL (its API root, e.g. http://127.0.0.1:8000/v1) serving the same model, "
+            "on the same prompts (inference.bench_against).",
+        )
+        parser.add_argument("--served-model", help="With --against: the name that server serves the model under.")
+        parser.add_argument("--api-key-env", help="With --against: the variable holding that server's API key.")
         parser.add_argument("--json", action="store_true", help="Print one JSON object instead of a table.")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -56,6 +65,9 @@ class Command(BaseCommand):
         preset = options["preset"] or default_preset()
         if not (Path(preset) / "config.json").is_file():
             raise CommandError(f"{preset} is not a keras-hub preset folder (no config.json).")
+        if options["against"]:
+            self.against(Path(preset), options)
+            return
         try:
             result = run_bench(
                 preset,
@@ -72,3 +84,36 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(json.dumps(result) if options["json"] else format_table(result))
+
+    def against(self, preset: Path, options: dict[str, Any]) -> None:
+        import os
+        import tempfile
+
+        from inference import bench_against
+        from inference.bench import bench_prompts
+        from inference.hosts.openai_server import host_process
+        from inference.registry import read_preset
+
+        if not options["served_model"]:
+            raise CommandError("--against needs --served-model: the name the other server serves the model under.")
+        key = os.environ.get(options["api_key_env"]) if options["api_key_env"] else None
+        other = bench_against.Server(options["against"], options["served_model"], key)
+        prompts = bench_prompts(read_preset(preset).family, options["prompts"])
+        log = Path(tempfile.mkdtemp(prefix="arena-bench-host-")) / "host.log"
+        progress = None if options["json"] else self.stderr.write
+        try:
+            with host_process({"arena": preset}, log, slots=options["slots"]) as url:
+                result = bench_against.run_against(
+                    bench_against.Server(url, "arena"),
+                    other,
+                    prompts,
+                    max_new_tokens=options["max_new_tokens"],
+                    concurrency=_levels(options["concurrency"]),
+                    repeats=options["repeats"],
+                    progress=progress,
+                )
+        except (RuntimeError, ValueError, OSError) as error:
+            raise CommandError(f"The benchmark failed: {error}") from error
+        result["preset"] = str(preset)
+        result["cpus"] = os.cpu_count()
+        self.stdout.write(json.dumps(result) if options["json"] else bench_against.format_table(result))

@@ -24,6 +24,12 @@ class Command(BaseCommand):
         parser.add_argument("--template", choices=FAMILIES, help="Chat template family, instead of the detected one.")
         parser.add_argument("--replace", action="store_true", help="Replace a preset of the same name.")
         parser.add_argument(
+            "--hugging-face-out",
+            type=Path,
+            help="Also keep the Hugging Face layout a GGUF file is converted through, in this folder: what vLLM "
+            "serves the same weights from.",
+        )
+        parser.add_argument(
             "--context",
             type=int,
             default=DEFAULT_CONTEXT,
@@ -42,6 +48,7 @@ class Command(BaseCommand):
                 template=options["template"],  # type: ignore[arg-type]
                 replace=bool(options["replace"]),
                 context=int(options["context"]),  # type: ignore[call-overload]
+                hugging_face_dir=options["hugging_face_out"],  # type: ignore[arg-type]
                 report=lambda line: self.stdout.write(f"  {line}"),
             )
         except CheckpointError as error:
