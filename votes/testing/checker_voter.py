@@ -24,8 +24,10 @@ from votes.testing.voters import ErrorFrame, ReplyRecord, Voter
 FEEDBACK_KINDS = (evaluation.CHECKER_FEEDBACK, evaluation.HUMAN_FEEDBACK, evaluation.GENERIC_FEEDBACK)
 NO_CHECK = "none"
 # The error codes of a prompt past the arena's limits (ARENA_MAX_CONVERSATION_BYTES, the battle's
-# turns): the voter ends the battle there.
+# turns), and of a battle the arena closed because a reply named a model after the vote: the
+# voter ends the battle there, as the arena asks.
 AT_LIMIT = ("conversation_too_long", "too_many_turns")
+CLOSED = "named_after_vote"
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class CheckerVoterLog:
     judged: list[Judged] = field(default_factory=list)
     corrections: int = 0
     cut_at_limit: bool = False  # The battle reached the arena's length or turn limit before the script's end.
+    closed: bool = False  # The arena closed the battle: a reply named a model after the vote.
 
 
 def correction_text(result: checkers.CheckResult, kind: str) -> str:
@@ -132,9 +135,10 @@ class CheckerVoter(Voter):
             for position, scripted in enumerate(self.script):
                 await self.play_turn(position, scripted)
         except ErrorFrame as error:
-            if error.code not in AT_LIMIT:
+            if error.code not in (*AT_LIMIT, CLOSED):
                 raise
-            self.log.cut_at_limit = True
+            self.log.cut_at_limit = error.code in AT_LIMIT
+            self.log.closed = error.code == CLOSED
         self.step = "ending the battle"
         await self.send({"type": "end"})
         revealed = (await self.read_until(lambda frame: frame["type"] == "revealed"))[-1]

@@ -185,6 +185,7 @@ def board_report(voters: list[CheckerVoter]) -> dict[str, Any]:
         ),
         "corrections": sum(voter.log.corrections for voter in voters),
         "cut_at_limit": sum(voter.log.cut_at_limit for voter in voters),
+        "closed_after_a_name": sum(voter.log.closed for voter in voters),
         "episodes_recorded": FixEpisode.objects.filter(battle__in=ended).count(),
         "errors": [error for result in results for error in result.errors],
         "board": rows,
@@ -196,8 +197,11 @@ def board_report(voters: list[CheckerVoter]) -> dict[str, Any]:
 
 # The worker and daphne of the run: every voter comes from 127.0.0.1, so the per-network budgets
 # and caps are off (each voter has a session of its own); pacing is off, as the board, not the
-# voter's view of time, is what is measured.
+# voter's view of time, is what is measured; and a reply may take as long as a voter waits for it
+# (CheckerVoter.frame_timeout_s): many battles at once on a few cores make slow models slower.
 BENCH_ENV = {
+    "ARENA_GENERATION_TIMEOUT_SECONDS": "900",
+    "ARENA_REPLY_QUEUE_SECONDS": "900",
     "ARENA_RATE_LIMITS": "battle=30/0/3600,message=60/0/60,vote=60/0/60,frame=600/0/60",
     "ARENA_NEW_SESSIONS_PER_NETWORK": "0",
     "ARENA_SOCKETS_PER_NETWORK": "0",
@@ -255,7 +259,8 @@ def format_board(report: dict[str, Any]) -> str:
 
     lines = [
         f"battles {report['finished']}/{report['battles']} finished ({report['cut_at_limit']} ended early at the"
-        f" arena's length or turn limit), {len(report['errors'])} errors; {report['corrections']} corrections;"
+        f" arena's length or turn limit, {report['closed_after_a_name']} closed by the arena after a reply named a"
+        f" model), {len(report['errors'])} errors; {report['corrections']} corrections;"
         f" the server's checker judged {report['judged_as_the_server']} of {report['replies_judged']} replies as"
         " the voters did",
         "Fixing mistakes (fix-ability, 95% intervals; raw share fixed with its Wilson interval):",
