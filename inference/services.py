@@ -1,7 +1,9 @@
-"""Generating one reply: load the conversation, stream it from the model's engine, persist, publish.
+"""Generating one reply: load the conversation, stream it from whatever serves the model (the
+arena's own engine in this process, or an OpenAI-compatible endpoint: ``inference.clients``),
+persist, publish. Also the roster's writes for models served elsewhere.
 
-Keras and JAX are imported inside run_generation only, so that importing this module (the web
-tier does, through Celery's task discovery) stays cheap.
+Keras and JAX are imported only when a model hosted here first generates, so that importing this
+module (the web tier does, through Celery's task discovery) stays cheap.
 """
 
 import logging

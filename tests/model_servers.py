@@ -37,6 +37,7 @@ FAULTS = (
     "endless-line",
     "redirect",
     "auth-echo",
+    "auth-error",
 )
 
 
@@ -75,6 +76,8 @@ class FaultyServer:
         fault = (await request.json())["model"]
         if fault == "http-500":
             return JSONResponse({"error": {"message": "out of memory"}}, status_code=500)
+        if fault == "auth-error":  # A server that quotes the key it was sent.
+            return JSONResponse({"error": {"message": f"bad key: {self.seen_authorization}"}}, status_code=401)
         if fault == "http-400":
             return JSONResponse({"error": {"message": "max_tokens is too large"}}, status_code=400)
         if fault == "not-a-stream":

@@ -181,10 +181,14 @@ def test_the_key_goes_to_the_server_only(faulty: tuple[FaultyServer, str], caplo
     assert keyed.submit(SYSTEM, CONVERSATION, max_new_tokens=8, sampling=GREEDY).result(timeout=20).endswith(key)
     assert server.seen_authorization == f"Bearer {key}"
     with caplog.at_level(logging.DEBUG):
-        failing = client(url, "http-500", api_key=key).submit(SYSTEM, CONVERSATION, max_new_tokens=8, sampling=GREEDY)
-        with pytest.raises(EndpointError) as raised:
-            failing.result(timeout=20)
-    assert key not in str(raised.value) and key not in caplog.text
+        for fault in ("http-500", "auth-error"):  # The second quotes the key back in its error.
+            failing = client(url, fault, api_key=key).submit(SYSTEM, CONVERSATION, max_new_tokens=8, sampling=GREEDY)
+            with pytest.raises(EndpointError) as raised:
+                failing.result(timeout=20)
+            assert key not in str(raised.value)
+            logging.getLogger("test").error("failed: %s", raised.value)
+    assert 'answered HTTP 401: {"error":{"message":"bad key: Bearer [the API key]"}}' in str(raised.value)
+    assert key not in caplog.text
 
 
 # --- In the arena -----------------------------------------------------------------------------

@@ -131,7 +131,10 @@ class OpenAICompatibleClient:
     def served_models(self) -> dict[str, int | None]:
         """The models the server serves (``GET /models``) and each one's context length where the
         server says it (vLLM's ``max_model_len``): also a check that it answers."""
-        return _loop().run(_served_models(self.endpoint))
+        try:
+            return _loop().run(_served_models(self.endpoint))
+        except EndpointError as error:
+            raise _redacted(self.endpoint, error) from None
 
 
 class StreamedGeneration(DeltaQueue):
@@ -183,7 +186,7 @@ class StreamedGeneration(DeltaQueue):
         except Exception as failure:  # Anything else the answer caused: the reply fails, the loop lives.
             reason, error = "error", EndpointError(f"The model server's answer could not be read: {failure!r}")
         finally:
-            self._end(reason, error)
+            self._end(reason, None if error is None else _redacted(self.endpoint, error))
 
     async def _stream(self) -> StopReason:
         endpoint = self.endpoint
@@ -249,6 +252,14 @@ class _Capped:
             if self.response.num_bytes_downloaded > self.limit:
                 raise EndpointError(f"The model server's answer passed {self.limit} bytes; the reply was cut.")
             yield text
+
+
+def _redacted(endpoint: Endpoint, error: BaseException) -> EndpointError:
+    """The error without the API key, should the server have echoed it into its answer."""
+    message = str(error)
+    if endpoint.api_key and endpoint.api_key in message:
+        return EndpointError(message.replace(endpoint.api_key, "[the API key]"))
+    return error if isinstance(error, EndpointError) else EndpointError(message)
 
 
 def _timeout(endpoint: Endpoint) -> httpx.Timeout:
