@@ -38,6 +38,11 @@ def test_compose_services_and_health_checks() -> None:
     inference = " ".join(services["inference"]["command"])
     assert "run_inference_host" in inference and "model." in inference
     assert services["migrate"]["restart"] == "no"
+    # Models served elsewhere: a light worker streams their replies, and vLLM runs only on request.
+    endpoints = " ".join(services["endpoints"]["command"])
+    assert "ARENA_ENDPOINT_QUEUE" in endpoints and "--pool threads" in endpoints
+    assert "VLLM_API_KEY" in services["endpoints"]["environment"]
+    assert services["vllm"]["profiles"] == ["vllm"] and "ports" not in services["vllm"]
     # daphne's --proxy-headers believes any peer's X-Forwarded-For; the site reads it only from
     # TRUSTED_PROXIES (tests/test_trusted_proxies.py).
     assert "--proxy-headers" not in services["web"]["command"]
