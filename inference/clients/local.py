@@ -31,13 +31,31 @@ class LocalEngineClient:
     def submit(
         self, system: str | None, turns: Sequence[ChatTurn], *, max_new_tokens: int, sampling: Sampling
     ) -> Generation:
+        return self.submit_prompt(
+            self.render(system, turns),
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            stop_strings=chat_templates.stop_strings(self.spec.family),
+        )
+
+    def submit_prompt(
+        self,
+        prompt: str,
+        *,
+        max_new_tokens: int,
+        sampling: Sampling,
+        stop_strings: Sequence[str] = (),
+        ignore_stop_tokens: bool = False,
+    ) -> Generation:
+        """A prompt already rendered (a plain completion), straight to the engine."""
         from inference.engine import SamplingParams
 
         return self.engine.submit(
-            self.render(system, turns),
+            prompt,
             max_new_tokens=max_new_tokens,
-            stop_strings=chat_templates.stop_strings(self.spec.family),
+            stop_strings=stop_strings,
             sampling=SamplingParams(
                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed
             ),
+            ignore_stop_tokens=ignore_stop_tokens,
         )

@@ -222,12 +222,8 @@ class OpenAIServer:
 
         def submit(client: Any, max_tokens: int, sampling: Sampling) -> tuple[Generation, int]:
             # ignore_eos (vLLM's): no token ends the reply, so that benchmarks get exact lengths.
-            generation = client.engine.submit(
-                prompt,
-                max_new_tokens=max_tokens,
-                stop_strings=stop,
-                sampling=_engine_sampling(sampling),
-                ignore_stop_tokens=ignore_eos,
+            generation = client.submit_prompt(
+                prompt, max_new_tokens=max_tokens, sampling=sampling, stop_strings=stop, ignore_stop_tokens=ignore_eos
             )
             return generation, client.engine.prompt_tokens(prompt)
 
@@ -263,14 +259,6 @@ class OpenAIServer:
         finally:
             generation.cancel()  # A no-op once done; frees the slot if the client went away.
         return JSONResponse(whole_answer(generation, text, reply_id, name, kind, prompt_tokens))
-
-
-def _engine_sampling(sampling: Sampling) -> Any:
-    from inference.engine import SamplingParams
-
-    return SamplingParams(
-        temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed
-    )
 
 
 def _whole(generation: Generation) -> str:
