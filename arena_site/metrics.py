@@ -4,8 +4,8 @@ The web tier answers ``/metrics`` (arena_site.health routes it, before the Host 
 HTTPS redirect, as Prometheus scrapes by address) to clients in ``ARENA_METRICS_ALLOWED`` that
 ask directly: a request relayed by a proxy is refused whatever its peer, so that a reverse proxy
 on a private address does not open it to the internet. It holds django-prometheus's request
-metrics and the arena's own (inference.metrics, leaderboard.services); in the embedded arena,
-whose engines run in the web process, the engines' too.
+metrics and the arena's own (inference.metrics, votes.metrics, leaderboard.services); in the
+embedded arena, whose engines run in the web process, the engines' too.
 
 Celery workers (the default queue's, and the inference hosts of ``manage.py run_inference_host``)
 have no web server: with ``ARENA_METRICS_PORT`` set, each serves its own registry on that port
@@ -36,6 +36,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import Metric
 
 from inference import metrics as inference_metrics
+from votes import metrics as votes_metrics  # noqa: F401  (registers the replies' counters)
 
 PATH = "/metrics"
 WITHHELD_LABEL = "model"

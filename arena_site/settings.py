@@ -261,7 +261,7 @@ CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 
 # --- Arena ---------------------------------------------------------------------------------------
 # An inference worker sharing its host with the web tier lowers its own CPU priority once its
-# frame relay is started (inference.tasks.start_frame_relay): its nice value by this much, and
+# frame relay is started (votes.tasks.start_frame_relay): its nice value by this much, and
 # with SCHED_IDLE it runs only when nothing else wants a core. Neither on hosts of its own.
 ARENA_WORKER_NICE = int(os.environ.get("ARENA_WORKER_NICE", "0"))
 ARENA_WORKER_SCHED_IDLE = env_bool("ARENA_WORKER_SCHED_IDLE", False)
@@ -301,7 +301,7 @@ ARENA_NEW_MODEL_BATTLES = int(os.environ.get("ARENA_NEW_MODEL_BATTLES", "50"))
 ARENA_MAX_NEW_TOKENS = int(os.environ.get("ARENA_MAX_NEW_TOKENS", "96"))
 # Deltas are flushed to the channel layer (and persisted) at most this often, in seconds.
 ARENA_DELTA_FLUSH_SECONDS = float(os.environ.get("ARENA_DELTA_FLUSH_SECONDS", "0.05"))
-# Every reply appears at the same pace, whatever the model's speed (inference/pacing.py): no text
+# Every reply appears at the same pace, whatever the model's speed (votes/pacing.py): no text
 # before FIRST_TEXT_SECONDS, then at most CHARS_PER_S characters a second; 0 and 0: off.
 ARENA_STREAM_CHARS_PER_S = float(os.environ.get("ARENA_STREAM_CHARS_PER_S", "250"))
 ARENA_STREAM_FIRST_TEXT_SECONDS = float(os.environ.get("ARENA_STREAM_FIRST_TEXT_SECONDS", "0.3"))

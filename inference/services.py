@@ -1,47 +1,35 @@
-"""Generating one reply: load the conversation, stream it from whatever serves the model (the
-arena's own engine in this process, or an OpenAI-compatible endpoint: ``inference.clients``),
-persist, publish. Also the roster's writes for models served elsewhere.
+"""The roster's services: how the rest of the arena talks to a model, wherever it is served (the
+arena's own engine in this process, or an OpenAI-compatible endpoint: ``inference.clients``), and
+the roster's writes for models served elsewhere.
 
-Keras and JAX are imported only when a model hosted here first generates, so that importing this
-module (the web tier does, through Celery's task discovery) stays cheap.
+``ModelReply`` is one reply of a roster model as the arena shows it; ``votes.generation`` streams
+battle replies through it, ``generate_text`` writes evaluation replies with it. Keras and JAX are
+imported only when a model hosted here first generates, so that importing this module (the web
+tier does) stays cheap.
 """
 
 import logging
-import math
 import os
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from django.conf import settings
-from django.core.cache import cache
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
-from django.db import DatabaseError, connections
 
 from inference import metrics
 from inference.chat_templates import ChatTurn
-from inference.clients.base import GREEDY, ModelClient, Sampling
+from inference.clients.base import GREEDY, Generation, ModelClient, Sampling, StopReason
 from inference.clients.openai_compatible import Endpoint, OpenAICompatibleClient
-from inference.hosting import ModelSpec
+from inference.hosts.engines import ModelSpec
 from inference.models import LLM, parse_mesh_shape
-from inference.pacing import Pace
-from inference.publisher import FramePublisher
 from inference.reply_edges import without_edge_whitespace, without_family_prefix, without_family_prefix_text
-from votes import selectors as votes_selectors
-from votes import services as votes_services
-from votes.models import Message
-from votes.protocol import delta_frame, end_frame
+from inference.streaming import GenerationStats
 
 logger = logging.getLogger(__name__)
 
-# One message whichever side the conversation outgrew: the voter must not learn which (see
-# _both_sides_fit).
-TOO_LONG = "The conversation is too long for these models; start a new battle."
-NOT_GENERATED = "This reply could not be generated."
-TIMED_OUT = "This reply took too long and was stopped."
-# The cause each message is counted under (inference.metrics: arena_replies_failed_total).
-FAILURE_CAUSES = {TOO_LONG: metrics.TOO_LONG, NOT_GENERATED: metrics.GENERATION_ERROR, TIMED_OUT: metrics.TIMED_OUT}
+
+class ContextOverflow(ValueError):
+    """The conversation does not fit the model's context: nothing was sent."""
 
 
 def resolve_preset(preset: str) -> str:
@@ -88,413 +76,118 @@ def client_for(model: LLM) -> ModelClient:
     return LocalEngineClient(model_spec(model))
 
 
-def without_prefix(model: LLM, deltas: Iterator[str]) -> Iterator[str]:
-    """A family's habitual prefix taken off (none known for a model without a family)."""
-    return without_family_prefix(model.family, deltas) if model.family else deltas
+class ModelReply:
+    """One reply of a roster model, as the arena shows it.
 
+    Made with the conversation (``(role, content)`` pairs after the system prompt); ``fits`` tells
+    whether the conversation and a whole reply of the model's token limit fit its context, before
+    anything is sent; ``start()`` sends it. ``deltas(tick)`` streams the text without the family's
+    habitual prefix and the whitespace at its edges (no tell reaches the voter), with an empty
+    string for every ``tick`` seconds without text; ``cancel()`` stops it from any thread, and
+    ``wait()`` then returns once the server has let it go. Its tokens and timings are recorded
+    (``inference.metrics``) when its text has been read to the end.
 
-class DeltaBatcher:
-    """Collects text deltas and flushes them as one numbered frame per interval, at the pace.
-
-    Each flush first persists the text shown so far, then publishes it: a client that
-    reconnects and reads the database never misses a delta that was published before it
-    subscribed, and never sees text the pace has not shown yet. The persist step also tells
-    whether the voter has asked to stop the reply (`stop_requested`).
-
-    The pace (inference.pacing) is the battle's, the same for both sides. On a turn sent to
-    both sides (``hold``: what the other side's reply is doing), the reply's pace starts when
-    both models have their first text, so that neither side's text appears sooner: the first
-    text is recorded (``mark_first_token``), and the other side's looked up once an interval
-    until it has one (the pace then counts from the later of the two), has finished without
-    one, or ``ARENA_STREAM_HOLD_SECONDS`` have passed (the pace then counts from now: held text
-    never comes out in one burst). A stop asked for while holding is seen at the next look-up.
-    In an anonymous battle the pace never starts sooner than ``lead_s`` after the batcher's start
-    (the worker's start on the reply): the arena's typical wait for a first token, so that the
-    first text of a fast pair comes as late as a slow pair's.
-    The caller flushes on a clock too (``Request.deltas``), so that a side between two of its
-    model's bursts shows its text on time.
+    The model's context length is what its server states (the roster keeps it, as the draw of
+    anonymous pairs reads it: ``LLM.objects.anonymous()``). Sampling is the roster's, with
+    ``seed``; ``greedy`` decodes greedily whatever the roster says (evaluation runs).
     """
 
     def __init__(
         self,
+        model: LLM,
+        system_prompt: str | None,
+        conversation: Sequence[tuple[str, str]],
         *,
-        message_id: int,
-        group: str,
-        side: str,
-        turn: int,
-        publisher: FramePublisher,
-        pace: Pace | None = None,
-        hold: Callable[[], votes_selectors.HoldState] | None = None,
-        lead_s: float = 0.0,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        seed: int = 0,
+        greedy: bool = False,
     ) -> None:
-        self.message_id = message_id
-        self.group = group
-        self.side = side
-        self.turn = turn
-        self.publisher = publisher
-        self.interval = settings.ARENA_DELTA_FLUSH_SECONDS
-        self.pace = pace or Pace(settings.ARENA_STREAM_CHARS_PER_S, settings.ARENA_STREAM_FIRST_TEXT_SECONDS)
-        self.hold = hold
-        self.clock = clock
-        self.sleep = sleep
-        self.started = clock()
-        # The pace never starts sooner than this (the arena's wait for a first token).
-        self.earliest_origin = self.started + lead_s
-        # When the pace starts counting: the reply's start, or, beside a partner, once known.
-        self.origin: float | None = None if hold is not None else self.earliest_origin
-        self.first_text_at: float | None = None  # clock() of the model's first text
-        self.first_text_chars = 0
-        self.last_partner_check = -math.inf
-        self.text = ""
-        self.shown = 0  # Characters published (and persisted).
-        self.seq = 0
-        self.last_flush = 0.0
-        self.stop_requested = False
-
-    def add(self, delta: str) -> None:
-        # PostgreSQL text cannot hold NUL, which a model may well produce: shown as U+FFFD.
-        self.text += delta.replace("\x00", "\ufffd")
-        now = self.clock()
-        if self.first_text_at is None and self.text:
-            self.first_text_at, self.first_text_chars = now, len(self.text)
-            if self.hold is not None:
-                votes_services.mark_first_token(self.message_id)
-        # The first text goes out as soon as the pace allows; later text in batches.
-        if self.seq == 0 or now - self.last_flush >= self.interval:
-            self.flush(now)
-
-    def _find_origin(self, now: float) -> None:
-        """Beside a partner: start the pace once both sides have text (or the partner ended
-        without any, or the hold limit passed). Looked up at most once an interval."""
-        if self.origin is not None or self.first_text_at is None or self.hold is None:
-            return
-        if now - self.last_partner_check < self.interval:
-            return
-        self.last_partner_check = now
-        state = self.hold()
-        if state.stop_requested:
-            self.stop_requested = True
-        elif state.partner_started_s_ago is not None:
-            self.origin = max(self.first_text_at, now - state.partner_started_s_ago, self.earliest_origin)
-        elif state.partner_finished or now - self.first_text_at >= settings.ARENA_STREAM_HOLD_SECONDS:
-            self.origin = max(now, self.earliest_origin)
-
-    def flush(self, now: float | None = None) -> None:
-        """Persist, then publish, the text the pace lets the voter see by now."""
-        if self.stop_requested:
-            return
-        now = self.clock() if now is None else now
-        self._find_origin(now)
-        if self.origin is None:
-            return
-        visible = self.pace.visible(now - self.origin, len(self.text))
-        if visible <= self.shown:
-            return
-        frame = delta_frame(self.side, self.turn, self.seq, self.text[self.shown : visible])
-        shown_text = self.text[:visible]
-        if not votes_services.save_partial_reply(self.message_id, content=shown_text, delta_count=self.seq + 1):
-            self.stop_requested = True
-            return
-        self.seq += 1
-        self.publisher.publish(self.group, [frame])
-        self.shown = visible
-        self.last_flush = now
-
-    def drain(self) -> None:
-        """Once the model is done: show the rest at the pace (at once without one), unless the
-        voter stops the reply meanwhile."""
-        while self.shown < len(self.text) and not self.stop_requested:
-            if self.origin is None:  # Waiting for the partner's first text.
-                self.sleep(self.interval)
-                self.flush()
-                continue
-            wait = self.pace.wait_s(self.clock() - self.origin, self.shown)
-            if wait > 0:
-                # Before the first text, exactly until it is due; then in batches of an interval.
-                self.sleep(wait if self.seq == 0 else max(wait, self.interval))
-            self.flush()
-
-    def model_chars_per_s(self, finished_at: float) -> float | None:
-        """The model's own speed on this reply: characters after its first text, per second of
-        generation after it (None when too little was written to tell)."""
-        if self.first_text_at is None:
-            return None
-        chars = len(self.text) - self.first_text_chars
-        # Under 0.2 s the clock says little: a lower bound then (a fast model stays fast).
-        return chars / max(finished_at - self.first_text_at, 0.2) if chars >= 20 else None
+        self.model = model
+        self.client = client_for(model)
+        if model.context_tokens != self.client.context_length:
+            LLM.objects.filter(pk=model.pk).update(context_tokens=self.client.context_length)
+            model.context_tokens = self.client.context_length
+        self.system = system_prompt or None
+        self.turns = [ChatTurn(role=role, content=content) for role, content in conversation]
+        self.max_new_tokens = min(model.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS)
+        self.sampling = (
+            GREEDY
+            if greedy
+            else Sampling(temperature=model.temperature, top_k=model.top_k, top_p=model.top_p, seed=seed)
+        )
+        self.generation: Generation | None = None
+        self._recorded = False
 
     @property
-    def published_text(self) -> str:
-        """What the voter has seen: text not shown yet when a stop arrived is dropped."""
-        return self.text[: self.shown]
+    def context_length(self) -> int:
+        return self.client.context_length
 
+    @property
+    def prompt_tokens(self) -> int:
+        return self.client.prompt_tokens(self.system, self.turns)
 
-class Heartbeat:
-    """Touches the reply's heartbeat from a thread while it is generated (model loading too), so
-    that a reply whose worker died is told apart from a slow one (fail_stalled_replies)."""
+    @property
+    def tokens_needed(self) -> int:
+        """The prompt's tokens and room for a whole reply: a reply cut short by the context on one
+        side only would tell the models apart as surely as a refusal."""
+        return self.prompt_tokens + self.max_new_tokens
 
-    def __init__(self, message_id: int, interval_s: float) -> None:
-        self.message_id = message_id
-        self.interval_s = interval_s
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name=f"heartbeat-{message_id}", daemon=True)
+    @property
+    def fits(self) -> bool:
+        return self.tokens_needed <= self.context_length
 
-    def __enter__(self) -> "Heartbeat":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopped.set()
-        self.thread.join()
-
-    def _run(self) -> None:
+    def start(self) -> None:
+        """Send the conversation. Raises ``ContextOverflow`` when the model's server refuses it
+        for its length (nothing was generated)."""
         try:
-            while not self.stopped.wait(self.interval_s):
-                try:
-                    votes_services.touch_reply(self.message_id)
-                except DatabaseError:  # The database is away: the next beat tries again.
-                    logger.warning("Heartbeat of reply %s could not be saved", self.message_id)
-                    connections["default"].close_if_unusable_or_obsolete()
-        finally:
-            connections.close_all()  # This thread's own connection.
-
-
-def run_generation(message_id: int, publisher: FramePublisher, attempt: int | None = None) -> None:
-    """Generate one reply. Never raises: an error the generation could not end the reply
-    through itself (a failed database write, say) fails the reply at once, with a message and
-    Retry for the voter, rather than leaving it to the stall or queue limit."""
-    try:
-        context = votes_selectors.generation_context(message_id)
-        previous_status = votes_services.claim_reply(message_id, attempt) if context else None
-        if context is None or previous_status is None:
-            logger.info("Reply %s is gone, finished or stopped; nothing to generate", message_id)
-            return
-
-        with Heartbeat(message_id, settings.ARENA_REPLY_HEARTBEAT_SECONDS):
-            _generate(context, previous_status, publisher)
-    except Exception:
-        logger.exception("Reply %s failed outside the model's generation", message_id)
-        _fail_at_once(message_id, publisher, attempt)
-
-
-def _fail_at_once(message_id: int, publisher: FramePublisher, attempt: int | None) -> None:
-    try:
-        failed = votes_services.fail_reply(message_id, votes_services.WORKER_ERROR, attempt)
-        if failed is not None:
-            publisher.publish(votes_selectors.battle_group(failed.battle_public_id), [failed.end_frame()])
-    except Exception:  # The database is unreachable: fail_stalled_replies ends it later.
-        logger.exception("Reply %s could not be failed; the stall check will", message_id)
-
-
-FIT_VERDICT_SECONDS = 3600
-
-
-def _fit_verdict_key(message_id: int) -> str:
-    return f"reply-fits:{message_id}"
-
-
-def _both_sides_fit(
-    context: votes_selectors.GenerationContext,
-    fits: bool,
-    *,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-) -> bool:
-    """Whether this reply's conversation fits its model's context and, on a turn sent to both
-    sides, the other side's fits its model's: the two models' templates and tokenizers differ,
-    so one prompt can outgrow one model only, and a refusal on that side alone would tell the
-    voter which model it is. Each side records its own verdict, then waits for the other's
-    (until the other side ends, the voter stops this reply, or ARENA_STREAM_HOLD_SECONDS pass),
-    before either model sees the prompt: both are refused, with the same message, at the same
-    moment (within one look-up interval), or neither is."""
-    cache.set(_fit_verdict_key(context.message_id), fits, timeout=FIT_VERDICT_SECONDS)
-    partner_id = context.partner_reply_id
-    if partner_id is None:
-        return fits
-    deadline = clock() + settings.ARENA_STREAM_HOLD_SECONDS
-    while True:
-        partner_fits = cache.get(_fit_verdict_key(partner_id))
-        if partner_fits is not None:
-            return fits and partner_fits
-        state = votes_selectors.hold_state(context.message_id, partner_id)
-        if state.stop_requested or state.partner_finished or clock() >= deadline:
-            return fits
-        sleep(settings.ARENA_DELTA_FLUSH_SECONDS)
-
-
-def _generate(context: votes_selectors.GenerationContext, previous_status: str, publisher: FramePublisher) -> None:
-    message_id = context.message_id
-    group = votes_selectors.battle_group(context.battle_public_id)
-    if previous_status == Message.Status.STREAMING:
-        # Redelivered after a worker was lost: the reply starts over from nothing.
-        publisher.publish(group, [{"type": "restart", "side": context.side, "turn": context.turn}])
-    pace = Pace(
-        settings.ARENA_STREAM_CHARS_PER_S if context.pace_chars_per_s is None else context.pace_chars_per_s,
-        settings.ARENA_STREAM_FIRST_TEXT_SECONDS,
-    )
-    partner_id = context.partner_reply_id
-    batcher = DeltaBatcher(
-        message_id=message_id,
-        group=group,
-        side=context.side,
-        turn=context.turn,
-        publisher=publisher,
-        pace=pace,
-        hold=None if partner_id is None else lambda: votes_selectors.hold_state(message_id, partner_id),
-        lead_s=context.first_text_lead_s,
-    )
-    generated_at: float | None = None
-    model = context.model
-    started = time.monotonic()
-    failure = NOT_GENERATED
-    request = None
-    watchdog = None
-    timed_out = threading.Event()
-    try:
-        client = client_for(model)
-        if model.context_tokens != client.context_length:  # What the roster draws by (LLM.fits_arena).
-            LLM.objects.filter(pk=model.pk).update(context_tokens=client.context_length)
-        system = context.system_prompt or None
-        turns = [ChatTurn(role=role, content=content) for role, content in context.conversation]
-        sampling = Sampling(temperature=model.temperature, top_k=model.top_k, top_p=model.top_p, seed=context.seed)
-        max_new_tokens = min(model.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS)
-        # Room for a whole reply, not just its first token: a reply cut short by the context on
-        # one side only would tell the models apart as surely as a refusal.
-        needed = client.prompt_tokens(system, turns) + max_new_tokens
-        fits = needed <= client.context_length
-        if not fits:  # Past the arena's own limit only where a model's context is shorter than it.
-            logger.warning(
-                "Reply %s: %s needs %d tokens of its %d-token context (ARENA_MAX_CONVERSATION_BYTES is %d)",
-                message_id,
-                model.name,
-                needed,
-                client.context_length,
-                settings.ARENA_MAX_CONVERSATION_BYTES,
+            self.generation = self.client.submit(
+                self.system, self.turns, max_new_tokens=self.max_new_tokens, sampling=self.sampling
             )
-        if not _both_sides_fit(context, fits):
-            failure = TOO_LONG
-            raise ValueError(f"reply {message_id}: the conversation does not fit both models' contexts")
-        request = client.submit(system, turns, max_new_tokens=max_new_tokens, sampling=sampling)
+        except ValueError as error:  # The conversation is never empty: it does not fit.
+            raise ContextOverflow(str(error)) from error
 
-        def time_out() -> None:
-            timed_out.set()
-            request.cancel()
+    def _started(self) -> Generation:
+        if self.generation is None:
+            raise RuntimeError("The reply has not been started.")
+        return self.generation
 
-        watchdog = threading.Timer(settings.ARENA_GENERATION_TIMEOUT_SECONDS, time_out)
-        watchdog.daemon = True
-        watchdog.start()
-        # A family's habitual prefix, then the edges' whitespace: no tell reaches the voter.
-        deltas = without_prefix(model, request.deltas(tick=batcher.interval))
-        for delta in without_edge_whitespace(deltas):
-            if delta:
-                batcher.add(delta)
-            else:  # No text for an interval: show what the pace allows by now.
-                batcher.flush()
-            if batcher.stop_requested:
-                request.cancel()
-                for _ in request:  # Wait until the engine has freed the slot; drop the rest.
-                    pass
-                break
-        generated_at = time.monotonic()
-        batcher.drain()
-        if timed_out.is_set():
-            failure = TIMED_OUT
-            raise TimeoutError(f"reply {message_id} ran past {settings.ARENA_GENERATION_TIMEOUT_SECONDS} s")
-    except Exception:
-        # The voter sees that this side failed, never why in model terms (anonymity).
-        logger.exception("Generation of reply %s failed", message_id)
-        if request is not None:
-            request.cancel()
-        _finish(
-            context,
-            batcher,
-            publisher,
-            status=Message.Status.FAILED,
-            stop_reason="error",
-            started=started,
-            error=failure,
-        )
-        return
-    finally:
-        if watchdog is not None:
-            watchdog.cancel()
+    def deltas(self, tick: float | None = None) -> Iterator[str]:
+        generation = self._started()
+        raw = generation.deltas(tick=tick)
+        if self.model.family:
+            raw = without_family_prefix(self.model.family, raw)
+        yield from without_edge_whitespace(raw)
+        self._record()
 
-    stats = request.stats
-    metrics.record_generation(model.name, stats)
-    if batcher.stop_requested:
-        _finish(
-            context,
-            batcher,
-            publisher,
-            status=Message.Status.STOPPED,
-            stop_reason="cancelled",
-            started=started,
-            tokens=stats.tokens,
-            ttft_s=stats.ttft_s,
-        )
-        return
-    _finish(
-        context,
-        batcher,
-        publisher,
-        status=Message.Status.DONE,
-        stop_reason=request.stop_reason or "stop",
-        started=started,
-        tokens=stats.tokens,
-        ttft_s=stats.ttft_s,
-        model_chars_per_s=None if generated_at is None else batcher.model_chars_per_s(generated_at),
-    )
+    def result(self, timeout: float | None = None) -> str:
+        """The whole text, once the reply is done (at most ``timeout`` seconds), as a battle
+        shows it."""
+        generation = self._started()
+        text = generation.result(timeout=timeout)
+        self._record()
+        return (without_family_prefix_text(self.model.family, text) if self.model.family else text).strip()
 
+    def cancel(self) -> None:
+        if self.generation is not None:
+            self.generation.cancel()
 
-def _finish(
-    context: votes_selectors.GenerationContext,
-    batcher: DeltaBatcher,
-    publisher: FramePublisher,
-    *,
-    status: str,
-    stop_reason: str,
-    started: float,
-    tokens: int = 0,
-    ttft_s: float | None = None,
-    error: str | None = None,
-    model_chars_per_s: float | None = None,
-) -> None:
-    """Save the reply's final state, then announce it: the end frame never precedes the save."""
-    text = batcher.published_text if status == Message.Status.STOPPED else batcher.text
-    ttft_ms = int(ttft_s * 1000) if ttft_s is not None else None
-    duration_ms = int((time.monotonic() - started) * 1000)
-    saved = votes_services.finish_reply(
-        context.message_id,
-        status=status,
-        content=text,
-        delta_count=batcher.seq,
-        stop_reason=stop_reason,
-        token_count=tokens,
-        time_to_first_token_ms=ttft_ms,
-        duration_ms=duration_ms,
-        error=error or "",
-        model_chars_per_s=model_chars_per_s,
-    )
-    if not saved:
-        logger.warning("Reply %s was failed as stalled before it finished; its end is dropped", context.message_id)
-        return
-    metrics.record_reply(context.model.name, status)
-    if status == Message.Status.FAILED:
-        metrics.record_failure(FAILURE_CAUSES.get(error or "", metrics.GENERATION_ERROR))
-    frame = end_frame(
-        context.side,
-        context.turn,
-        seq=batcher.seq,
-        status=status,
-        text=text,
-        # A battle is never ended while one of its replies is generated: the stats (speed and
-        # token counts tell the models apart) wait for the reveal's state.
-        stats={},
-        error=error,
-    )
-    publisher.publish(batcher.group, [frame])
+    def wait(self) -> None:
+        """After ``cancel()``: until the server has let the reply go (the rest is dropped)."""
+        for _ in self._started():
+            pass
+        self._record()
+
+    def _record(self) -> None:
+        if not self._recorded:
+            self._recorded = True
+            metrics.record_generation(self.model.name, self._started().stats)
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self._started().stats
+
+    @property
+    def stop_reason(self) -> StopReason | None:
+        return self._started().stop_reason
 
 
 def generate_text(model: LLM, system_prompt: str | None, conversation: list[tuple[str, str]], seed: int) -> str:
@@ -502,23 +195,14 @@ def generate_text(model: LLM, system_prompt: str | None, conversation: list[tupl
 
     Greedy, whatever the roster's sampling settings (real models sample in battles): a run
     measures each model's most likely reply, reproducibly. The model's token limit applies, as
-    in a battle; ``seed`` is kept for the interface (it matters only to sampled decoding).
+    in a battle; ``seed`` is kept for the interface (it matters only to sampled decoding). Raises
+    ``ContextOverflow`` for a conversation the model's context cannot hold.
     """
-    from votes.evaluation import ContextOverflow
-
-    client = client_for(model)
-    turns = [ChatTurn(role=role, content=content) for role, content in conversation]
-    max_new_tokens = min(model.max_new_tokens, settings.ARENA_MAX_NEW_TOKENS)
-    try:
-        if client.prompt_tokens(system_prompt or None, turns) + 1 > client.context_length:
-            raise ValueError(f"The conversation does not fit {model.name}'s {client.context_length}-token context.")
-        request = client.submit(system_prompt or None, turns, max_new_tokens=max_new_tokens, sampling=GREEDY)
-    except ValueError as error:  # The conversation is never empty: it does not fit the context.
-        raise ContextOverflow(str(error)) from error
-    text = request.result(timeout=settings.ARENA_GENERATION_TIMEOUT_SECONDS)
-    metrics.record_generation(model.name, request.stats)
-    text = without_family_prefix_text(model.family, text) if model.family else text
-    return text.strip()  # As a battle shows it.
+    reply = ModelReply(model, system_prompt, conversation, seed=seed, greedy=True)
+    if reply.prompt_tokens + 1 > reply.context_length:
+        raise ContextOverflow(f"The conversation does not fit {model.name}'s {reply.context_length}-token context.")
+    reply.start()
+    return reply.result(timeout=settings.ARENA_GENERATION_TIMEOUT_SECONDS)
 
 
 def save_endpoint_model(

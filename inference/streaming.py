@@ -90,6 +90,16 @@ def load_causal_lm(preset: str) -> keras_hub.models.CausalLM:
         return lm
 
 
+def unload_causal_lm(chosen: Callable[[str], bool]) -> list[str]:
+    """Drop the loaded models whose preset ``chosen`` picks (their memory is freed once nothing
+    else holds them); their presets."""
+    with _models_lock:
+        presets = [preset for preset in _models if chosen(preset)]
+        for preset in presets:
+            del _models[preset]
+    return presets
+
+
 def bucket_length(length: int, limit: int) -> int:
     """The padded length for ``length`` tokens: the next power of two >= 64, capped at ``limit``.
 

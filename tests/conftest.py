@@ -1,9 +1,11 @@
 """Shared fixtures: the real PostgreSQL and Redis of this machine, a real Celery worker, voters."""
 
+import ctypes
 import gc
 import json
 import os
 import secrets
+import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -45,14 +47,57 @@ CHROMIUM = os.environ.get("ARENA_CHROMIUM", "/usr/bin/chromium")
 gc.set_threshold(700, 10, 100)
 
 
+def _tiny(preset: str) -> bool:
+    return Path(preset).resolve().is_relative_to(PRESETS_DIR.resolve())
+
+
+def _resident_mib() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 2**20
+
+
+RESIDENT_BY_MODULE: dict[str, int] = {}
+
+
 @pytest.fixture(scope="module", autouse=True)
-def _collect_dropped_models() -> Iterator[None]:
-    """One full collection after each test module: the models and engines a module dropped (Keras
-    models sit in reference cycles) are freed before the next module loads its own, not whenever
-    the raised threshold above next allows. With that threshold alone the whole suite once grew
-    past this machine's 23 GB and was killed in test_real_models. About a second a module."""
+def _release_real_models(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test module, the engines and loaded models of real checkpoints (anything but
+    the tests' tiny presets, which most modules share) are shut down and dropped, the memory is
+    collected, and the C heap hands its free pages back. Without this the engines of every
+    module's real models stayed in this process (an engine of SmolLM2-135M holds about 1.8 GB:
+    weights, and each slot's key/value cache), and the whole suite outgrew this machine's 23 GB.
+    The module's resident memory at its end is kept for the summary below."""
     yield
+    released: list[str] = []
+    engines = sys.modules.get("inference.hosts.engines")
+    if engines is not None:
+        released += engines.shutdown_where(lambda spec: not _tiny(spec.preset))
+    streaming = sys.modules.get("inference.streaming")
+    if streaming is not None:
+        released += streaming.unload_causal_lm(lambda preset: not _tiny(preset))
     gc.collect()
+    if released and "jax" in sys.modules:
+        import jax
+
+        jax.clear_caches()  # Their compiled programs too (the tiny models' are compiled again).
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+    RESIDENT_BY_MODULE[request.module.__name__] = _resident_mib()
+
+
+try:
+    _LIBC: Any = ctypes.CDLL("libc.so.6")
+except OSError:  # Not glibc: nothing to trim.
+    _LIBC = None
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The modules that left this process largest, so that the suite's memory stays in view."""
+    if not RESIDENT_BY_MODULE:
+        return
+    terminalreporter.section("resident memory after each module (largest 8, MiB)")
+    for name, mib in sorted(RESIDENT_BY_MODULE.items(), key=lambda item: -item[1])[:8]:
+        terminalreporter.write_line(f"{mib:6d}  {name}")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -11,7 +11,7 @@ every template with every tokenizer the arena and its tests load, on adversarial
 A model's own limit, reached past the arena's only where a battle was given a model with a
 shorter context (named and direct battles may pick any): the models' templates and tokenizers
 differ, so a prompt of emoji can fit one model's context and not the other's; refused on one
-side only, it would tell the voter which model sat there. inference.services._both_sides_fit
+side only, it would tell the voter which model sat there. votes.generation._both_sides_fit
 refuses both sides alike; the last tests replay that probe against the real consumer and worker
 with the two test models, whose tokenizers differ the same way.
 """
@@ -25,12 +25,13 @@ import keras_hub
 import pytest
 from channels.db import database_sync_to_async
 
-from inference import chat_templates, context_budget, hosting, registry
+from inference import chat_templates, context_budget, registry
 from inference import services as inference_services
 from inference.building.demo_models import SEQUENCE_LENGTH
+from inference.hosts import engines
 from inference.models import LLM
 from tests.conftest import PRESETS_DIR, battle_llm_fields
-from votes import services
+from votes import generation, services
 from votes.models import Battle, Message
 from votes.selectors import GenerationContext
 
@@ -212,7 +213,7 @@ async def test_the_same_prompts_are_refused_and_answered_with_every_pair(
 
 def prompt_tokens(llm: LLM, text: str) -> tuple[int, int]:
     """The prompt's tokens in ``llm``'s context, and the most the worker lets it take."""
-    engine = hosting.engine_for(inference_services.model_spec(llm))
+    engine = engines.engine_for(inference_services.model_spec(llm))
     prompt = chat_templates.render_prompt(llm.family, None, [chat_templates.ChatTurn(role="user", content=text)])
     return engine.prompt_tokens(prompt), engine.context_length - llm.max_new_tokens
 
@@ -250,8 +251,8 @@ async def test_a_prompt_that_outgrows_one_model_is_refused_on_both_sides_alike(
         frames = await battle_with(connect_battle, models, text)
         ends = [frame for frame in frames if frame["type"] == "end"]
         assert [(end["status"], end["error"], end["text"]) for end in ends] == [
-            ("failed", inference_services.TOO_LONG, ""),
-            ("failed", inference_services.TOO_LONG, ""),
+            ("failed", generation.TOO_LONG, ""),
+            ("failed", generation.TOO_LONG, ""),
         ]
         assert not [frame for frame in frames if frame["type"] == "delta"]  # neither model said a word
     replies = Message.objects.filter(role=Message.Role.ASSISTANT)
@@ -294,14 +295,14 @@ def test_each_side_waits_for_the_others_verdict(demo_llms) -> None:
 
     def sleep(seconds: float) -> None:  # the partner decides while this side waits
         slept.append(seconds)
-        inference_services._both_sides_fit(context(partner, own), False)
+        generation._both_sides_fit(context(partner, own), False)
 
-    assert inference_services._both_sides_fit(context(own, partner), True, sleep=sleep) is False
+    assert generation._both_sides_fit(context(own, partner), True, sleep=sleep) is False
     assert len(slept) == 1
     # The partner, deciding second, finds this side's verdict at once.
-    assert inference_services._both_sides_fit(context(partner, own), True) is True
+    assert generation._both_sides_fit(context(partner, own), True) is True
     # A one-sided turn (a correction) has no partner to wait for.
-    assert inference_services._both_sides_fit(context(own, None), False) is False
+    assert generation._both_sides_fit(context(own, None), False) is False
 
 
 @DB
@@ -309,10 +310,8 @@ def test_a_partner_that_ends_without_a_verdict_is_not_waited_for(demo_llms) -> N
     battle = services.start_battle(voter_key="fit")
     own, partner = (job.message_id for job in services.submit_prompt(battle=battle, text="Hello").jobs)
     Message.objects.filter(pk=partner).update(status=Message.Status.STOPPED)
-    assert inference_services._both_sides_fit(context(own, partner), True, sleep=pytest.fail) is True
+    assert generation._both_sides_fit(context(own, partner), True, sleep=pytest.fail) is True
     # Nor one that never comes: the hold's limit applies.
     Message.objects.filter(pk=partner).update(status=Message.Status.PENDING)
     clock = iter([0.0, 5.0, 1e9])
-    assert inference_services._both_sides_fit(
-        context(own, partner), True, clock=lambda: next(clock), sleep=lambda s: None
-    )
+    assert generation._both_sides_fit(context(own, partner), True, clock=lambda: next(clock), sleep=lambda s: None)

@@ -331,8 +331,8 @@ def test_registered_demo_models_sample_and_their_replies_differ() -> None:
     sampling (an entry left at the old greedy defaults is given the sampling settings, an admin's
     own settings are kept), and through the engine, with a reply's settings as the worker builds
     them, one prompt to the weak demo model gets more than one reply over eight fresh seeds."""
-    from inference import hosting
     from inference.engine import SamplingParams
+    from inference.hosts import engines
     from inference.models import DEFAULT_SAMPLING, LLM, OLD_GREEDY_DEFAULTS
     from inference.services import model_spec
 
@@ -347,7 +347,7 @@ def test_registered_demo_models_sample_and_their_replies_differ() -> None:
         assert {field: getattr(llm, field) for field in DEFAULT_SAMPLING} == DEFAULT_SAMPLING, name
     assert registered["mistral-calendar"].temperature == 0.3
     weak = registered[next(spec.name for spec in TRAINED_MODEL_SPECS if spec.quality == "weak")]
-    engine = hosting.engine_for(model_spec(weak))
+    engine = engines.engine_for(model_spec(weak))
     prompt = render_prompt(weak.family, None, [ChatTurn(role="user", content="Add a meeting with Fred on Nov 11")])
     requests = [
         engine.submit(

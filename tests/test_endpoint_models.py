@@ -25,6 +25,7 @@ from inference.clients.openai_compatible import Endpoint, EndpointError, OpenAIC
 from inference.models import LLM
 from tests.conftest import PRESETS_DIR
 from tests.model_servers import FaultyServer, free_port, host_health, keras_hub_host, serve_in_thread
+from votes import generation
 from votes.models import Message
 
 SYSTEM = "You are a helpful vocal assistant on a mobile device."
@@ -239,13 +240,33 @@ async def test_a_battle_against_an_endpoint_model_streams_what_the_arenas_own_en
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_an_endpoint_that_is_down_fails_its_side_with_retry_and_loses_nothing(
-    connect_battle: Any, demo_llms: list[LLM], remote_llm: LLM, celery_worker: Any
+@pytest.mark.parametrize(
+    ("fault", "written"),
+    [
+        ("down", ""),
+        ("http-500", ""),
+        ("http-400", ""),
+        ("slow", "Written before."),  # then silent past the read timeout
+        ("malformed", "Written before."),  # then an event that is not JSON
+    ],
+)
+async def test_an_endpoint_that_fails_fails_its_side_with_retry_and_loses_nothing(
+    connect_battle: Any,
+    demo_llms: list[LLM],
+    remote_llm: LLM,
+    faulty: tuple[FaultyServer, str],
+    celery_worker: Any,
+    settings: Any,
+    fault: str,
+    written: str,
 ) -> None:
-    def take_it_down() -> None:
-        LLM.objects.filter(pk=remote_llm.pk).update(endpoint_url=f"http://127.0.0.1:{free_port()}/v1")
+    settings.ARENA_ENDPOINT_READ_TIMEOUT_SECONDS = 1.0
 
-    await database_sync_to_async(take_it_down)()
+    def point_at_the_fault() -> None:
+        url = f"http://127.0.0.1:{free_port()}/v1" if fault == "down" else faulty[1]
+        LLM.objects.filter(pk=remote_llm.pk).update(endpoint_url=url, served_model=fault)
+
+    await database_sync_to_async(point_at_the_fault)()
     page = await connect_battle()
     await page.send({"type": "start", "mode": "named", "models": ["tiny-gemma", REMOTE]})
     state = (await page.receive_until(lambda f: f["type"] in ("state", "error")))[-1]
@@ -254,7 +275,8 @@ async def test_an_endpoint_that_is_down_fails_its_side_with_retry_and_loses_noth
     ends = {state["models"][f["side"]]: f for f in page.frames if f["type"] == "end"}
     assert ends["tiny-gemma"]["status"] == "done" and ends["tiny-gemma"]["text"]
     assert ends[REMOTE]["status"] == "failed"
-    assert ends[REMOTE]["error"] == services.NOT_GENERATED  # Nothing about the endpoint reaches the voter.
+    assert ends[REMOTE]["error"] == generation.NOT_GENERATED  # Nothing about the endpoint reaches the voter.
+    assert ends[REMOTE]["text"] == written  # What the server wrote before it failed is kept.
 
     def reply_of(name: str) -> Message:
         return Message.objects.get(
@@ -262,9 +284,18 @@ async def test_an_endpoint_that_is_down_fails_its_side_with_retry_and_loses_noth
         )
 
     failed = await database_sync_to_async(reply_of)(REMOTE)
-    assert failed.status == Message.Status.FAILED
+    assert (failed.status, failed.content) == (Message.Status.FAILED, written)
     kept = await database_sync_to_async(reply_of)("tiny-gemma")
     assert kept.content == ends["tiny-gemma"]["text"]
+
+    # Retry: the side starts over (and fails again, the server being what it is); the other
+    # side's reply stays as it was.
+    remote_side = next(s for s, n in state["models"].items() if n == REMOTE)
+    await page.send({"type": "regenerate", "side": remote_side})
+    await page.receive_until(lambda f: f["type"] == "regenerating" and f["side"] == remote_side)
+    again = (await page.receive_until(lambda f: f["type"] == "end" and f["side"] == remote_side))[-1]
+    assert again["status"] == "failed" and again["error"] == generation.NOT_GENERATED
+    assert (await database_sync_to_async(reply_of)("tiny-gemma")).content == kept.content
 
 
 # --- The roster ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The frame relay (inference/relay.py): a worker's frames reach the battle's group through a
+"""The frame relay (votes/relay.py): a worker's frames reach the battle's group through a
 process of its own, in order per group, and a relay that dies is replaced; the worker's own
 priority can be lowered while the relay keeps the normal one."""
 
@@ -15,7 +15,7 @@ import pytest
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from inference.relay import FrameRelay, RelayServer
+from votes.relay import FrameRelay, RelayServer
 
 ROOT = settings.BASE_DIR
 
@@ -86,7 +86,7 @@ def test_the_relay_exits_when_its_worker_goes(relay: FrameRelay) -> None:
 def test_lower_priority_covers_every_thread_but_not_a_child_started_before() -> None:
     script = """
 import os, subprocess, sys, threading
-from inference.priority import lower_priority
+from arena_site.priority import lower_priority
 child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
 ready, done = threading.Event(), threading.Event()
 def run():

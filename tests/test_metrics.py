@@ -23,6 +23,7 @@ from inference.streaming import GenerationStats
 from leaderboard import services as leaderboard_services
 from tests.test_generation_failures import LONG_PROMPT
 from tests.test_worker_lost import make_reply
+from votes import metrics as votes_metrics
 from votes import services as votes_services
 from votes.models import Message
 from votes.testing.stack import Stack, database_url, free_port
@@ -67,7 +68,7 @@ def test_per_model_series_are_served_only_with_the_token(settings: Any) -> None:
     their battle, and its deltas named the pair. Without ARENA_METRICS_TOKEN (the default) no
     series labelled by model is served to anyone, and each withheld family says so in its HELP;
     with it, only a scraper sending it as a bearer token reads them. The other series stay."""
-    inference_metrics.record_reply("metrics-probe-model", "done")
+    votes_metrics.record_reply("metrics-probe-model", "done")
     inference_metrics.record_generation("metrics-probe-model", GenerationStats(tokens=5, ttft_s=0.1, duration_s=0.5))
     settings.ARENA_METRICS_TOKEN = ""
     for headers in ({}, {"HTTP_AUTHORIZATION": "Bearer "}, {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}):
@@ -251,7 +252,7 @@ def test_a_prefork_worker_serves_its_pool_processes_metrics_on_its_port(tmp_path
                 "--loglevel", "INFO",
             ],
         )  # fmt: skip
-        stack._wait(worker, lambda: " ready." in worker.log.read_text(errors="replace"))
+        stack.wait_until(worker, lambda: " ready." in worker.log.read_text(errors="replace"))
         celery_app.send_task("leaderboard.refresh_if_due", queue=queue)
         deadline = time.monotonic() + 60
         while True:

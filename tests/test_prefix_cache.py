@@ -1,8 +1,8 @@
-"""The engine's prefix bookkeeping (inference.prefix_cache): which cached row a prompt starts from."""
+"""The engine's prefix bookkeeping (inference.engine.prefix_cache): which cached row a prompt starts from."""
 
 import pytest
 
-from inference.prefix_cache import NO_MATCH, PrefixCache, PrefixMatch
+from inference.engine.prefix_cache import NO_MATCH, PrefixCache, PrefixMatch
 
 SYSTEM = list(range(100, 140))  # A 40-token shared beginning: two whole blocks of 16.
 

@@ -119,7 +119,7 @@ def test_web_tier_never_imports_keras_jax_or_tensorflow(tmp_path: Path) -> None:
     code = (
         "import django, sys; django.setup();"
         "from django.core.management import call_command; call_command('migrate', verbosity=0);"
-        "import arena_site.asgi, arena_site.urls, votes.consumers, inference.dispatch, leaderboard.views;"
+        "import arena_site.asgi, arena_site.urls, votes.consumers, votes.dispatch, leaderboard.views;"
         "from django.test import Client; Client().get('/'); Client().get('/leaderboard/');"
         "print(sorted(m for m in ('keras', 'keras_hub', 'jax', 'tensorflow') if m in sys.modules))"
     )

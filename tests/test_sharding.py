@@ -1,4 +1,4 @@
-"""Sharding contestants over all local devices (inference/sharding.py), on 8 simulated CPU devices.
+"""Sharding contestants over all local devices (inference/hosts/sharding.py), on 8 simulated CPU devices.
 
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` only works if it is set before jax is
 imported, and the pytest process may already have jax loaded (other tests generate text). So
@@ -136,7 +136,7 @@ def _check_family(family: str, work: Path) -> dict[str, Any]:
 def _check_preset(preset: Path, family: str) -> dict[str, Any]:
     import keras_hub
 
-    from inference import sharding
+    from inference.hosts import sharding
 
     started = time.monotonic()
     reference = _generate(keras_hub.models.CausalLM.from_preset(str(preset)))  # unsharded, device 0
@@ -177,7 +177,7 @@ def _capture(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 def _worker(out: Path) -> None:
     import keras
 
-    from inference import sharding
+    from inference.hosts import sharding
 
     results: dict[str, Any] = {}
 
@@ -309,7 +309,7 @@ def test_single_device_load_is_a_plain_from_preset() -> None:
     os.environ.setdefault("KERAS_BACKEND", "jax")
     import jax
 
-    from inference import sharding
+    from inference.hosts import sharding
 
     if jax.device_count() != 1:
         pytest.skip("the test process sees several devices")

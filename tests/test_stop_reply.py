@@ -4,7 +4,8 @@ nothing at once: tests/test_battle_presence.py.)"""
 import pytest
 from channels.db import database_sync_to_async
 
-from inference import hosting, services
+from inference import services
+from inference.hosts import engines
 from votes import services as votes_services
 from votes.models import Message
 
@@ -35,7 +36,7 @@ async def test_stop_frame_cancels_streaming_replies(connect_battle, long_replies
     assert frames
     # Both engines have their slots back: nothing keeps decoding for a stopped reply.
     for llm in long_replies:
-        engine = hosting.engine_for(services.model_spec(llm))
+        engine = engines.engine_for(services.model_spec(llm))
         assert engine.active_slots == 0
 
     # The battle goes on: a stopped turn counts as finished.
@@ -72,10 +73,10 @@ async def test_concurrent_battles_share_each_models_batch(
     """Two voters at once: the thread-pool worker runs both jobs of a model in one engine batch."""
     first = await connect_battle()
     second = await connect_battle()  # Same session, two battles: what matters is concurrency.
-    engines = [hosting.engine_for(services.model_spec(llm)) for llm in long_replies]
+    running = [engines.engine_for(services.model_spec(llm)) for llm in long_replies]
     # Nothing runs now; the peak counts from here (other tests batch several battles too).
-    assert all(engine.active_slots == 0 for engine in engines)
-    for engine in engines:
+    assert all(engine.active_slots == 0 for engine in running)
+    for engine in running:
         engine.peak_active_slots = 0
     for client in (first, second):
         await client.send({"type": "prompt", "text": "Add a meeting with Fred on Nov 11 at 5PM"})
@@ -84,8 +85,8 @@ async def test_concurrent_battles_share_each_models_batch(
             lambda f, c=client: {d["side"] for d in c.frames if d["type"] == "delta"} == {"a", "b"}
         )
     # Each model's engine decoded one reply of each battle in the same batch at some point.
-    assert [engine.peak_active_slots for engine in engines] == [2, 2]
+    assert [engine.peak_active_slots for engine in running] == [2, 2]
     for client in (first, second):
         await client.send({"type": "stop"})
         await client.receive_both_ends()
-    assert all(engine.active_slots == 0 for engine in engines)
+    assert all(engine.active_slots == 0 for engine in running)

@@ -1,4 +1,4 @@
-"""Every reply appears at the same pace (inference/pacing.py, inference.services.DeltaBatcher)."""
+"""Every reply appears at the same pace (votes/pacing.py, votes.generation.DeltaBatcher)."""
 
 import random
 import time as time_module
@@ -8,10 +8,10 @@ import pytest
 from django.conf import settings
 
 from inference.models import LLM
-from inference.pacing import Pace, battle_pace, first_text_lead, sustained_speed, typical_first_token_s
-from inference.services import DeltaBatcher
 from votes import selectors, services
+from votes.generation import DeltaBatcher
 from votes.models import Battle, Message
+from votes.pacing import Pace, battle_pace, first_text_lead, sustained_speed, typical_first_token_s
 from votes.selectors import HoldState
 
 

@@ -1,7 +1,7 @@
 """The battle websocket: prompts and votes in, state, deltas and end frames out.
 
 Thin on purpose: frames are parsed by votes.protocol, every write goes through votes.services,
-and generation is handed to inference.dispatch. docs/protocol.md describes the frames.
+and generation is handed to votes.dispatch. docs/protocol.md describes the frames.
 """
 
 import asyncio
@@ -19,8 +19,8 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from arena_site import unavailable
-from inference.dispatch import enqueue_generations
 from votes import rate_limits, reply_caps, selectors, services, socket_caps
+from votes.dispatch import enqueue_generations
 from votes.models import Battle
 from votes.protocol import (
     ArenaError,

@@ -9,9 +9,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from arena_site.celery import app as celery_app
-from inference import dispatch
 from inference.models import LLM
-from votes import evaluation
+from votes import dispatch, evaluation
 from votes.checkers import CheckResult
 from votes.models import EvaluationReply, EvaluationRun, Task, TaskTurn
 
@@ -73,6 +72,16 @@ def create_evaluation(
     return run
 
 
+def generate_with_models(model: LLM, system_prompt: str | None, conversation: list[tuple[str, str]], seed: int) -> str:
+    """One greedy reply of ``model``, from whatever serves it (``inference.services.generate_text``)."""
+    from inference import services
+
+    try:
+        return services.generate_text(model, system_prompt, conversation, seed)
+    except services.ContextOverflow as error:
+        raise evaluation.ContextOverflow(str(error)) from error
+
+
 def run_evaluation(
     run_id: int,
     generate: Callable[[LLM, str | None, list[tuple[str, str]], int], str] | None = None,
@@ -80,12 +89,9 @@ def run_evaluation(
 ) -> EvaluationRun:
     """Run a pending evaluation to the end and store every rated reply.
 
-    ``generate`` defaults to the models' engines (inference.services.generate_text).
+    ``generate`` defaults to the models themselves (``generate_with_models``).
     """
-    if generate is None:
-        from inference.services import generate_text
-
-        generate = generate_text
+    generate = generate or generate_with_models
     with transaction.atomic():
         run = EvaluationRun.objects.select_for_update().select_related("task").get(pk=run_id)
         if run.status != EvaluationRun.Status.PENDING:

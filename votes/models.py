@@ -266,7 +266,7 @@ class Battle(models.Model):
     pace_chars_per_s = models.FloatField(
         null=True,
         blank=True,
-        help_text="Characters a second at which every reply of this battle is shown (inference.pacing): an "
+        help_text="Characters a second at which every reply of this battle is shown (votes.pacing): an "
         "anonymous battle's is what the slowest enabled model sustained when it started, whatever its pair; a named "
         "or direct one's what its slower model sustains. Empty: ARENA_STREAM_CHARS_PER_S.",
     )
@@ -275,7 +275,7 @@ class Battle(models.Model):
         blank=True,
         help_text="Anonymous battles: no reply's pace starts sooner than this many seconds after its worker started "
         "on it, what the slowest enabled model typically took to its first token when the battle started "
-        "(inference.pacing). Empty: no such wait.",
+        "(votes.pacing). Empty: no such wait.",
     )
     pair_probability = models.FloatField(
         null=True,

@@ -18,10 +18,9 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from arena_site import networks
-from inference import metrics, pacing
 from inference.models import LLM
 from leaderboard import style
-from votes import corrections, pairing, selectors
+from votes import corrections, metrics, pacing, pairing, selectors
 from votes.checkers import CheckerConfigError
 from votes.leaks import find_identity_leak
 from votes.models import (
@@ -201,7 +200,7 @@ def start_battle(
 
 
 def battle_pace(*model_ids: int) -> float:
-    """The pace of a battle among these models: what the slowest one sustains (inference.pacing).
+    """The pace of a battle among these models: what the slowest one sustains (votes.pacing).
     A named or direct battle passes its own models, an anonymous one every model it could draw."""
     sustained = dict(LLM.objects.filter(pk__in=model_ids).values_list("pk", "sustained_chars_per_s"))
     return pacing.battle_pace(
@@ -214,7 +213,7 @@ def battle_pace(*model_ids: int) -> float:
 
 def first_text_lead(model_ids: Sequence[int]) -> float:
     """Seconds an anonymous reply's pace waits after its worker starts: the longest typical time
-    to first token of these models, the ones anonymous battles may draw (inference.pacing)."""
+    to first token of these models, the ones anonymous battles may draw (votes.pacing)."""
     typical_ms = LLM.objects.filter(pk__in=model_ids).values_list("typical_first_token_ms", flat=True)
     pacing_on = settings.ARENA_STREAM_CHARS_PER_S > 0 or settings.ARENA_STREAM_FIRST_TEXT_SECONDS > 0
     return pacing.first_text_lead([None if ms is None else ms / 1000 for ms in typical_ms], pacing=pacing_on)

@@ -1,9 +1,48 @@
-"""Celery tasks of the votes app."""
+"""Celery tasks of the votes app: battle replies (on the queue of each reply's model), evaluation
+runs, and the beat's periodic jobs."""
+
+import logging
+from typing import Any
 
 from celery import shared_task
+from celery.signals import worker_ready
+from django.conf import settings
 
-from votes import evaluation_services
+from arena_site.priority import lower_priority
+from votes import evaluation_services, generation
+from votes.dispatch import GENERATE_REPLY_TASK
 from votes.evaluation_services import RUN_EVALUATION_TASK
+from votes.relay import frame_relay
+
+logger = logging.getLogger(__name__)
+
+
+# Acknowledged only once finished, and requeued if a pool process dies mid-reply: the reply then
+# starts over (the client is told to clear it). When the whole worker dies the broker keeps the
+# job until its visibility timeout; the reply is failed long before (fail_stalled_replies), and
+# the late redelivery, like any job of an attempt since retried, finds nothing to claim.
+# Thread pools ignore Celery's time limits, so run_generation enforces
+# ARENA_GENERATION_TIMEOUT_SECONDS itself.
+@shared_task(name=GENERATE_REPLY_TASK, acks_late=True, reject_on_worker_lost=True)
+def generate_reply(message_id: int, attempt: int | None = None) -> None:
+    generation.run_generation(message_id, frame_relay(), attempt)
+
+
+@worker_ready.connect
+def start_frame_relay(**kwargs: Any) -> None:
+    """The frame relay starts with the worker, and before the worker lowers its own CPU priority
+    (ARENA_WORKER_NICE, ARENA_WORKER_SCHED_IDLE, for hosts it shares with the web tier): the
+    relay keeps the normal priority, so frames leave promptly while inference takes every core."""
+    frame_relay().start()
+    nice, idle = settings.ARENA_WORKER_NICE, settings.ARENA_WORKER_SCHED_IDLE
+    if nice or idle:
+        threads = lower_priority(nice, idle=idle)
+        logger.info(
+            "Worker priority lowered (nice +%s%s, %s threads); its frame relay keeps its own",
+            nice,
+            ", SCHED_IDLE" if idle else "",
+            threads,
+        )
 
 
 # Acknowledged when done; a run redelivered after a lost worker is skipped unless still pending.
@@ -37,7 +76,6 @@ def purge_expired_sessions() -> None:
 @shared_task(name="votes.fail_stalled_replies", ignore_result=True)
 def fail_stalled_replies() -> None:
     """Every minute (beat): fail the replies whose worker is gone, and tell their voters."""
-    from inference.relay import frame_relay
     from votes import services
     from votes.selectors import battle_group
 

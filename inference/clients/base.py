@@ -1,4 +1,4 @@
-"""What every model client offers the generation service: plain Python, no Django, no JAX."""
+"""What every model client offers (``inference.services.ModelReply`` uses it): plain Python, no Django, no JAX."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The arena's own keras-hub engine, in this process (``inference.hosting``): the embedded
+"""The arena's own keras-hub engine, in this process (``inference.hosts.engines``): the embedded
 arena's models, and an inference host's. Keras and JAX are imported on first use."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ from collections.abc import Sequence
 from inference import chat_templates
 from inference.chat_templates import ChatTurn
 from inference.clients.base import Generation, Sampling
-from inference.hosting import ModelSpec
+from inference.hosts.engines import ModelSpec
 
 
 class LocalEngineClient:
     def __init__(self, spec: ModelSpec) -> None:
-        from inference import hosting
+        from inference.hosts import engines
 
         self.spec = spec
-        self.engine = hosting.engine_for(spec)
+        self.engine = engines.engine_for(spec)
 
     @property
     def context_length(self) -> int:

@@ -6,7 +6,7 @@ A reply is one streamed request: ``POST {base_url}/chat/completions`` with the c
 messages when the server applies the model's chat template, or ``POST {base_url}/completions``
 with the prompt the arena renders itself (``inference.chat_templates``) when it does not. The
 stream's server-sent events are read by httpx (``httpx.AsyncClient``) and httpx-sse on one
-event loop thread shared by every reply of the process; the generation service reads the text
+event loop thread shared by every reply of the process; the reply (``ModelReply``) reads the text
 from a queue, as it reads the arena's own engine. Cancelling a reply cancels its task: the
 connection closes, which is how vLLM and other servers learn to free the request.
 

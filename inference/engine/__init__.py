@@ -16,7 +16,7 @@ wastes the machine. This engine follows JetStream's design (see shared/facts.md)
   keras-hub's generate loop does after ``_build_cache`` (so greedy output stays
   ``generate()``'s), and no prefill pays a separate one-token pass over the weights. Families
   with an in-place forward pass prefill in **chunks after a cached prefix**
-  (``inference.prefix_cache``): the keys and values of recent prompts' beginnings stay in a
+  (``inference.engine.prefix_cache``): the keys and values of recent prompts' beginnings stay in a
   device pool, a new prompt starts from the longest one it shares (the chat template and
   system prompt of its task, or the previous turn of its dialog), only the rest is computed,
   padded to a bucket, and **store** copies a new prefix from the staging row into a pool row.

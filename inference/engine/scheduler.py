@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from inference.engine.prefix_cache import NO_MATCH, PrefixCache
 from inference.engine.programs import CHUNK_FIELDS, programs_for
 from inference.engine.requests import EngineClosedError, EngineError, EngineStopReason, Request
 from inference.engine.sampling import GREEDY, SamplingParams, slot_params
 from inference.engine.shapes import FINE_BUCKETS_UP_TO, default_buckets, default_windows, sizes
-from inference.prefix_cache import NO_MATCH, PrefixCache
 from inference.streaming import (
     MIN_BUCKET,
     IncrementalText,
@@ -150,7 +150,7 @@ class Engine:
     window is one compilation, all done by ``warm_up()``.
 
     ``prefix_cache_rows`` prompt prefixes of up to ``prefix_cache_tokens`` tokens (default half
-    the context, at most 1024) are kept on the device (see ``inference.prefix_cache``): a prompt
+    the context, at most 1024) are kept on the device (see ``inference.engine.prefix_cache``): a prompt
     that starts like a recent one (same template and system prompt, or the same dialog one turn
     later) is prefilled from where the cached prefix ends. 0 rows turns it off; families without
     an in-place forward pass (see ``in_place_decoder``) always prefill whole prompts.

@@ -1,6 +1,6 @@
 """The arena's own keras-hub host as an OpenAI-compatible server: the protocol vLLM speaks.
 
-Every model is loaded once into the project's continuous-batching engine (``inference.hosting``:
+Every model is loaded once into the project's continuous-batching engine (``inference.hosts.engines``:
 sharded over the host's devices, the prefix cache), and served over HTTP:
 
 - ``POST /v1/chat/completions``: ``messages`` rendered with the model's own chat template
@@ -38,7 +38,7 @@ from starlette.routing import Route
 
 from inference.chat_templates import ChatTurn
 from inference.clients.base import Generation, Sampling
-from inference.hosting import ModelSpec
+from inference.hosts.engines import ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -76,11 +76,11 @@ class Host:
     def warm_up(self, report: Callable[[str], None] = logger.info, *, compile_all: bool = True) -> None:
         """Load every model and (``compile_all``) compile every shape its engine will use, before
         taking traffic; without it, each shape compiles at its first use."""
-        from inference import hosting
+        from inference.hosts import engines
 
         for name, model in self.models.items():
             started = time.monotonic()
-            engine = hosting.warm_up(model.spec) if compile_all else hosting.engine_for(model.spec)
+            engine = engines.warm_up(model.spec) if compile_all else engines.engine_for(model.spec)
             self.ready.add(name)
             report(
                 f"{name}: loaded{' and compiled' if compile_all else ''} in {time.monotonic() - started:.1f} s "

@@ -155,7 +155,7 @@ class Stack:
                 "--without-gossip", "--without-mingle", "--loglevel", "INFO",
             ]  # fmt: skip
         child = self.spawn(name, [*pin, *command])
-        self._wait(child, lambda: " ready." in child.log.read_text(errors="replace"))
+        self.wait_until(child, lambda: " ready." in child.log.read_text(errors="replace"))
         return child
 
     def start_web(self, name: str = "web", port: int | None = None) -> tuple[Child, str]:
@@ -164,17 +164,19 @@ class Stack:
         child = self.spawn(
             name, [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "arena_site.asgi:application"]
         )
-        self._wait(child, lambda: _port_open(port))
+        self.wait_until(child, lambda: _port_open(port))
         return child, f"http://127.0.0.1:{port}"
 
-    def _wait(self, child: Child, ready: Any) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+    def wait_until(self, child: Child, ready: Any, timeout_s: float = READY_TIMEOUT_SECONDS) -> None:
+        """Until ``ready()`` is true; raises ``StackError`` with the end of the child's log if it
+        exits first or ``timeout_s`` pass (the child is then killed)."""
+        deadline = time.monotonic() + timeout_s
         while not ready():
             if child.process.poll() is not None:
                 raise StackError(f"{child.name} exited with {child.process.returncode}:\n{child.log_tail()}")
             if time.monotonic() > deadline:
                 child.kill()
-                raise StackError(f"{child.name} not ready within {READY_TIMEOUT_SECONDS:.0f} s:\n{child.log_tail()}")
+                raise StackError(f"{child.name} not ready within {timeout_s:.0f} s:\n{child.log_tail()}")
             time.sleep(POLL_SECONDS)
 
     def stop(self) -> None:

@@ -43,7 +43,7 @@ class Command(BaseCommand):
         parser.add_argument("--dtype", default=None, help="Weights dtype, e.g. float32 or bfloat16.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from inference import sharding  # Imports keras/jax: only when the command runs.
+        from inference.hosts import sharding  # Imports keras/jax: only when the command runs.
 
         try:
             mesh = sharding.mesh_for(options["mesh"])

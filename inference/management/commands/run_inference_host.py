@@ -7,7 +7,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from arena_site.celery import app as celery_app
-from inference import hosting, selectors, services
+from inference import selectors, services
+from inference.hosts import engines
 
 
 def _split(value: str | None) -> list[str]:
@@ -56,13 +57,13 @@ class Command(BaseCommand):
             host = Host([HostedModel(services.model_spec(model)) for model in models])
             if options["warm_up_only"]:
                 host.warm_up(self.stdout.write)
-                hosting.shutdown_all()
+                engines.shutdown_all()
                 return
             serve(host, bind=options["bind"], port=options["port"], log_level=options["loglevel"].lower())
             return
         for model in models:
             started = time.monotonic()
-            engine = hosting.warm_up(services.model_spec(model))
+            engine = engines.warm_up(services.model_spec(model))
             self.stdout.write(
                 f"{model.name}: loaded and compiled in {time.monotonic() - started:.1f} s "
                 f"({engine.compilations} compilations, {settings.ARENA_ENGINE_SLOTS} slots), queue {model.queue}"
@@ -72,7 +73,7 @@ class Command(BaseCommand):
             queues.append(settings.ARENA_EVALUATION_QUEUE)
         self.stdout.write(self.style.SUCCESS(f"Inference host ready on {', '.join(queues)}"))
         if options["warm_up_only"]:
-            hosting.shutdown_all()
+            engines.shutdown_all()
             return
         concurrency = options["concurrency"] or settings.ARENA_ENGINE_SLOTS * len(models)
         celery_app.worker_main(

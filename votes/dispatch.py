@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-GENERATE_REPLY_TASK = "inference.generate_reply"
+GENERATE_REPLY_TASK = "votes.generate_reply"
 
 # Several threads, so that concurrent replies of one model join the same decode batch.
 _in_process_executor = ThreadPoolExecutor(
@@ -44,11 +44,11 @@ def _send_to_celery(jobs: Sequence["GenerationJob"]) -> None:
 
 
 def _generate_in_process(message_id: int, attempt: int, loop: asyncio.AbstractEventLoop) -> None:
-    from inference import services
-    from inference.publisher import ChannelLayerPublisher
+    from votes import generation
+    from votes.publisher import ChannelLayerPublisher
 
     try:
-        services.run_generation(message_id, ChannelLayerPublisher(loop), attempt)
+        generation.run_generation(message_id, ChannelLayerPublisher(loop), attempt)
     except Exception:  # The thread must survive one failed job; run_generation logs details.
         logger.exception("In-process generation of message %s failed", message_id)
     finally:

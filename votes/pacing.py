@@ -11,7 +11,7 @@ a battle says that model is in it), so an anonymous battle is paced at what the 
 that anonymous battles may draw sustains (``battle_pace`` over all of them, from the models'
 measured speeds on recent replies); only named and direct battles, whose names are known, take
 their own pair's. Likewise the first text: on a turn sent to both sides the reply's start is when
-*both* sides have their first text (``inference.services.DeltaBatcher``), so that neither side's
+*both* sides have their first text (``votes.generation.DeltaBatcher``), so that neither side's
 first text comes sooner, and in an anonymous battle never sooner than ``first_text_lead`` after
 the worker started on it: what the slowest drawable model typically takes to its first token,
 so that a fast pair's first text waits as long as a slow pair's. 0 for both turns pacing off.

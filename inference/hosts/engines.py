@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -63,7 +64,7 @@ def _start_engine(spec: ModelSpec) -> Engine:
     import jax
 
     from inference.engine import Engine
-    from inference.sharding import load_sharded_causal_lm
+    from inference.hosts.sharding import load_sharded_causal_lm
 
     logger.info("Loading %s from %s on %d device(s)", spec.name, spec.preset, jax.device_count())
     lm = load_sharded_causal_lm(spec.preset, family=spec.family, mesh_shape=spec.mesh_shape, dtype=spec.dtype)
@@ -86,8 +87,15 @@ def warm_up(spec: ModelSpec) -> Engine:
 
 
 def shutdown_all() -> None:
+    shutdown_where(lambda spec: True)
+
+
+def shutdown_where(chosen: Callable[[ModelSpec], bool]) -> list[str]:
+    """Stop the engines of the models ``chosen`` picks and drop them, freeing their weights and
+    caches once nothing else holds them (a later reply loads the model anew); their names."""
     with _lock:
-        engines = [engine for _, engine in _engines.values()]
-        _engines.clear()
+        names = [name for name, (spec, _) in _engines.items() if chosen(spec)]
+        engines = [_engines.pop(name)[1] for name in names]
     for engine in engines:
         engine.shutdown()
+    return names

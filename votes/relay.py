@@ -1,7 +1,7 @@
 """Publishing a worker's frames from a process of its own: the frame relay.
 
 An inference worker's generation threads and JAX keep its cores and its GIL busy. Publishing
-from an event loop inside that process (inference.publisher.ChannelLayerPublisher) means every
+from an event loop inside that process (votes.publisher.ChannelLayerPublisher) means every
 step of a `group_send` (each Redis round trip) first waits for the GIL behind those threads:
 the load test measured such sends at p50 40 / p99 423 ms. The relay is a small child process
 with a GIL of its own that does nothing but `group_send`: generation threads write each frame
@@ -14,7 +14,7 @@ channel layer refuses (Redis restarting) is dropped and logged, as with the in-p
 publisher: the database has the text and clients resync from it. The relay exits when its
 stdin closes, that is when the worker that started it exits or dies.
 
-Run as ``python -m inference.relay`` with the worker's environment (it reads Django's settings
+Run as ``python -m votes.relay`` with the worker's environment (it reads Django's settings
 for the channel layer).
 """
 
@@ -31,7 +31,7 @@ from typing import IO, Any
 
 from django.conf import settings
 
-from inference.publisher import PUBLISH_TIMEOUT_SECONDS, stamped
+from votes.publisher import PUBLISH_TIMEOUT_SECONDS, stamped
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class FrameRelay:
     share between threads (one lock orders the writes); a relay that died is started again."""
 
     def __init__(self, command: list[str] | None = None) -> None:
-        self.command = command or [sys.executable, "-m", "inference.relay"]
+        self.command = command or [sys.executable, "-m", "votes.relay"]
         self.lock = threading.Lock()
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -1,6 +1,6 @@
 """Publishing frames from generation threads to a battle's channel-layer group.
 
-Celery workers publish through a process of their own (inference.relay.FrameRelay). The
+Celery workers publish through a process of their own (votes.relay.FrameRelay). The
 in-process worker of the embedded mode publishes here: generation runs in a plain thread, but
 the channel layer is asyncio, so frames are handed to the web server's own event loop with
 run_coroutine_threadsafe (the in-memory layer's queues belong to that loop).
