@@ -73,14 +73,12 @@ def _load(path: Path) -> Any:
     greedy sampler, which must not leak into a process that also serves. Reusing one instance
     across runs also reuses the engine's compiled functions.
     """
-    import keras_hub
-
-    import inference.tokenizers  # noqa: F401  (imported presets may name its tokenizer class)
+    from inference.keras_build import causal_lm_from_preset
 
     key = str(path.resolve())
     with _models_lock:
         if key not in _models:
-            lm = keras_hub.models.CausalLM.from_preset(str(path))
+            lm = causal_lm_from_preset(str(path))
             lm.compile(sampler="greedy")
             _models[key] = lm
         return _models[key]

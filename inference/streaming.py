@@ -80,11 +80,11 @@ def load_causal_lm(preset: str) -> keras_hub.models.CausalLM:
         with _models_lock:
             if preset in _models:
                 return _models[preset]
-        import keras_hub
+        from inference.hosts import compile_cache
+        from inference.keras_build import causal_lm_from_preset
 
-        import inference.tokenizers  # noqa: F401  (imported presets may name its tokenizer class)
-
-        lm = keras_hub.models.CausalLM.from_preset(preset)
+        compile_cache.enable()
+        lm = causal_lm_from_preset(preset)
         with _models_lock:
             _models[preset] = lm
         return lm

@@ -26,6 +26,7 @@ from playwright.sync_api import Browser, BrowserContext, sync_playwright
 from arena_site.asgi import application
 from arena_site.celery import app as celery_app
 from inference import registry
+from inference.hosts import compile_cache
 from inference.models import LLM
 from votes import consumers
 from votes import services as votes_services
@@ -45,6 +46,18 @@ CHROMIUM = os.environ.get("ARENA_CHROMIUM", "/usr/bin/chromium")
 # full passes took 9 s instead of 54 taking 23 s. Young garbage is collected as before; what
 # asgi.py froze at import is never walked.
 gc.set_threshold(700, 10, 100)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compiled programs on disk (inference.hosts.compile_cache) from this process's first
+    compilation on, and in every host, worker and server the tests start (JAX reads the variables
+    when it is imported): most of a model's start is compiling, and the suite starts the same
+    models in many processes, and again in this one after a module released them."""
+    directory = compile_cache.cache_dir()
+    if directory is not None:
+        os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", directory)
+        os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    compile_cache.enable()
 
 
 def _tiny(preset: str) -> bool:

@@ -64,8 +64,10 @@ def _start_engine(spec: ModelSpec) -> Engine:
     import jax
 
     from inference.engine import Engine
+    from inference.hosts import compile_cache
     from inference.hosts.sharding import load_sharded_causal_lm
 
+    compile_cache.enable()
     logger.info("Loading %s from %s on %d device(s)", spec.name, spec.preset, jax.device_count())
     lm = load_sharded_causal_lm(spec.preset, family=spec.family, mesh_shape=spec.mesh_shape, dtype=spec.dtype)
     engine = Engine(lm, slots=spec.slots)

@@ -310,14 +310,12 @@ def load_sharded_causal_lm(
     device count, the preset isn't of ``family``'s architecture, or a sharded dimension
     (vocabulary, heads, FFN width...) doesn't divide by its mesh axis.
     """
-    import keras_hub
-
-    import inference.tokenizers  # noqa: F401  (imported presets may name its tokenizer class)
+    from inference.keras_build import causal_lm_from_preset
 
     mesh = mesh_for(mesh_shape)
     kwargs: dict[str, Any] = {} if dtype is None else {"dtype": dtype}
     if math.prod(mesh.shape) == 1:
-        return keras_hub.models.CausalLM.from_preset(preset, **kwargs)
+        return causal_lm_from_preset(preset, **kwargs)
     backbone_class = preset_backbone_class(preset)
     family = layout_family(family, backbone_class)
     if not issubclass(backbone_class, _family_base(family)):
@@ -330,7 +328,7 @@ def load_sharded_causal_lm(
     distribution = distribution_for(family, backbone_class, mesh)
     try:
         with distribution.scope():
-            return keras_hub.models.CausalLM.from_preset(preset, **kwargs)
+            return causal_lm_from_preset(preset, **kwargs)
     except ValueError as error:
         # jax.errors doesn't export IndivisibleError (jax._src.sharding); our layout check runs
         # first and names the variable, this only catches a shape it could not see.
