@@ -18,7 +18,7 @@ of each battle are shuffled, so a probe without information is right half the ti
 Cost: the battles are real (the consumer, a Celery worker, the tiny demo models' engines), run
 eight at a time so the engine batches them, with pacing off and 12 new tokens a reply. The last
 test plays the review's probe against the real roster, paced as the arena paces it (below): 75
-battles of 12 new tokens, about 8 minutes on a 2-core machine.
+battles of 12 new tokens, four at a time, about 4.5 minutes on a 2-core machine.
 """
 
 import asyncio
@@ -292,9 +292,9 @@ ROSTER_FRESH = 50  # Fresh anonymous battles the probe names.
 ROSTER_REVEALED = 10  # Anonymous battles played to the reveal first: the labelled timing.
 ROSTER_DIRECT = 1  # Direct chats with each model.
 ROSTER_NAMED = 12  # Named battles of random pairs, paced by their pair: the control.
-# Battles in flight together: the four replies one network may have in flight (the default
-# ARENA_REPLIES_PER_NETWORK), as the probe is one voter.
-ROSTER_AT_ONCE = 2
+# Battles in flight together: the eight replies two networks may have in flight (the default
+# ARENA_REPLIES_PER_NETWORK of 4 each), as a voter with two addresses has.
+ROSTER_AT_ONCE = 4
 TARGET = "gemma3-270m"  # The side a stuffer looks for: the slowest model, the easiest to time.
 
 
@@ -449,7 +449,8 @@ def real_roster(smollm2: Path, fixer: Path, gemma3: Path, run_id: str, settings:
     """The roster as register_roster makes it, served by the tests' worker, with short replies."""
     settings.ARENA_RATE_LIMITS = "battle=1000/1000/3600,message=1000/1000/60,frame=5000/5000/60"
     settings.ARENA_MAX_NEW_TOKENS = 12
-    settings.ARENA_ENGINE_SLOTS = 4  # Caches for the four replies in flight, not eight.
+    settings.ARENA_REPLIES_PER_NETWORK = 2 * 4  # The probe's sessions share one address: two networks' caps.
+    settings.ARENA_ENGINE_SLOTS = 4  # A model plays once a battle: at most four of its replies at once.
     services.import_tasks(PROBE_TASK)
     queues = [f"test-{run_id}.{name}" for name in BATTLE_PRESETS]
     return [registered_llm(path, queues[index % len(queues)]) for index, path in enumerate((smollm2, fixer, gemma3))]
