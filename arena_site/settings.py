@@ -404,6 +404,10 @@ ARENA_BATTLE_IDLE_SECONDS = float(os.environ.get("ARENA_BATTLE_IDLE_SECONDS", "9
 ARENA_TRACE_FRAMES = env_bool("ARENA_TRACE_FRAMES", False)
 # Threads of the embedded mode's in-process worker: concurrent replies share each engine's batch.
 ARENA_IN_PROCESS_WORKERS = int(os.environ.get("ARENA_IN_PROCESS_WORKERS", "8"))
+# manage.py serve, asked to stop: how long its replies and evaluation runs get to end on their
+# own before it ends them in the database and exits (votes.shutdown). The whole stop stays
+# within 5 s.
+ARENA_SHUTDOWN_GRACE_SECONDS = float(os.environ.get("ARENA_SHUTDOWN_GRACE_SECONDS", "2"))
 ARENA_EVALUATION_QUEUE = os.environ.get("ARENA_EVALUATION_QUEUE", "evaluations")
 # Models served elsewhere (an OpenAI-compatible endpoint, inference.clients.openai_compatible):
 # the Celery queue of the light workers that stream their replies (no Keras, no JAX), how long

@@ -10,6 +10,7 @@ tier does) stays cheap.
 
 import logging
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -259,3 +260,12 @@ def save_endpoint_model(
     model.full_clean()
     model.save()
     return model, created
+
+
+def stop_local_models(timeout_s: float = 1.0) -> list[str]:
+    """Shut down the engines this process runs (their running and queued replies end as
+    cancelled); their models' names. Nothing is imported when no model was ever loaded here."""
+    engines = sys.modules.get("inference.hosts.engines")
+    if engines is None:
+        return []
+    return engines.shutdown_where(lambda spec: True, timeout_s=timeout_s)

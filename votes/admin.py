@@ -254,6 +254,18 @@ class EvaluationRunAdmin(TypedTextAdmin, admin.ModelAdmin):
     list_filter = ("status", "task")
     readonly_fields = ("status", "progress", "total", "error", "created", "finished")
     inlines = [EvaluationReplyInline]
+    actions = ["run_again"]
+
+    @admin.action(description="Run the selected failed or interrupted evaluations again")
+    def run_again(self, request: HttpRequest, queryset: QuerySet[EvaluationRun]) -> None:
+        restarted = sorted(run.pk for run in queryset if evaluation_services.restart_evaluation(run))
+        skipped = queryset.count() - len(restarted)
+        if restarted:
+            self.message_user(request, f"Started again: {', '.join(map(str, restarted))}.")
+        if skipped:
+            self.message_user(
+                request, f"{skipped} run(s) left alone: only failed or interrupted runs start over.", messages.WARNING
+            )
 
 
 @admin.register(ResearcherKey)

@@ -5,7 +5,9 @@ worker imports the generation service lazily, inside its thread.
 """
 
 import asyncio
+import functools
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -27,6 +29,35 @@ GENERATE_REPLY_TASK = "votes.generate_reply"
 _in_process_executor = ThreadPoolExecutor(
     max_workers=settings.ARENA_IN_PROCESS_WORKERS, thread_name_prefix="arena-generation"
 )
+# Jobs handed to those threads and not finished yet (queued or running): votes.shutdown waits
+# for them to end when the server stops.
+_unfinished = 0
+_unfinished_changed = threading.Condition()
+
+
+def _submit(work: Callable[[], None]) -> None:
+    global _unfinished
+
+    def tracked() -> None:
+        global _unfinished
+        try:
+            work()
+        finally:
+            with _unfinished_changed:
+                _unfinished -= 1
+                _unfinished_changed.notify_all()
+
+    with _unfinished_changed:
+        _unfinished += 1
+    _in_process_executor.submit(tracked)
+
+
+def wait_for_in_process_jobs(timeout_s: float) -> int:
+    """Wait up to ``timeout_s`` for this process's generation threads to finish their jobs; how
+    many are still queued or running."""
+    with _unfinished_changed:
+        _unfinished_changed.wait_for(lambda: _unfinished == 0, timeout=timeout_s)
+        return _unfinished
 
 
 async def enqueue_generations(jobs: Sequence["GenerationJob"]) -> None:
@@ -35,7 +66,7 @@ async def enqueue_generations(jobs: Sequence["GenerationJob"]) -> None:
         return
     loop = asyncio.get_running_loop()
     for job in jobs:
-        _in_process_executor.submit(_generate_in_process, job.message_id, job.attempt, loop)
+        _submit(functools.partial(_generate_in_process, job.message_id, job.attempt, loop))
 
 
 def _send_to_celery(jobs: Sequence["GenerationJob"]) -> None:
@@ -67,4 +98,4 @@ def run_in_background(work: Callable[[], None], what: str) -> None:
         finally:
             close_old_connections()
 
-    _in_process_executor.submit(run)
+    _submit(run)

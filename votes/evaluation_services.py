@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from arena_site.celery import app as celery_app
 from inference.models import LLM
-from votes import dispatch, evaluation
+from votes import dispatch, evaluation, shutdown
 from votes.checkers import CheckResult
 from votes.models import EvaluationReply, EvaluationRun, Task, TaskTurn
 
@@ -108,6 +108,8 @@ def run_evaluation(
         EvaluationRun.objects.filter(pk=run.pk).update(progress=F("progress") + 1)
         if on_step is not None:
             on_step()
+        if shutdown.stopping():  # The server is stopping: no next step.
+            raise shutdown.Interrupted
 
     try:
         records = evaluation.run(
@@ -123,6 +125,13 @@ def run_evaluation(
             progress=step,
         )
     except Exception as error:
+        if shutdown.stopping():  # Between two steps, or its model was shut down under it.
+            logger.warning("Evaluation %s interrupted: the server is stopping", run.pk)
+            EvaluationRun.objects.filter(pk=run.pk).update(
+                status=EvaluationRun.Status.INTERRUPTED, finished=timezone.now()
+            )
+            run.refresh_from_db()
+            return run
         logger.exception("Evaluation %s failed", run.pk)
         EvaluationRun.objects.filter(pk=run.pk).update(
             status=EvaluationRun.Status.FAILED, error=f"{type(error).__name__}: {error}", finished=timezone.now()
@@ -134,6 +143,29 @@ def run_evaluation(
         EvaluationRun.objects.filter(pk=run.pk).update(status=EvaluationRun.Status.DONE, finished=timezone.now())
     run.refresh_from_db()
     return run
+
+
+def interrupt_evaluations() -> int:
+    """Mark the runs waiting or running as interrupted (the server that ran them is stopping; in
+    the embedded mode nothing else would ever finish them); how many. The admin's "Run again"
+    starts one over."""
+    unfinished = EvaluationRun.objects.filter(status__in=[EvaluationRun.Status.PENDING, EvaluationRun.Status.RUNNING])
+    return unfinished.update(status=EvaluationRun.Status.INTERRUPTED, finished=timezone.now())
+
+
+def restart_evaluation(run: EvaluationRun) -> bool:
+    """Start a failed or interrupted run over (its rated replies dropped); False if it is not
+    one (running, waiting or done)."""
+    with transaction.atomic():
+        locked = EvaluationRun.objects.select_for_update().filter(
+            pk=run.pk, status__in=EvaluationRun.RESTARTABLE_STATUSES
+        )
+        if not locked.exists():
+            return False
+        EvaluationReply.objects.filter(run_id=run.pk).delete()
+        locked.update(status=EvaluationRun.Status.PENDING, progress=0, error="", finished=None)
+        transaction.on_commit(lambda: enqueue_evaluation(run.pk))
+    return True
 
 
 def _checker_of(turn: TaskTurn) -> Callable[[str], CheckResult]:

@@ -17,7 +17,7 @@ from django.core.cache import cache
 from django.db import DatabaseError, connections
 
 from inference.services import ModelReply
-from votes import metrics
+from votes import metrics, shutdown
 from votes import selectors as votes_selectors
 from votes import services as votes_services
 from votes.models import Message
@@ -149,6 +149,9 @@ class DeltaBatcher:
         """Once the model is done: show the rest at the pace (at once without one), unless the
         voter stops the reply meanwhile."""
         while self.shown < len(self.text) and not self.stop_requested:
+            if shutdown.stopping():  # The server is stopping: what is shown is what was written.
+                self.stop_requested = True
+                break
             if self.origin is None:  # Waiting for the partner's first text.
                 self.sleep(self.interval)
                 self.flush()
@@ -208,6 +211,8 @@ def run_generation(message_id: int, publisher: FramePublisher, attempt: int | No
     """Generate one reply. Never raises: an error the generation could not end the reply
     through itself (a failed database write, say) fails the reply at once, with a message and
     Retry for the voter, rather than leaving it to the stall or queue limit."""
+    if shutdown.stopping():  # Left pending: votes.shutdown ends it as stopped.
+        return
     try:
         context = votes_selectors.generation_context(message_id)
         previous_status = votes_services.claim_reply(message_id, attempt) if context else None
@@ -324,6 +329,8 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
                 batcher.add(delta)
             else:  # No text for an interval: show what the pace allows by now.
                 batcher.flush()
+            if shutdown.stopping():
+                batcher.stop_requested = True
             if batcher.stop_requested:
                 reply.cancel()
                 reply.wait()  # Until the model's server has freed the reply's slot.
@@ -334,10 +341,13 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
             failure = TIMED_OUT
             raise TimeoutError(f"reply {message_id} ran past {settings.ARENA_GENERATION_TIMEOUT_SECONDS} s")
     except Exception:
-        # The voter sees that this side failed, never why in model terms (anonymity).
-        logger.exception("Generation of reply %s failed", message_id)
         if reply is not None:
             reply.cancel()
+        if shutdown.stopping():  # Its model was shut down under it: stopped, not failed.
+            _finish(context, batcher, publisher, status=Message.Status.STOPPED, stop_reason="shutdown", started=started)
+            return
+        # The voter sees that this side failed, never why in model terms (anonymity).
+        logger.exception("Generation of reply %s failed", message_id)
         _finish(
             context,
             batcher,
@@ -359,7 +369,7 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
             batcher,
             publisher,
             status=Message.Status.STOPPED,
-            stop_reason="cancelled",
+            stop_reason="shutdown" if shutdown.stopping() else "cancelled",
             started=started,
             tokens=stats.tokens,
             ttft_s=stats.ttft_s,

@@ -391,7 +391,7 @@ class Message(models.Model):
         PENDING = "pending", "Pending"
         STREAMING = "streaming", "Streaming"
         DONE = "done", "Done"
-        STOPPED = "stopped", "Stopped by the voter"
+        STOPPED = "stopped", "Stopped (by the voter, or the server stopping)"
         FAILED = "failed", "Failed"
 
     FINISHED_STATUSES = (Status.DONE, Status.STOPPED, Status.FAILED)
@@ -408,7 +408,9 @@ class Message(models.Model):
     stop_requested = models.BooleanField(
         default=False, help_text="The voter stopped this reply or left; the worker stops at its next flush."
     )
-    stop_reason = models.CharField(max_length=10, blank=True, help_text="stop, length, cancelled or error.")
+    stop_reason = models.CharField(
+        max_length=10, blank=True, help_text="stop, length, cancelled, shutdown (the server stopped) or error."
+    )
     error = models.CharField(max_length=200, blank=True, help_text="What the voter was told when the reply failed.")
     heartbeat = models.DateTimeField(
         null=True,
@@ -608,6 +610,10 @@ class EvaluationRun(models.Model):
         RUNNING = "running", "Running"
         DONE = "done", "Done"
         FAILED = "failed", "Failed"
+        INTERRUPTED = "interrupted", "Interrupted (the server stopped)"
+
+    # What "Run again" in the admin starts over.
+    RESTARTABLE_STATUSES = (Status.FAILED, Status.INTERRUPTED)
 
     task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="evaluation_runs")
     llms = models.ManyToManyField(LLM, related_name="evaluation_runs", verbose_name="models")
@@ -620,7 +626,7 @@ class EvaluationRun(models.Model):
     feedback_mistakes = models.PositiveSmallIntegerField(
         default=2, help_text="Feedback specificity: own mistakes corrected three ways, at most."
     )
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    status = models.CharField(max_length=11, choices=Status.choices, default=Status.PENDING)
     progress = models.PositiveIntegerField(default=0)
     total = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)

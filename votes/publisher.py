@@ -14,6 +14,8 @@ from typing import Any, Protocol
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from votes import shutdown
+
 PUBLISH_TIMEOUT_SECONDS = 5
 logger = logging.getLogger(__name__)
 
@@ -42,7 +44,8 @@ class ChannelLayerPublisher:
         self.layer = get_channel_layer()
 
     def publish(self, group: str, frames: list[dict[str, Any]]) -> None:
-        if not frames:
+        # Once the server is stopping its loop may never run the send: nobody is left to see it.
+        if not frames or shutdown.stopping():
             return
         message = {"type": "battle.frames", "frames": stamped(frames, "sent_at")}
         future = asyncio.run_coroutine_threadsafe(self.layer.group_send(group, message), self.loop)

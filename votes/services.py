@@ -698,6 +698,16 @@ def _fail(reply: Message, error: str) -> FailedReply:
     )
 
 
+def stop_unfinished_replies() -> int:
+    """End every reply still waiting or being written as stopped by a shutdown, keeping the text
+    written so far; how many. For the embedded arena when it stops: its own threads were the
+    only ones writing them, so none would ever finish (``votes.shutdown``)."""
+    unfinished = Message.objects.filter(
+        role=Message.Role.ASSISTANT, status__in=[Message.Status.PENDING, Message.Status.STREAMING]
+    )
+    return unfinished.update(status=Message.Status.STOPPED, stop_reason="shutdown", model_chars_per_s=None)
+
+
 def fail_stalled_replies(*, battle: Battle | None = None) -> list[FailedReply]:
     """Fail the unfinished replies whose worker is gone, so that no voter waits forever.
 

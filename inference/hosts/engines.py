@@ -92,12 +92,13 @@ def shutdown_all() -> None:
     shutdown_where(lambda spec: True)
 
 
-def shutdown_where(chosen: Callable[[ModelSpec], bool]) -> list[str]:
+def shutdown_where(chosen: Callable[[ModelSpec], bool], timeout_s: float | None = None) -> list[str]:
     """Stop the engines of the models ``chosen`` picks and drop them, freeing their weights and
-    caches once nothing else holds them (a later reply loads the model anew); their names."""
+    caches once nothing else holds them (a later reply loads the model anew); their names.
+    ``timeout_s``: how long to wait for each engine's decode step in flight (None: until done)."""
     with _lock:
         names = [name for name, (spec, _) in _engines.items() if chosen(spec)]
         engines = [_engines.pop(name)[1] for name in names]
     for engine in engines:
-        engine.shutdown()
+        engine.shutdown(timeout_s)
     return names

@@ -1,0 +1,193 @@
+"""manage.py serve (what scripts/serve runs) stops within 5 s when asked, in every state: idle,
+streaming a battle, loading its models for a first reply, and mid-evaluation. Replies in flight end
+as stopped (their text so far kept), evaluation runs as interrupted, and the admin runs one again.
+
+Real processes: the embedded arena as scripts/serve runs it (SQLite, in-memory channel layer,
+in-process worker), on the tests' tiny models, is sent SIGTERM or SIGINT by this test."""
+
+import asyncio
+import json
+import signal
+import sqlite3
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+
+from tests.conftest import PRESETS_DIR
+from votes import evaluation_services
+from votes.models import EvaluationReply, EvaluationRun, Task
+from votes.testing.stack import Child, Stack, _port_open, free_port
+from votes.testing.voters import session_cookie
+
+STOP_WITHIN_S = 5.0
+ADMIN, PASSWORD = "admin", "a-long-password-7"
+
+
+@pytest.fixture(scope="module")
+def arena_var(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An embedded arena's data folder, migrated once, with the tiny models, the bundled tasks
+    and an admin: each test serves it from a fresh process."""
+    var = tmp_path_factory.mktemp("embedded-var")
+    stack = embedded(var, var / "setup-logs")
+    for name, command in {
+        "migrate": ["migrate", "--noinput"],
+        "register": ["register_demo_models", "--dir", str(PRESETS_DIR)],
+        "tasks": ["import_tasks", "--keep-existing"],
+        "admin": ["createsuperuser", "--noinput", "--username", ADMIN, "--email", "admin@example.org"],
+    }.items():
+        child = stack.spawn(name, [sys.executable, "manage.py", *command])
+        assert child.process.wait(timeout=120) == 0, child.log_tail()
+    return var
+
+
+def embedded(var: Path, logs: Path) -> Stack:
+    return Stack(
+        database_url="",
+        redis_url="",
+        log_dir=logs,
+        env={
+            "ARENA_VAR_DIR": str(var),
+            "DJANGO_SUPERUSER_PASSWORD": PASSWORD,
+            "ARENA_RATE_LIMITS": "battle=30/0/3600,message=20/0/60,vote=60/0/60",
+            # Long replies, shown slowly: a battle is still streaming when the signal comes.
+            "ARENA_MAX_NEW_TOKENS": "400",
+            "ARENA_STREAM_CHARS_PER_S": "20",
+        },
+    )
+
+
+@pytest.fixture
+def served(arena_var: Path, tmp_path: Path) -> Iterator[tuple[Child, str]]:
+    stack = embedded(arena_var, tmp_path / "logs")
+    port = free_port()
+    server = stack.spawn("serve", [sys.executable, "manage.py", "serve", "--port", str(port)])
+    try:
+        stack.wait_until(server, lambda: _port_open(port), timeout_s=120)
+        yield server, f"http://127.0.0.1:{port}"
+    finally:
+        stack.stop()
+
+
+def stop(server: Child, signum: int) -> float:
+    """Send ``signum``; seconds until the server exited (it must, with status 0)."""
+    sent = time.monotonic()
+    server.process.send_signal(signum)
+    try:
+        returncode = server.process.wait(timeout=30)
+    except Exception:
+        pytest.fail(f"still running 30 s after signal {signum}:\n{server.log_tail()}")
+    took = time.monotonic() - sent
+    assert returncode == 0, server.log_tail()
+    return took
+
+
+def rows(var: Path, query: str) -> list[tuple]:
+    with sqlite3.connect(var / "arena.sqlite3") as database:
+        return database.execute(query).fetchall()
+
+
+def replies(var: Path) -> list[tuple[str, str, str]]:
+    return rows(var, "SELECT status, stop_reason, content FROM votes_message WHERE role = 'assistant' ORDER BY id")
+
+
+async def start_battle(url: str, until: str) -> None:
+    """A fresh voter's first prompt; returns once a frame of type ``until`` came (the socket stays open
+    until the server goes)."""
+    cookie = await asyncio.to_thread(session_cookie, url)
+    headers = {"Cookie": cookie, "Origin": url}
+    socket = await websockets.connect(url.replace("http", "ws", 1) + "/ws/battle/", additional_headers=headers)
+    await socket.send(json.dumps({"type": "prompt", "text": "Add a meeting with Fred on Nov 11 at 5PM"}))
+    while json.loads(await asyncio.wait_for(socket.recv(), 120))["type"] != until:
+        pass
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_idle_server_stops(served: tuple[Child, str], signum: int) -> None:
+    server, _ = served
+    assert stop(server, signum) < STOP_WITHIN_S
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_battle_streaming_ends_as_stopped(served: tuple[Child, str], arena_var: Path, signum: int) -> None:
+    server, url = served
+    asyncio.run(start_battle(url, until="delta"))
+    assert stop(server, signum) < STOP_WITHIN_S
+    ended = replies(arena_var)[-2:]
+    assert [(status, reason) for status, reason, _ in ended] == [("stopped", "shutdown")] * 2, ended
+    assert any(content for _, _, content in ended)  # What the voter had seen is kept.
+
+
+def test_a_first_reply_loading_its_models_ends_as_stopped(served: tuple[Child, str], arena_var: Path) -> None:
+    server, url = served
+    asyncio.run(start_battle(url, until="prompt"))  # Accepted: the replies start (and load their models).
+    assert stop(server, signal.SIGTERM) < STOP_WITHIN_S
+    assert [(status, reason) for status, reason, _ in replies(arena_var)[-2:]] == [("stopped", "shutdown")] * 2
+    assert rows(arena_var, "SELECT COUNT(*) FROM votes_message WHERE status IN ('pending', 'streaming')") == [(0,)]
+
+
+def test_an_evaluation_run_is_interrupted(served: tuple[Child, str], arena_var: Path) -> None:
+    server, url = served
+    with httpx.Client(base_url=url, timeout=60) as admin:
+        admin.get("/admin/login/")
+        login = {"username": ADMIN, "password": PASSWORD, "next": "/admin/"}
+        answer = admin.post(
+            "/admin/login/?next=/admin/", data={**login, "csrfmiddlewaretoken": admin.cookies["csrftoken"]}
+        )
+        assert answer.status_code == 302, answer.text[:500]
+        (task,) = rows(arena_var, "SELECT id FROM votes_task WHERE slug = 'calendar'")
+        action = {"action": "run_evaluation", "_selected_action": task[0], "index": 0}
+        answer = admin.post("/admin/votes/task/", data={**action, "csrfmiddlewaretoken": admin.cookies["csrftoken"]})
+        assert answer.status_code == 302, answer.text[:500]
+    deadline = time.monotonic() + 120
+    while rows(arena_var, "SELECT COUNT(*) FROM votes_evaluationrun WHERE status = 'running' AND progress > 0") != [
+        (1,)
+    ]:
+        assert time.monotonic() < deadline, server.log_tail()
+        time.sleep(0.2)
+    assert stop(server, signal.SIGTERM) < STOP_WITHIN_S
+    ((status, progress, total),) = rows(arena_var, "SELECT status, progress, total FROM votes_evaluationrun")
+    assert status == "interrupted" and 0 < progress < total
+
+
+@pytest.mark.django_db
+def test_the_admin_runs_an_interrupted_evaluation_again(
+    admin_client: Any, demo_llms: list[Any], monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any
+) -> None:
+    """Run again: an interrupted or failed run starts over (its rated replies dropped); a run
+    that is done or still going is left alone."""
+    started: list[int] = []
+    monkeypatch.setattr(evaluation_services, "enqueue_evaluation", started.append)
+    task = Task.objects.create(slug="t", title="T", system_prompt="", active=True)
+    interrupted, failed, done = (
+        EvaluationRun.objects.create(task=task, status=status, progress=3, total=9, error=error)
+        for status, error in (("interrupted", ""), ("failed", "RuntimeError: boom"), ("done", ""))
+    )
+    EvaluationReply.objects.create(
+        run=interrupted,
+        model=demo_llms[0],
+        part="reliability",
+        prompt="p",
+        reply="r",
+        verdict="mistake",
+        rating="mistake",
+    )
+    chosen = [interrupted.pk, failed.pk, done.pk]
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = admin_client.post(
+            "/admin/votes/evaluationrun/", {"action": "run_again", "_selected_action": chosen}, follow=True
+        )
+    page = answer.content.decode()
+    assert f"Started again: {min(interrupted.pk, failed.pk)}, {max(interrupted.pk, failed.pk)}." in page
+    assert "1 run(s) left alone" in page
+    for run in (interrupted, failed, done):
+        run.refresh_from_db()
+    assert [(run.status, run.progress, run.error) for run in (interrupted, failed)] == [("pending", 0, "")] * 2
+    assert interrupted.replies.count() == 0
+    assert (done.status, done.progress) == ("done", 3)
+    assert sorted(started) == sorted([interrupted.pk, failed.pk])
