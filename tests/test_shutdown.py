@@ -1,9 +1,11 @@
 """manage.py serve (what scripts/serve runs) stops within 5 s when asked, in every state: idle,
 streaming a battle, loading its models for a first reply, and mid-evaluation. Replies in flight end
 as stopped (their text so far kept), evaluation runs as interrupted, and the admin runs one again.
+A Celery worker asked to stop ends its reply the same way, within compose's grace period.
 
 Real processes: the embedded arena as scripts/serve runs it (SQLite, in-memory channel layer,
-in-process worker), on the tests' tiny models, is sent SIGTERM or SIGINT by this test."""
+in-process worker), on the tests' tiny models, is sent SIGTERM or SIGINT by this test; so is a
+Celery worker of the production-like stack (PostgreSQL, Redis)."""
 
 import asyncio
 import json
@@ -11,6 +13,7 @@ import signal
 import sqlite3
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,11 +21,14 @@ from typing import Any
 import httpx
 import pytest
 import websockets
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from django.db import connection
 
 from tests.conftest import PRESETS_DIR
 from votes import evaluation_services
-from votes.models import EvaluationReply, EvaluationRun, Task
-from votes.testing.stack import Child, Stack, _port_open, free_port
+from votes.models import Battle, EvaluationReply, EvaluationRun, Message, Task
+from votes.testing.stack import Child, Stack, _port_open, database_url, free_port
 from votes.testing.voters import session_cookie
 
 STOP_WITHIN_S = 5.0
@@ -191,3 +197,37 @@ def test_the_admin_runs_an_interrupted_evaluation_again(
     assert interrupted.replies.count() == 0
     assert (done.status, done.progress) == ("done", 3)
     assert sorted(started) == sorted([interrupted.pk, failed.pk])
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_celery_worker_asked_to_stop_ends_its_reply_as_stopped(
+    connect_battle: Any, demo_llms: list[Any], celery_worker: Any, settings: Any, tmp_path: Path
+) -> None:
+    """A worker serving one side (its own process, as an inference host) gets SIGTERM mid-reply:
+    it exits within compose's stop grace period (10 s), its reply ends as stopped with what the
+    voter saw, and the voter is told at once."""
+    host_model = demo_llms[0]  # tiny-gemma: runs to its token limit
+    host_model.queue, host_model.max_new_tokens = f"stopping-host-{uuid.uuid4().hex[:8]}", 400
+    await database_sync_to_async(host_model.save)()
+    stack = Stack(
+        database_url=database_url(connection.settings_dict),
+        redis_url=settings.REDIS_URL,
+        log_dir=tmp_path,
+        env={"ARENA_STREAM_CHARS_PER_S": "30", "ARENA_STREAM_FIRST_TEXT_SECONDS": "0", "ARENA_MAX_NEW_TOKENS": "400"},
+    )
+    try:
+        host = await sync_to_async(stack.start_worker)("stopping-host", [host_model.queue])
+        client = await connect_battle()
+        await client.send({"type": "prompt", "text": "Add a meeting with Fred on Nov 11 at 5PM"})
+        battle_id = (await client.receive())["battle"]
+        battle = await database_sync_to_async(Battle.objects.get)(public_id=battle_id)
+        side = "a" if battle.model_a_id == host_model.pk else "b"
+        await client.receive_until(lambda f: f["type"] == "delta" and f["side"] == side)
+        took = await sync_to_async(stop)(host, signal.SIGTERM)
+        assert took < 10, host.log_tail()
+        end = (await client.receive_until(lambda f: f["type"] == "end" and f["side"] == side))[-1]
+        reply = await database_sync_to_async(Message.objects.get)(battle=battle, side=side, role="assistant")
+        assert (end["status"], reply.status, reply.stop_reason) == ("stopped", "stopped", "shutdown")
+        assert reply.content and reply.content == end["text"]
+    finally:
+        await sync_to_async(stack.stop)()

@@ -5,11 +5,11 @@ import logging
 from typing import Any
 
 from celery import shared_task
-from celery.signals import worker_ready
+from celery.signals import worker_ready, worker_shutting_down
 from django.conf import settings
 
 from arena_site.priority import lower_priority
-from votes import evaluation_services, generation
+from votes import evaluation_services, generation, shutdown
 from votes.dispatch import GENERATE_REPLY_TASK
 from votes.evaluation_services import RUN_EVALUATION_TASK
 from votes.relay import frame_relay
@@ -43,6 +43,14 @@ def start_frame_relay(**kwargs: Any) -> None:
             ", SCHED_IDLE" if idle else "",
             threads,
         )
+
+
+@worker_shutting_down.connect
+def stop_work_in_flight(**kwargs: Any) -> None:
+    """Asked to stop (SIGTERM, Ctrl-C: compose's stop, a rolling restart), the worker waits for
+    its tasks; its replies end as stopped at their next look and its evaluation run after its
+    current step, as interrupted (votes.shutdown), so the wait is seconds, not a whole reply."""
+    shutdown.begin()
 
 
 # Acknowledged when done; a run redelivered after a lost worker is skipped unless still pending.
