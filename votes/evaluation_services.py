@@ -5,7 +5,7 @@ from collections.abc import Callable, Sequence
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, QuerySet
 from django.utils import timezone
 
 from arena_site.celery import app as celery_app
@@ -127,9 +127,7 @@ def run_evaluation(
     except Exception as error:
         if shutdown.stopping():  # Between two steps, or its model was shut down under it.
             logger.warning("Evaluation %s interrupted: the server is stopping", run.pk)
-            EvaluationRun.objects.filter(pk=run.pk).update(
-                status=EvaluationRun.Status.INTERRUPTED, finished=timezone.now()
-            )
+            interrupt_evaluations(EvaluationRun.objects.filter(pk=run.pk))
             run.refresh_from_db()
             return run
         logger.exception("Evaluation %s failed", run.pk)
@@ -145,11 +143,13 @@ def run_evaluation(
     return run
 
 
-def interrupt_evaluations() -> int:
-    """Mark the runs waiting or running as interrupted (the server that ran them is stopping; in
-    the embedded mode nothing else would ever finish them); how many. The admin's "Run again"
-    starts one over."""
-    unfinished = EvaluationRun.objects.filter(status__in=[EvaluationRun.Status.PENDING, EvaluationRun.Status.RUNNING])
+def interrupt_evaluations(runs: QuerySet[EvaluationRun] | None = None) -> int:
+    """Mark the runs (default: all) waiting or running as interrupted: the server that ran them
+    is stopping, and in the embedded mode nothing else would ever finish them. How many; the
+    admin's "Run again" starts one over."""
+    unfinished = (EvaluationRun.objects.all() if runs is None else runs).filter(
+        status__in=[EvaluationRun.Status.PENDING, EvaluationRun.Status.RUNNING]
+    )
     return unfinished.update(status=EvaluationRun.Status.INTERRUPTED, finished=timezone.now())
 
 

@@ -125,7 +125,10 @@ class DeltaBatcher:
             self.origin = max(now, self.earliest_origin)
 
     def flush(self, now: float | None = None) -> None:
-        """Persist, then publish, the text the pace lets the voter see by now."""
+        """Persist, then publish, the text the pace lets the voter see by now. Once the server is
+        stopping (votes.shutdown) the reply stops here, as for the voter's Stop."""
+        if shutdown.stopping():
+            self.stop_requested = True
         if self.stop_requested:
             return
         now = self.clock() if now is None else now
@@ -149,9 +152,6 @@ class DeltaBatcher:
         """Once the model is done: show the rest at the pace (at once without one), unless the
         voter stops the reply meanwhile."""
         while self.shown < len(self.text) and not self.stop_requested:
-            if shutdown.stopping():  # The server is stopping: what is shown is what was written.
-                self.stop_requested = True
-                break
             if self.origin is None:  # Waiting for the partner's first text.
                 self.sleep(self.interval)
                 self.flush()
@@ -329,8 +329,6 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
                 batcher.add(delta)
             else:  # No text for an interval: show what the pace allows by now.
                 batcher.flush()
-            if shutdown.stopping():
-                batcher.stop_requested = True
             if batcher.stop_requested:
                 reply.cancel()
                 reply.wait()  # Until the model's server has freed the reply's slot.
