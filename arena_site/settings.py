@@ -409,6 +409,14 @@ ARENA_IN_PROCESS_WORKERS = int(os.environ.get("ARENA_IN_PROCESS_WORKERS", "8"))
 # within 5 s.
 ARENA_SHUTDOWN_GRACE_SECONDS = float(os.environ.get("ARENA_SHUTDOWN_GRACE_SECONDS", "2"))
 ARENA_EVALUATION_QUEUE = os.environ.get("ARENA_EVALUATION_QUEUE", "evaluations")
+# Models warm before the first voter (inference.readiness, inference.warming). Hosts report each
+# model they serve as loading, ready or failed, again every third of ARENA_MODEL_STATE_TTL_SECONDS;
+# a report older than that counts for nothing (its host stopped). Battles draw and voters pick
+# only ready models (off: every enabled model, loaded at its first reply). The embedded arena
+# warms its whole roster in the background from its start (off: at first use).
+ARENA_MODEL_STATE_TTL_SECONDS = float(os.environ.get("ARENA_MODEL_STATE_TTL_SECONDS", "60"))
+ARENA_READY_MODELS_ONLY = env_bool("ARENA_READY_MODELS_ONLY", True)
+ARENA_WARM_AT_START = env_bool("ARENA_WARM_AT_START", True)
 # Models served elsewhere (an OpenAI-compatible endpoint, inference.clients.openai_compatible):
 # the Celery queue of the light workers that stream their replies (no Keras, no JAX), how long
 # a connection may take and a silence in the stream may last, and the most a server may send
@@ -463,6 +471,13 @@ ARENA_VOTES_PER_VOTER_PER_DAY = int(os.environ.get("ARENA_VOTES_PER_VOTER_PER_DA
 ARENA_VOTES_PER_NETWORK_PER_DAY = int(os.environ.get("ARENA_VOTES_PER_NETWORK_PER_DAY", "1000"))
 LEADERBOARD_WORK_MEM = os.environ.get("LEADERBOARD_WORK_MEM", "64MB")
 CELERY_BEAT_SCHEDULE = {
+    # Models served elsewhere are ready while their server lists them (inference.readiness), asked
+    # by the workers that hold their keys.
+    "check-endpoints": {
+        "task": "inference.check_endpoints",
+        "schedule": ARENA_MODEL_STATE_TTL_SECONDS / 3,
+        "options": {"queue": ARENA_ENDPOINT_QUEUE},
+    },
     "fail-stalled-replies": {"task": "votes.fail_stalled_replies", "schedule": 60.0, "options": {"queue": "default"}},
     "refresh-leaderboard": {"task": "leaderboard.refresh_if_due", "schedule": 60.0, "options": {"queue": "default"}},
     "nightly-dump": {

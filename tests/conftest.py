@@ -25,12 +25,21 @@ from playwright.sync_api import Browser, BrowserContext, sync_playwright
 
 from arena_site.asgi import application
 from arena_site.celery import app as celery_app
+from arena_site.settings import env_bool
 from inference import registry
 from inference.hosts import compile_cache
 from inference.models import LLM
 from votes import consumers
 from votes import services as votes_services
 from votes.models import Battle, Message
+
+# The models these tests battle load at their first reply, as they always could: battles draw
+# them whether or not a host has reported them warm, and no server the tests start warms its
+# roster unasked. tests/test_model_readiness.py turns both on, as the arena runs by default.
+# (Django read its settings before this file: they are set here too, for this process.)
+for _name in ("ARENA_READY_MODELS_ONLY", "ARENA_WARM_AT_START"):
+    os.environ.setdefault(_name, "false")
+    setattr(settings, _name, env_bool(_name, False))
 
 PRESETS_DIR = Path(settings.BASE_DIR) / "tests" / "fixtures" / "presets"
 # Tiny random-weight presets the websocket tests battle with (fast, and their replies run to

@@ -1,5 +1,6 @@
 """manage.py serve (what scripts/serve runs) stops within 5 s when asked, in every state: idle,
-streaming a battle, loading its models for a first reply, and mid-evaluation. Replies in flight end
+streaming a battle, warming its roster at its start, loading its models for a first reply, and
+mid-evaluation. Replies in flight end
 as stopped (their text so far kept), evaluation runs as interrupted, and the admin runs one again.
 A Celery worker asked to stop ends its reply the same way, within compose's grace period.
 
@@ -52,12 +53,13 @@ def arena_var(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return var
 
 
-def embedded(var: Path, logs: Path) -> Stack:
+def embedded(var: Path, logs: Path, **env: str) -> Stack:
     return Stack(
         database_url="",
         redis_url="",
         log_dir=logs,
-        env={
+        env=env
+        | {
             "ARENA_VAR_DIR": str(var),
             "DJANGO_SUPERUSER_PASSWORD": PASSWORD,
             "ARENA_RATE_LIMITS": "battle=30/0/3600,message=20/0/60,vote=60/0/60",
@@ -138,6 +140,20 @@ def test_a_first_reply_loading_its_models_ends_as_stopped(served: tuple[Child, s
     assert stop(server, signal.SIGTERM) < STOP_WITHIN_S
     assert [(status, reason) for status, reason, _ in replies(arena_var)[-2:]] == [("stopped", "shutdown")] * 2
     assert rows(arena_var, "SELECT COUNT(*) FROM votes_message WHERE status IN ('pending', 'streaming')") == [(0,)]
+
+
+def test_a_server_warming_its_roster_stops(arena_var: Path, tmp_path: Path) -> None:
+    """As scripts/serve starts: the roster loads and compiles in the background (inference.warming)."""
+    stack = embedded(arena_var, tmp_path / "logs", ARENA_WARM_AT_START="true", ARENA_READY_MODELS_ONLY="true")
+    port = free_port()
+    server = stack.spawn("serve", [sys.executable, "manage.py", "serve", "--port", str(port)])
+    try:
+        stack.wait_until(server, lambda: _port_open(port), timeout_s=120)
+        states = {model["state"] for model in httpx.get(f"http://127.0.0.1:{port}/roster/").json()["models"]}
+        assert "loading" in states, states
+        assert stop(server, signal.SIGTERM) < STOP_WITHIN_S
+    finally:
+        stack.stop()
 
 
 def test_an_evaluation_run_is_interrupted(served: tuple[Child, str], arena_var: Path) -> None:

@@ -16,6 +16,7 @@ from ninja import Field, Query, Router, Schema
 from ninja.errors import HttpError
 
 from arena_site.api_common import ERRORS, KEY_REQUIRED, Error, researcher_key
+from inference import readiness
 from inference.models import LLM
 from votes import research, selectors
 from votes.models import Battle, Task
@@ -30,11 +31,26 @@ class ModelOut(Schema):
     name: str
     family: str
     enabled: bool
+    ready: bool = Field(description="Loaded and warm on a live host: battles draw it, voters can pick it.")
+    state: Literal["unknown", "loading", "ready", "failed"] = Field(
+        description="What its host last reported: unknown (no live host has reported it), loading, ready or failed."
+    )
 
 
 @router.get("/models", response={200: list[ModelOut], **ERRORS}, tags=["models and tasks"])
 def models(request: HttpRequest) -> Any:
-    return list(LLM.objects.order_by("name"))
+    roster = list(LLM.objects.order_by("name"))
+    states = readiness.states(model.name for model in roster)
+    return [
+        {
+            "name": model.name,
+            "family": model.family,
+            "enabled": model.enabled,
+            "ready": states[model.name].ready,
+            "state": states[model.name].state.value,
+        }
+        for model in roster
+    ]
 
 
 class TaskTurnOut(Schema):

@@ -10,7 +10,7 @@ from typing import Any
 from django.db.models import Count, FloatField, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Cast, Coalesce, Length, Now
 
-from inference import context_budget
+from inference import context_budget, readiness
 from inference.models import LLM
 from leaderboard import fixing, style
 from votes import corrections, evaluation, feedback
@@ -33,8 +33,12 @@ def pairing_candidates(*, with_ratings: bool = False) -> list[Candidate]:
     far, overall rating (from the latest leaderboard refresh; only if ``with_ratings``). Only
     enabled models that sample (a greedy one's replies are a lookup table that names it:
     inference.models.GREEDY_NOTE) and whose context holds the arena's longest conversation (a
-    refusal for length would otherwise come with some pairs only: inference.models.CONTEXT_NOTE)."""
+    refusal for length would otherwise come with some pairs only: inference.models.CONTEXT_NOTE),
+    and, while ``ARENA_READY_MODELS_ONLY``, warm on a live host (inference.readiness)."""
     models = list(LLM.objects.anonymous())
+    if readiness.required():
+        ready = readiness.ready_names(model.name for model in models)
+        models = [model for model in models if model.name in ready]
     battles: Counter[int] = Counter()
     for side in ("model_a", "model_b"):
         for row in Battle.objects.filter(mode=Battle.Mode.ANONYMOUS).values(side).annotate(n=Count("id")):
@@ -108,9 +112,37 @@ def shared_battle_page(battle: Battle) -> dict[str, Any]:
     return {"mode": battle.mode, "sides": sides, "votes": votes, "models": state["models"] or {}}
 
 
-def chat_models() -> list[str]:
-    """The enabled models' names, for the voter to pick from in named mode and direct chat."""
-    return list(LLM.objects.enabled().order_by("name").values_list("name", flat=True))
+def chat_models() -> list[tuple[str, readiness.ModelState]]:
+    """The enabled models' names and states, for the voter to pick from in named mode and direct
+    chat (a model not ready yet is shown, and cannot be picked while ready models only are used)."""
+    names = list(LLM.objects.enabled().order_by("name").values_list("name", flat=True))
+    states = readiness.states(names)
+    return [(name, states[name]) for name in names]
+
+
+@dataclass(frozen=True)
+class RosterStatus:
+    """How many of the anonymous roster's models are ready, for the arena page (no names)."""
+
+    ready: int
+    warming: int  # Loading now.
+    total: int
+    required: bool  # Battles use ready models only (ARENA_READY_MODELS_ONLY).
+
+    @property
+    def battles_possible(self) -> bool:
+        return not self.required or self.ready >= 2
+
+
+def roster_status() -> RosterStatus:
+    names = list(LLM.objects.anonymous().values_list("name", flat=True))
+    states = readiness.states(names).values()
+    return RosterStatus(
+        ready=sum(state.ready for state in states),
+        warming=sum(state.state is readiness.State.LOADING for state in states),
+        total=len(names),
+        required=readiness.required(),
+    )
 
 
 def battle_for_voter(*, public_id: str, voter_key: str) -> Battle | None:

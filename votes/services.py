@@ -18,6 +18,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from arena_site import networks
+from inference import readiness
 from inference.models import LLM
 from leaderboard import style
 from votes import corrections, metrics, pacing, pairing, selectors
@@ -130,7 +131,25 @@ def _chosen_models(names: Sequence[str], mode: str) -> list[LLM]:
     missing = [name for name in names if name not in found]
     if missing:
         raise ArenaError("no_model", f"There is no enabled model named {missing[0][:60]!r}; pick one from the list.")
+    if readiness.required():
+        ready = readiness.ready_names(names)
+        for name in names:
+            if name not in ready:
+                raise ArenaError(
+                    "model_not_ready",
+                    f"{name} is not ready yet (it is being loaded, or its server does not answer); pick a model "
+                    "marked ready, or try again in a minute.",
+                )
     return [found[name] for name in names]
+
+
+def _warming_message(roster: selectors.RosterStatus) -> str:
+    if roster.warming or roster.ready:
+        return (
+            f"The models are still warming up: {roster.ready} of {roster.total} ready, and a battle needs two. "
+            "Try again in a minute; this page says when they are ready."
+        )
+    return f"None of the arena's {roster.total} models is ready: their servers are not answering. Try again later."
 
 
 def start_battle(
@@ -178,6 +197,9 @@ def start_battle(
         new_model_battles=settings.ARENA_NEW_MODEL_BATTLES,
     )
     if not weights:
+        roster = selectors.roster_status()
+        if roster.required and roster.total >= 2:
+            raise ArenaError("no_models", _warming_message(roster))
         raise ArenaError(
             "no_models",
             "The arena needs at least two enabled models that sample and whose context holds its longest "

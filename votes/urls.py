@@ -7,6 +7,7 @@ urlpatterns = [
     path("", views.arena, name="arena"),
     path("named/", views.named, name="named"),
     path("direct/", views.direct, name="direct"),
+    path("roster/", views.roster, name="roster"),
     path("battle/<str:public_id>/", views.battle, name="battle"),
     path("share/<str:share_id>/", views.share, name="share"),
     path("evaluations/", views.evaluations, name="evaluations"),

@@ -1,10 +1,11 @@
 """The arena pages. They carry no model names: the websocket brings everything after the vote."""
 
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from arena_site.addresses import client_address
-from votes import rate_limits, selectors, services
+from inference import warming
+from votes import rate_limits, selectors, services, shutdown
 
 
 def _session_refused(request: HttpRequest) -> HttpResponse | None:
@@ -27,11 +28,27 @@ def _session_refused(request: HttpRequest) -> HttpResponse | None:
     return None
 
 
+def _fresh_page(request: HttpRequest, mode: str) -> HttpResponse:
+    # An embedded arena served by something else than manage.py serve warms at its first page.
+    warming.start_embedded(should_stop=shutdown.stopping)
+    roster, models = selectors.roster_status(), selectors.chat_models()
+    watch = roster.required and not all(state.ready for _, state in models)
+    context = {
+        "battle_id": "",
+        "tasks": selectors.active_tasks(),
+        "mode": mode,
+        "roster": roster,
+        "watch_roster": watch,
+        "models": models if mode else [],
+    }
+    return render(request, "votes/arena.html", context)
+
+
 def arena(request: HttpRequest) -> HttpResponse:
     """A fresh battle: the models are drawn when the first prompt arrives."""
     if refused := _session_refused(request):
         return refused
-    return render(request, "votes/arena.html", {"battle_id": "", "tasks": selectors.active_tasks(), "mode": ""})
+    return _fresh_page(request, "")
 
 
 def named(request: HttpRequest) -> HttpResponse:
@@ -39,16 +56,29 @@ def named(request: HttpRequest) -> HttpResponse:
     anonymous arena's pages never list the models: this one does, by design."""
     if refused := _session_refused(request):
         return refused
-    context = {"battle_id": "", "tasks": selectors.active_tasks(), "mode": "named", "models": selectors.chat_models()}
-    return render(request, "votes/arena.html", context)
+    return _fresh_page(request, "named")
 
 
 def direct(request: HttpRequest) -> HttpResponse:
     """A fresh chat with one model the voter picks."""
     if refused := _session_refused(request):
         return refused
-    context = {"battle_id": "", "tasks": selectors.active_tasks(), "mode": "direct", "models": selectors.chat_models()}
-    return render(request, "votes/arena.html", context)
+    return _fresh_page(request, "direct")
+
+
+def roster(request: HttpRequest) -> JsonResponse:
+    """How many of the anonymous roster's models are ready, and each enabled model's state (the
+    names are public: the named page lists them); the fresh pages poll it while models warm."""
+    status = selectors.roster_status()
+    return JsonResponse(
+        {
+            "ready": status.ready,
+            "warming": status.warming,
+            "total": status.total,
+            "battles_possible": status.battles_possible,
+            "models": [{"name": name, "state": state.state.value} for name, state in selectors.chat_models()],
+        }
+    )
 
 
 def share(request: HttpRequest, share_id: str) -> HttpResponse:

@@ -81,6 +81,12 @@ def running_engines() -> dict[str, Engine]:
         return {name: engine for name, (_, engine) in _engines.items()}
 
 
+def running_specs() -> dict[str, ModelSpec]:
+    """What each running engine of this process was loaded from, by model name."""
+    with _lock:
+        return {name: spec for name, (spec, _) in _engines.items()}
+
+
 def warm_up(spec: ModelSpec) -> Engine:
     """Load the model and compile every shape its engine will use, before taking traffic."""
     engine = engine_for(spec)

@@ -3,11 +3,12 @@
 import time
 from typing import Any
 
+from celery.signals import worker_shutting_down
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from arena_site.celery import app as celery_app
-from inference import selectors, services
+from inference import selectors, services, warming
 from inference.hosts import engines
 
 
@@ -75,6 +76,9 @@ class Command(BaseCommand):
         if options["warm_up_only"]:
             engines.shutdown_all()
             return
+        # The web tier draws these models from now on, while this host says so (inference.readiness).
+        warmer = warming.Warmer(lambda: models, warm=False, check_endpoints=False).start()
+        worker_shutting_down.connect(lambda **kwargs: warmer.stop(), weak=False)
         concurrency = options["concurrency"] or settings.ARENA_ENGINE_SLOTS * len(models)
         celery_app.worker_main(
             [

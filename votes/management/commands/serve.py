@@ -15,6 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from inference import warming
 from votes import shutdown
 
 
@@ -38,6 +39,9 @@ class Command(BaseCommand):
         from daphne.cli import CommandLineInterface  # Installs Twisted's asyncio reactor first.
         from twisted.internet import reactor
 
+        # The embedded arena loads and compiles its roster in the background from now on; its
+        # pages say which models are ready (inference.warming).
+        warmer = warming.start_embedded(should_stop=shutdown.stopping)
         # Before daphne closes its connections: the threads start stopping at once.
         reactor.addSystemEventTrigger("before", "shutdown", shutdown.begin)
         # Twisted handles SIGINT only where Python's own handler is in place; a process started
@@ -47,7 +51,9 @@ class Command(BaseCommand):
             ["--bind", options["host"], "--port", str(options["port"]), "arena_site.asgi:application"]
         )
         stopped = shutdown.finish(options["grace"])
-        if stopped.unfinished_jobs:
+        if warmer is not None:
+            warmer.stop()
+        if stopped.unfinished_jobs or (warmer is not None and warmer.busy):
             # A thread that cannot be interrupted (a model loading or compiling) would hold the
             # exit; everything it wrote is saved and its reply ended above.
             logging.shutdown()

@@ -25,6 +25,7 @@
   const CHOICES = { a: "A is better", b: "B is better", tie: "Tie", both_bad: "Both are bad" };
   // A reply quiet for this long is checked against the database (its worker may be gone).
   const QUIET_RESYNC_MS = 10000;
+  const ROSTER_POLL_MS = 3000;
 
   const root = document.getElementById("arena");
   const form = document.getElementById("prompt-form");
@@ -647,6 +648,37 @@
       lastFrameAt = Date.now();
     }
   }, 1000);
+
+  // While models warm (the server started a moment ago), the fresh page says how many are
+  // ready and enables each picker entry as its model becomes ready.
+  const rosterLine = document.getElementById("roster");
+  function rosterText(roster) {
+    if (roster.ready === roster.total) { return "All " + roster.total + " models are ready."; }
+    if (roster.battles_possible) {
+      return roster.ready + " of " + roster.total + " models are ready, and battles draw among them; the others are warming up.";
+    }
+    return "Warming up: " + roster.ready + " of " + roster.total + " models are ready, and a battle needs two. This line says when they are.";
+  }
+  function watchRoster() {
+    fetch(rosterLine.dataset.url, { headers: { Accept: "application/json" } })
+      .then(function (response) { return response.ok ? response.json() : null; })
+      .then(function (roster) {
+        if (roster) {
+          rosterLine.textContent = rosterText(roster);
+          roster.models.forEach(function (model) {
+            [pickA, pickB].forEach(function (select) {
+              const option = select && Array.from(select.options).find(function (o) { return o.value === model.name; });
+              if (!option) { return; }
+              option.disabled = model.state !== "ready";
+              option.textContent = model.name + (model.state === "ready" ? "" : " (" + model.state + ")");
+            });
+          });
+          if (roster.models.every(function (m) { return m.state === "ready"; })) { return; }
+        }
+        setTimeout(watchRoster, ROSTER_POLL_MS);
+      }, function () { setTimeout(watchRoster, ROSTER_POLL_MS); });
+  }
+  if (rosterLine && rosterLine.hasAttribute("data-watch")) { setTimeout(watchRoster, ROSTER_POLL_MS); }
 
   refreshControls();
   connect();

@@ -1,0 +1,113 @@
+"""How long a voter waits for text: a real browser plays battles on a running arena.
+
+Chromium (Playwright) opens the arena as a new voter would, one fresh browser context (a new
+session) per battle, types a prompt and presses Send; the page itself records, on its own clock
+(``performance.now()``), when Send was pressed and when each side's reply first showed text.
+Battles are played one after another, each to the end of both replies, so each is measured on
+an otherwise idle arena. It waits first until every model anonymous battles draw is ready
+(``/roster/``): the figure is the warm arena's.
+
+Used by ``manage.py bench_first_text`` (docs/operations.md states its figures).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+
+PROMPT = "Add a meeting with Fred on Nov 11 at 5PM"
+
+# Installed before Send: the time Send was pressed, and the first text of each side's reply.
+WATCH = """() => {
+  window.benchSentAt = null;
+  window.benchFirstText = {a: null, b: null};
+  document.getElementById('prompt-form').addEventListener('submit', () => {
+    if (window.benchSentAt === null) { window.benchSentAt = performance.now(); }
+  }, {capture: true});
+  new MutationObserver(() => {
+    for (const side of ['a', 'b']) {
+      const text = document.querySelector('#log-' + side + ' .msg.assistant .text');
+      if (window.benchFirstText[side] === null && text && text.textContent.trim().length > 0) {
+        window.benchFirstText[side] = performance.now();
+      }
+    }
+  }).observe(document.getElementById('arena'), {subtree: true, childList: true, characterData: true});
+}"""
+
+
+BOTH_SHOWN = "() => window.benchFirstText.a !== null && window.benchFirstText.b !== null"
+BOTH_FINISHED = "() => document.querySelectorAll('.log .msg.assistant .ratings').length === 2"
+TIMES = "() => ({sent: window.benchSentAt, ...window.benchFirstText, now: performance.now()})"
+
+
+@dataclass(frozen=True)
+class Battle:
+    first_side_s: float  # From Send to the first text on either side.
+    both_sides_s: float  # From Send to text on both sides.
+    finished_s: float  # From Send to both replies finished.
+
+
+@dataclass(frozen=True)
+class Report:
+    url: str
+    battles: list[Battle]
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        result = {}
+        for field in ("first_side_s", "both_sides_s", "finished_s"):
+            values = sorted(getattr(battle, field) for battle in self.battles)
+            result[field] = {
+                "median": statistics.median(values),
+                "p90": values[min(len(values) - 1, int(0.9 * len(values)))],
+                "max": values[-1],
+            }
+        return result
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "battles": [asdict(b) for b in self.battles], "summary": self.summary()}
+
+
+class NotReady(RuntimeError):
+    pass
+
+
+def wait_until_warm(url: str, timeout_s: float) -> dict[str, Any]:
+    """Until every model anonymous battles draw is ready (the arena's own ``/roster/``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        roster = httpx.get(url.rstrip("/") + "/roster/", timeout=10).json()
+        if roster["total"] >= 2 and roster["ready"] == roster["total"]:
+            return roster
+        if time.monotonic() > deadline:
+            raise NotReady(f"Not warm after {timeout_s:.0f} s: {roster['ready']} of {roster['total']} models ready.")
+        time.sleep(1)
+
+
+def play(browser: Any, url: str, prompt: str = PROMPT, timeout_s: float = 600) -> Battle:
+    """One battle in a fresh context: Send, then wait for both replies to finish."""
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(url.rstrip("/") + "/")
+        page.wait_for_function("() => !document.getElementById('send').disabled", timeout=60_000)
+        page.evaluate(WATCH)
+        page.fill("#prompt", prompt)
+        page.click("#send")
+        timeout_ms = timeout_s * 1000
+        page.wait_for_function(BOTH_SHOWN, timeout=timeout_ms)
+        page.wait_for_function(BOTH_FINISHED, timeout=timeout_ms)  # A finished reply gets its ratings.
+        times = page.evaluate(TIMES)
+    finally:
+        context.close()
+    first = min(times["a"], times["b"]) - times["sent"]
+    both = max(times["a"], times["b"]) - times["sent"]
+    return Battle(first / 1000, both / 1000, (times["now"] - times["sent"]) / 1000)
+
+
+def measure(url: str, battles: int, *, browser: Any, prompt: str = PROMPT, ready_timeout_s: float = 900) -> Report:
+    wait_until_warm(url, ready_timeout_s)
+    return Report(url, [play(browser, url, prompt) for _ in range(battles)])
