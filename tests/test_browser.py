@@ -434,6 +434,52 @@ def start_streaming(page: Page, live_url: str) -> str:
     return battle_id(page)
 
 
+# Records whether A's "Only to A" was ever enabled while B's reply was still being written.
+WATCH_ONE_SIDE_OPEN = """() => {
+  window.oneSideOpen = false;
+  new MutationObserver(() => {
+    const toA = document.querySelector('.send-one[data-side="a"]');
+    const toB = document.querySelector('.send-one[data-side="b"]');
+    const bWrites = !document.querySelector('.stop-side[data-side="b"]').hidden;
+    if (!toA.disabled && toB.disabled && bWrites) { window.oneSideOpen = true; }
+  }).observe(document.getElementById('arena'), {subtree: true, childList: true, characterData: true, attributes: true});
+}"""
+
+
+def test_a_finished_side_is_corrected_while_the_other_writes(live_url: str, models: list[LLM], page: Page) -> None:
+    """Disabled controls say why before they are pressed; a side that is done can be corrected
+    at once, while the other still writes."""
+    start_streaming(page, live_url)
+    why = page.locator("#why")
+    expect(why).to_contain_text("Voting opens when both replies are finished")
+    tie = page.locator("#votes button[data-choice='tie']")
+    expect(tie).to_be_disabled()
+    expect(tie).to_have_attribute("title", re.compile("Voting opens when both replies are finished"))
+    wait_finished(page, "a", 1)
+    wait_finished(page, "b", 1)
+    expect(why).to_contain_text("Say which side did better on the first try")
+    expect(page.locator("#send")).to_have_attribute("title", re.compile("wait for that vote"))
+    tie.click()
+    expect(why).to_be_hidden()
+
+    page.evaluate(WATCH_STREAMING)
+    page.evaluate(WATCH_ONE_SIDE_OPEN)
+    page.fill("#prompt", "And one with Ann on Nov 12 at 9AM")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => window.streamed.a && window.streamed.b", timeout=120_000)
+    page.click('.stop-side[data-side="a"]')
+    page.wait_for_function("() => window.oneSideOpen", timeout=30_000)
+    page.fill("#prompt", "It is at 9AM, not 9PM.")
+    page.click('.send-one[data-side="a"]')
+    expect(page.locator("#log-a .msg.user")).to_have_count(3)
+    expect(page.locator("#log-b .msg.user")).to_have_count(2)
+    # The correction is answered; once B is done too, nothing waits any more.
+    expect(page.locator("#log-a .msg.assistant")).to_have_count(3)
+    for side in "ab":
+        expect(reply(page, side)).to_have_class(re.compile("is-done|is-stopped"), timeout=120_000)
+    expect(why).to_be_hidden()
+
+
 def test_closing_one_tab_never_stops_what_another_shows(live_url: str, models: list[LLM], sized_page: Page) -> None:
     page = sized_page
     public_id = start_streaming(page, live_url)

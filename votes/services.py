@@ -252,12 +252,16 @@ def _locked(battle: Battle) -> Battle:
     return Battle.objects.select_for_update(of=("self",)).select_related("model_a", "model_b", "task").get(pk=battle.pk)
 
 
-def _has_unfinished_replies(battle: Battle) -> bool:
-    return (
+def _unfinished_sides(battle: Battle) -> set[str]:
+    return set(
         Message.objects.filter(battle=battle, role=Message.Role.ASSISTANT)
         .exclude(status__in=Message.FINISHED_STATUSES)
-        .exists()
+        .values_list("side", flat=True)
     )
+
+
+def _has_unfinished_replies(battle: Battle) -> bool:
+    return bool(_unfinished_sides(battle))
 
 
 def _refuse_if_ended(battle: Battle) -> None:
@@ -349,8 +353,18 @@ def submit_prompt(*, battle: Battle, text: str, side: str | None = None) -> Subm
     direct = battle.mode == Battle.Mode.DIRECT
     if direct and side == Side.B:
         raise ArenaError("one_side", "A direct chat has one model, on side A.")
-    if _has_unfinished_replies(battle):
-        raise ArenaError("busy", "Wait until the replies are finished before sending the next prompt.")
+    # A side whose reply is finished can be corrected at once, while the other still writes.
+    unfinished = _unfinished_sides(battle)
+    if side is not None and side in unfinished:
+        raise ArenaError(
+            "busy", f"Wait until {side.upper()}'s reply is finished (or stop it) before sending to it again."
+        )
+    if side is None and unfinished:
+        raise ArenaError(
+            "busy",
+            "Wait until both replies are finished before sending to both; a finished side can be rated or "
+            "corrected (sent to alone) already.",
+        )
     turn = Message.objects.filter(battle=battle, role=Message.Role.USER).values("turn").distinct().count()
     if turn >= settings.ARENA_MAX_TURNS:
         raise ArenaError("too_many_turns", f"A battle has at most {settings.ARENA_MAX_TURNS} turns; please vote.")

@@ -7,6 +7,8 @@ here, so concurrent replies of the same model share one decode batch.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
 import threading
@@ -91,7 +93,16 @@ def warm_up(spec: ModelSpec) -> Engine:
     """Load the model and compile every shape its engine will use, before taking traffic."""
     engine = engine_for(spec)
     engine.warm_up()
+    return_freed_memory()
     return engine
+
+
+def return_freed_memory() -> None:
+    """Hand the C heap's free pages back to the system. A warm-up passes through every window's
+    slot caches and every compilation's scratch memory; glibc keeps what they freed resident
+    (measured with Gemma 3 270M after its warm-up: 7.2 GB resident, 5.4 GB after this)."""
+    with contextlib.suppress(OSError, AttributeError):  # Not glibc: nothing to do.
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def shutdown_all() -> None:

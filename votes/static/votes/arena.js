@@ -39,6 +39,7 @@
   const stopSideButtons = Array.from(document.querySelectorAll(".stop-side"));
   const regenerateButtons = Array.from(document.querySelectorAll(".regenerate"));
   const statusLine = document.getElementById("status");
+  const whyLine = document.getElementById("why");
   const voteButtons = Array.from(document.querySelectorAll("#votes button[data-choice]"));
   const voteStage = document.getElementById("vote-stage");
   const yourVotes = document.getElementById("your-votes");
@@ -297,6 +298,33 @@
     return Object.keys(replies).some(function (key) { return !isFinished(replies[key]); });
   }
 
+  function sideBusy(side) {
+    const last = replies[lastTurnOf[side] + ":" + side];
+    return Boolean(last) && !isFinished(last);
+  }
+
+  // Every disabled control says why, in place and in its tooltip, before it is pressed.
+  function explainDisabled(started, waiting, firstVoted, direct) {
+    let why = "";
+    if (ended || !started) {
+      why = "";
+    } else if (waiting && direct) {
+      why = "Sending waits until the reply is finished; Stop ends it now.";
+    } else if (waiting && !firstVoted) {
+      why = "Voting opens when both replies are finished (Stop ends one now); a finished reply can be rated already.";
+    } else if (waiting) {
+      why = "Sending to both, voting and ending wait until both replies are finished; a finished side can be " +
+        "rated and corrected alone already, and Stop ends the other.";
+    } else if (!firstVoted && !direct) {
+      why = "Say which side did better on the first try: sending more and ending wait for that vote.";
+    }
+    whyLine.textContent = why;
+    whyLine.hidden = !why;
+    [sendButton, toBothButton, endButton].concat(sendOneButtons, voteButtons).forEach(function (button) {
+      if (button.disabled && why) { button.title = why; } else { button.removeAttribute("title"); }
+    });
+  }
+
   function canVoteAfterFix() {
     return Boolean(votes.first_try) && !votes.after_fix && latestTurn > (votes.first_try_turn || 0);
   }
@@ -334,9 +362,15 @@
     Object.keys(replies).forEach(function (key) { showRating(replies[key]); });
     endButton.disabled = ended || waiting || !firstVoted;
     const mayPrompt = !ended && !waiting && (!started || firstVoted || direct);
-    sendButton.disabled = !mayPrompt;
-    sendOneButtons.forEach(function (button) { button.disabled = !mayPrompt || !started; button.hidden = direct; });
+    // A side whose reply is finished can be corrected alone while the other still writes.
+    const mayPromptTo = function (side) { return !ended && started && !sideBusy(side) && (firstVoted || direct); };
+    sendButton.disabled = target ? !mayPromptTo(target) : !mayPrompt;
+    sendOneButtons.forEach(function (button) {
+      button.disabled = !mayPromptTo(button.dataset.side);
+      button.hidden = direct;
+    });
     input.disabled = ended;
+    explainDisabled(started, waiting, firstVoted, direct);
     stopButton.hidden = ended || !waiting;
     // Only a side's latest reply can be retried.
     Object.keys(replies).forEach(function (key) { if (replies[key].retry) { replies[key].retry.hidden = true; } });
@@ -344,7 +378,7 @@
       const last = replies[lastTurnOf[side] + ":" + side];
       document.querySelector('.stop-side[data-side="' + side + '"]').hidden = !last || isFinished(last);
       const regenerate = document.querySelector('.regenerate[data-side="' + side + '"]');
-      regenerate.disabled = ended || !last || !isFinished(last) || waiting;
+      regenerate.disabled = ended || !last || !isFinished(last);
       regenerate.hidden = ended;
       if (last && last.retry) { last.retry.hidden = regenerate.disabled; }
     });
