@@ -299,6 +299,9 @@ ARENA_PAIR_SAMPLING = os.environ.get("ARENA_PAIR_SAMPLING", "weighted")
 ARENA_NEW_MODEL_BOOST = float(os.environ.get("ARENA_NEW_MODEL_BOOST", "1"))
 ARENA_NEW_MODEL_BATTLES = int(os.environ.get("ARENA_NEW_MODEL_BATTLES", "50"))
 ARENA_MAX_NEW_TOKENS = int(os.environ.get("ARENA_MAX_NEW_TOKENS", "96"))
+# The most seconds any reply may take (a model's own max_reply_seconds may be less): a reply
+# still writing then ends as done, its text kept, and says it was cut.
+ARENA_MAX_REPLY_SECONDS = float(os.environ.get("ARENA_MAX_REPLY_SECONDS", "60"))
 # Deltas are flushed to the channel layer (and persisted) at most this often, in seconds.
 ARENA_DELTA_FLUSH_SECONDS = float(os.environ.get("ARENA_DELTA_FLUSH_SECONDS", "0.05"))
 # Every reply appears at the same pace, whatever the model's speed (votes/pacing.py): no text

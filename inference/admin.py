@@ -19,7 +19,10 @@ class LLMAdmin(TypedTextAdmin, admin.ModelAdmin):
             "Served elsewhere (an OpenAI-compatible endpoint)",
             {"fields": ("endpoint_url", "served_model", "api_key_env", "server_applies_template")},
         ),
-        ("Replies", {"fields": ("temperature", "top_k", "top_p", "max_new_tokens", "context_tokens")}),
+        (
+            "Replies",
+            {"fields": ("temperature", "top_k", "top_p", "max_new_tokens", "max_reply_seconds", "context_tokens")},
+        ),
     )
 
     @admin.display(description="served by")

@@ -186,7 +186,18 @@ class LLM(models.Model):
         validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
         help_text="1 disables top-p filtering; 0 is greedy decoding.",
     )
-    max_new_tokens = models.PositiveIntegerField(default=96, validators=[MinValueValidator(1)])
+    max_new_tokens = models.PositiveIntegerField(
+        default=96,
+        validators=[MinValueValidator(1)],
+        help_text="Tokens a reply may take (at most ARENA_MAX_NEW_TOKENS); a reply cut here says so.",
+    )
+    max_reply_seconds = models.FloatField(
+        default=60.0,
+        db_default=60.0,
+        validators=[MinValueValidator(1.0)],
+        help_text="Seconds a reply may write, from its first text shown (at most ARENA_MAX_REPLY_SECONDS); a reply "
+        "cut here keeps the text shown and says so.",
+    )
     sustained_chars_per_s = models.FloatField(
         null=True,
         blank=True,

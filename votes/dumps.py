@@ -75,8 +75,9 @@ FIELD_DOCS = {
     "stage": "first_try or after_fix",
     "after_turn": "the last turn (0-based) the voter had seen when voting",
     "corrections": "prompts sent to one side only: [{side, turn, text}]",
-    "ratings_a / ratings_b": "per reply: turn, status, voter rating (correct, mistake, fixed, garbage), "
-    "checker verdict and reason",
+    "ratings_a / ratings_b": "per reply: turn, status, stop_reason (stop: its model ended it; length or time: "
+    "its token or seconds cap did; cancelled, shutdown, error), cut (a cap ended it), voter rating (correct, "
+    "mistake, fixed, garbage), checker verdict and reason, regenerations",
     "task / task_category": "the curated task, or null for free chat",
     "system_prompt / context / script": "the task's system prompt, context (a conversation handed to both "
     "models as their own) and scripted turns (prompt, expected_output, corrects_previous) as the battle's "

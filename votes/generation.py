@@ -69,6 +69,7 @@ class DeltaBatcher:
         pace: Pace | None = None,
         hold: Callable[[], votes_selectors.HoldState] | None = None,
         lead_s: float = 0.0,
+        max_seconds: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -95,6 +96,10 @@ class DeltaBatcher:
         self.seq = 0
         self.last_flush = 0.0
         self.stop_requested = False
+        # The reply's cap in seconds, from when its text starts to show: past it, it stops where
+        # the voter is, as a Stop would, but ends as done and cut (``capped``).
+        self.max_seconds = max_seconds
+        self.capped = False
 
     def add(self, delta: str) -> None:
         # PostgreSQL text cannot hold NUL, which a model may well produce: shown as U+FFFD.
@@ -134,6 +139,9 @@ class DeltaBatcher:
         now = self.clock() if now is None else now
         self._find_origin(now)
         if self.origin is None:
+            return
+        if self.max_seconds is not None and now - self.origin >= self.max_seconds:
+            self.capped = self.stop_requested = True
             return
         visible = self.pace.visible(now - self.origin, len(self.text))
         if visible <= self.shown:
@@ -292,6 +300,7 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
         pace=pace,
         hold=None if partner_id is None else lambda: votes_selectors.hold_state(message_id, partner_id),
         lead_s=context.first_text_lead_s,
+        max_seconds=context.max_reply_seconds,
     )
     generated_at: float | None = None
     model = context.model
@@ -324,6 +333,7 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
         watchdog = threading.Timer(settings.ARENA_GENERATION_TIMEOUT_SECONDS, time_out)
         watchdog.daemon = True
         watchdog.start()
+
         for delta in reply.deltas(tick=batcher.interval):
             if delta:
                 batcher.add(delta)
@@ -361,6 +371,18 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
             watchdog.cancel()
 
     stats = reply.stats
+    if batcher.capped:  # Its seconds ran out: done, with what the voter saw, and said to be cut.
+        _finish(
+            context,
+            batcher,
+            publisher,
+            status=Message.Status.DONE,
+            stop_reason="time",
+            started=started,
+            tokens=stats.tokens,
+            ttft_s=stats.ttft_s,
+        )
+        return
     if batcher.stop_requested:
         _finish(
             context,
@@ -400,7 +422,7 @@ def _finish(
     model_chars_per_s: float | None = None,
 ) -> None:
     """Save the reply's final state, then announce it: the end frame never precedes the save."""
-    text = batcher.published_text if status == Message.Status.STOPPED else batcher.text
+    text = batcher.published_text if status == Message.Status.STOPPED or batcher.capped else batcher.text
     ttft_ms = int(ttft_s * 1000) if ttft_s is not None else None
     duration_ms = int((time.monotonic() - started) * 1000)
     saved = votes_services.finish_reply(
@@ -431,5 +453,6 @@ def _finish(
         # token counts tell the models apart) wait for the reveal's state.
         stats={},
         error=error,
+        cut=status == Message.Status.DONE and stop_reason in Message.CUT_REASONS,
     )
     publisher.publish(batcher.group, [frame])

@@ -395,6 +395,8 @@ class Message(models.Model):
         FAILED = "failed", "Failed"
 
     FINISHED_STATUSES = (Status.DONE, Status.STOPPED, Status.FAILED)
+    # Stop reasons of a reply that hit its cap (tokens, seconds): it was cut, not ended by its model.
+    CUT_REASONS = ("length", "time")
 
     battle = models.ForeignKey(Battle, on_delete=models.CASCADE, related_name="messages")
     side = models.CharField(max_length=1, choices=Side.choices)
@@ -409,7 +411,10 @@ class Message(models.Model):
         default=False, help_text="The voter stopped this reply or left; the worker stops at its next flush."
     )
     stop_reason = models.CharField(
-        max_length=10, blank=True, help_text="stop, length, cancelled, shutdown (the server stopped) or error."
+        max_length=10,
+        blank=True,
+        help_text="stop (the model ended it), length (its token cap), time (its seconds cap), cancelled, shutdown "
+        "(the server stopped) or error.",
     )
     error = models.CharField(max_length=200, blank=True, help_text="What the voter was told when the reply failed.")
     heartbeat = models.DateTimeField(
@@ -476,6 +481,11 @@ class Message(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in self.FINISHED_STATUSES
+
+    @property
+    def cut(self) -> bool:
+        """Whether a cap (the reply's tokens or seconds) ended it rather than its model."""
+        return self.status == self.Status.DONE and self.stop_reason in self.CUT_REASONS
 
 
 class ResearcherKey(models.Model):

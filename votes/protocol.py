@@ -190,6 +190,7 @@ def end_frame(
     text: str,
     stats: dict[str, Any] | None = None,
     error: str | None = None,
+    cut: bool = False,
 ) -> dict[str, Any]:
     frame: dict[str, Any] = {
         "type": "end",
@@ -199,6 +200,7 @@ def end_frame(
         "status": status,
         "text": text,
         "stats": stats or {},
+        "cut": cut,
     }
     if error:
         frame["error"] = error

@@ -151,6 +151,10 @@ def _conversations(battle: Battle, through_turn: int) -> dict[str, Any]:
                 {
                     "turn": message.turn,
                     "status": message.status,
+                    # Why it ended: stop (its model), length or time (its cap: cut), cancelled,
+                    # shutdown or error.
+                    "stop_reason": message.stop_reason or None,
+                    "cut": message.cut,
                     "rating": message.rating or None,
                     "check_verdict": message.check_verdict or None,
                     "check_reason": message.check_reason or None,

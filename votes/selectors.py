@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db.models import Count, FloatField, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Cast, Coalesce, Length, Now
 
@@ -227,6 +228,7 @@ def reply_state(message: Message, *, reveal: bool) -> dict[str, Any]:
     state: dict[str, Any] = {
         "status": message.status,
         "text": message.content,
+        "cut": message.cut,
         "seq": message.delta_count,
         "rating": message.rating or None,
         "stats": (
@@ -307,6 +309,8 @@ class GenerationContext:
     partner_reply_id: int | None
     # Seconds after the worker starts before the reply's pace may start (anonymous battles).
     first_text_lead_s: float = 0.0
+    # Seconds the reply may take (reply_seconds_cap).
+    max_reply_seconds: float = 60.0
 
 
 def recent_model_speeds(model: LLM, limit: int) -> list[float]:
@@ -402,7 +406,20 @@ def generation_context(message_id: int) -> GenerationContext | None:
         pace_chars_per_s=reply.battle.pace_chars_per_s,
         partner_reply_id=partner,
         first_text_lead_s=battle.first_text_lead_s or 0.0,
+        max_reply_seconds=reply_seconds_cap(battle, reply.battle.model_on(reply.side)),
     )
+
+
+def reply_seconds_cap(battle: Battle, model: LLM) -> float:
+    """The seconds a reply may take: its model's cap, within ARENA_MAX_REPLY_SECONDS. In an
+    anonymous battle the arena's instead, the least cap of the models it may draw: a reply cut
+    sooner with some models than with others would name them."""
+    if battle.mode == Battle.Mode.ANONYMOUS:
+        caps = LLM.objects.anonymous().values_list("max_reply_seconds", flat=True)
+        own = min(caps, default=model.max_reply_seconds)
+    else:
+        own = model.max_reply_seconds
+    return min(own, settings.ARENA_MAX_REPLY_SECONDS)
 
 
 def export_tasks(tasks: Iterable[Task]) -> dict[str, Any]:

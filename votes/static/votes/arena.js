@@ -156,7 +156,7 @@
       element: view.element, textNode: view.textNode, badge: badge, text: reply.text || "",
       seq: reply.seq || 0, status: reply.status, rating: reply.rating || null, turn: turn, side: side,
       ratingBar: null, stats: null, retry: null, verdict: reply.check ? reply.check.verdict : null,
-      corrects: Boolean(corrects),
+      corrects: Boolean(corrects), cut: Boolean(reply.cut),
     };
     replies[turn + ":" + side] = entry;
     lastTurnOf[side] = Math.max(lastTurnOf[side], turn);
@@ -179,6 +179,9 @@
     });
     let text = STATUS_TEXT[status] || "";
     if (status === "stopped" && !entry.text.trim()) { text = "Stopped before it wrote anything"; }
+    // Its cap (tokens or seconds) ended it, not its model: the same words for both caps, which
+    // are the arena's in anonymous battles.
+    if (status === "done" && entry.cut) { text = "Cut at the reply limit"; }
     entry.badge.textContent = text;
     entry.badge.hidden = !text;
     entry.element.setAttribute("aria-busy", String(status === "pending" || status === "streaming"));
@@ -190,6 +193,7 @@
 
   function finishReply(entry, frame) {
     entry.status = frame.status;
+    entry.cut = Boolean(frame.cut);
     entry.text = frame.text;
     paint(entry);
     showStatus(entry);
