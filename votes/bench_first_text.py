@@ -40,7 +40,10 @@ WATCH = """() => {
 
 
 BOTH_SHOWN = "() => window.benchFirstText.a !== null && window.benchFirstText.b !== null"
-BOTH_FINISHED = "() => document.querySelectorAll('.log .msg.assistant .ratings').length === 2"
+BOTH_FINISHED = (
+    "() => document.querySelectorAll('.log .msg.assistant:is(.is-done, .is-stopped, .is-failed)').length === 2"
+)
+FAILED = "() => document.querySelectorAll('.log .msg.assistant.is-failed').length"
 TIMES = "() => ({sent: window.benchSentAt, ...window.benchFirstText, now: performance.now()})"
 
 
@@ -75,6 +78,10 @@ class NotReady(RuntimeError):
     pass
 
 
+class BattleFailed(RuntimeError):
+    pass
+
+
 def wait_until_warm(url: str, timeout_s: float) -> dict[str, Any]:
     """Until every model anonymous battles draw is ready (the arena's own ``/roster/``)."""
     deadline = time.monotonic() + timeout_s
@@ -99,8 +106,12 @@ def play(browser: Any, url: str, prompt: str = PROMPT, timeout_s: float = 600) -
         page.click("#send")
         timeout_ms = timeout_s * 1000
         page.wait_for_function(BOTH_SHOWN, timeout=timeout_ms)
-        page.wait_for_function(BOTH_FINISHED, timeout=timeout_ms)  # A finished reply gets its ratings.
+        page.wait_for_function(BOTH_FINISHED, timeout=timeout_ms)
         times = page.evaluate(TIMES)
+        if page.evaluate(FAILED):
+            raise BattleFailed(
+                "A reply failed: " + page.locator(".log .msg.assistant.is-failed .stats").first.inner_text()
+            )
     finally:
         context.close()
     first = min(times["a"], times["b"]) - times["sent"]

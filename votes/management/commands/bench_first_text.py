@@ -49,7 +49,7 @@ class Command(BaseCommand):
                     prompt=options["prompt"],
                     ready_timeout_s=options["ready_timeout"],
                 )
-            except bench_first_text.NotReady as error:
+            except (bench_first_text.NotReady, bench_first_text.BattleFailed) as error:
                 raise CommandError(str(error)) from error
             finally:
                 browser.close()
