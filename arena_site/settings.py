@@ -419,6 +419,9 @@ ARENA_EVALUATION_QUEUE = os.environ.get("ARENA_EVALUATION_QUEUE", "evaluations")
 # warms its whole roster in the background from its start (off: at first use).
 ARENA_MODEL_STATE_TTL_SECONDS = float(os.environ.get("ARENA_MODEL_STATE_TTL_SECONDS", "60"))
 ARENA_READY_MODELS_ONLY = env_bool("ARENA_READY_MODELS_ONLY", True)
+# Ready models an anonymous battle needs (or the whole anonymous roster where it is smaller):
+# which models are ready is public, and with two ready every battle's pair would be known.
+ARENA_MIN_READY_MODELS = int(os.environ.get("ARENA_MIN_READY_MODELS", "3"))
 ARENA_WARM_AT_START = env_bool("ARENA_WARM_AT_START", True)
 # Models served elsewhere (an OpenAI-compatible endpoint, inference.clients.openai_compatible):
 # the Celery queue of the light workers that stream their replies (no Keras, no JAX), how long

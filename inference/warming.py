@@ -75,10 +75,12 @@ class Warmer:
         self.warm = warm
         self.check_endpoints = check_endpoints
         self.should_stop = should_stop
-        self._failed: dict[str, ModelSpec] = {}  # Not retried until its roster entry changes.
+        # Models whose loading failed, with why: not retried until their roster entry changes.
+        self._failed: dict[str, tuple[ModelSpec, str]] = {}
         self._loading: str | None = None
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._heartbeat: threading.Thread | None = None
 
     def start(self) -> Warmer:
         self._thread = threading.Thread(target=self._warm_loop, name="arena-warm-up", daemon=True)
@@ -128,12 +130,14 @@ class Warmer:
             if model.served_elsewhere:
                 continue
             spec = services.model_spec(model)
-            if engines.running_specs().get(spec.name) != spec and self._failed.get(model.name) != spec:
+            failed = self._failed.get(model.name)
+            if engines.running_specs().get(spec.name) != spec and (failed is None or failed[0] != spec):
                 self._warm_one(model.name, spec)
 
     def report_pass(self) -> None:
         """Report every model this process serves warm as ready, the one it is loading as
-        loading, and (``check_endpoints``) the state of the models served elsewhere."""
+        loading, one that failed to load as failed, and (``check_endpoints``) the state of the
+        models served elsewhere."""
         running = engines.running_specs()
         for model in self.models():
             if self.should_stop():
@@ -141,10 +145,15 @@ class Warmer:
             if model.served_elsewhere:
                 if self.check_endpoints:
                     check_endpoint(model)
-            elif model.name == self._loading:
+                continue
+            spec = services.model_spec(model)
+            failed = self._failed.get(model.name)
+            if model.name == self._loading:
                 readiness.report(model.name, State.LOADING)
-            elif running.get(model.name) == services.model_spec(model):
+            elif running.get(model.name) == spec:
                 readiness.report(model.name, State.READY)
+            elif failed is not None and failed[0] == spec:
+                readiness.report(model.name, State.FAILED, detail=failed[1])
 
     def _warm_one(self, name: str, spec: ModelSpec) -> None:
         self._loading = name
@@ -154,8 +163,8 @@ class Warmer:
             engines.warm_up(spec)
         except Exception as error:
             logger.exception("Warming %s failed", name)
-            self._failed[name] = spec
-            readiness.report(name, State.FAILED, detail=_summary(error))
+            self._failed[name] = (spec, _summary(error))
+            readiness.report(name, State.FAILED, detail=self._failed[name][1])
             return
         finally:
             self._loading = None

@@ -148,6 +148,7 @@ def test_anonymous_battles_draw_only_models_that_hold_the_arenas_longest_convers
         **{field: getattr(short, field) for field in ("sampling_weight", "temperature", "top_k", "top_p")},
         "enabled": "on",
         "max_new_tokens": short.max_new_tokens,
+        "max_reply_seconds": short.max_reply_seconds,
         "context_tokens": SEQUENCE_LENGTH,
     }
     response = admin_client.post(f"/admin/inference/llm/{short.pk}/change/", form, follow=True)

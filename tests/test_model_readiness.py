@@ -88,14 +88,14 @@ def test_anonymous_battles_draw_only_ready_models(ready_only: Any) -> None:
     assert drawn == {model.pk for model in models}
 
 
-def test_with_fewer_than_two_ready_a_battle_is_refused_saying_why(ready_only: None) -> None:
+def test_with_too_few_ready_a_battle_is_refused_saying_why(ready_only: None) -> None:
     models = roster(3)
     readiness.report(models[0].name, State.READY)
     readiness.report(models[1].name, State.LOADING)
     with pytest.raises(services.ArenaError) as refused:
         services.start_battle(voter_key="voter")
     assert refused.value.code == "no_models"
-    assert "warming up: 1 of 3 ready, and a battle needs two" in str(refused.value)
+    assert "warming up: 1 of 3 ready, and a battle needs 3" in str(refused.value)
     # No host answers for any of them (all failed, or none started): said so.
     for model in models:
         readiness.report(model.name, State.FAILED, detail="out of memory")
@@ -103,6 +103,31 @@ def test_with_fewer_than_two_ready_a_battle_is_refused_saying_why(ready_only: No
         services.start_battle(voter_key="voter")
     assert "None of the arena's 3 models is ready" in str(refused.value)
     assert Battle.objects.count() == 0
+
+
+def test_two_ready_out_of_more_do_not_make_a_battle_whose_pair_is_known(ready_only: None) -> None:
+    """Which models are ready is public: with two ready out of four, every battle's pair would be
+    known. Anonymous battles wait for three (ARENA_MIN_READY_MODELS); a model that failed to load
+    is out of the draw, as a disabled one is."""
+    models = roster(4)
+    for model in models[:2]:
+        readiness.report(model.name, State.READY)
+    readiness.report(models[2].name, State.LOADING)
+    with pytest.raises(services.ArenaError) as refused:
+        services.start_battle(voter_key="voter")
+    assert "2 of 4 ready, and a battle needs 3" in str(refused.value)
+    readiness.report(models[2].name, State.READY)
+    readiness.report(models[3].name, State.FAILED, detail="out of memory")
+    rng = random.Random(3)
+    drawn = set()
+    for _ in range(40):
+        battle = services.start_battle(voter_key="voter", rng=rng)
+        drawn |= {battle.model_a_id, battle.model_b_id}
+    assert drawn == {model.pk for model in models[:3]}
+    # Two left that have not failed: the roster is those two, as it would be with two enabled.
+    readiness.report(models[2].name, State.FAILED, detail="out of memory")
+    battle = services.start_battle(voter_key="voter", rng=rng)
+    assert {battle.model_a_id, battle.model_b_id} == {models[0].pk, models[1].pk}
 
 
 def test_a_voter_cannot_pick_a_model_that_is_not_ready(ready_only: None) -> None:
@@ -136,12 +161,13 @@ def test_the_api_and_the_pages_say_which_models_are_ready(ready_only: None) -> N
         ("model-2", False, "unknown"),
     ]
     arena = Client().get("/").content.decode()
-    assert "Warming up: 1 of 3 models are ready, and a battle needs two." in arena and "data-watch" in arena
+    assert "Warming up: 1 of 3 models are ready, and a battle needs 3." in arena and "data-watch" in arena
     named = Client().get("/named/").content.decode()
     assert '<option value="model-1" disabled>model-1 (loading)</option>' in named
     assert '<option value="model-0" selected>model-0</option>' not in named  # The second is selected.
     status = Client().get("/roster/").json()
-    assert (status["ready"], status["warming"], status["total"], status["battles_possible"]) == (1, 1, 3, False)
+    assert (status["ready"], status["warming"], status["total"], status["needed"]) == (1, 1, 3, 3)
+    assert not status["battles_possible"]
     readiness.report(models[2].name, State.READY)
     readiness.report(models[1].name, State.READY)
     assert "All 3 models are ready." in Client().get("/").content.decode()
@@ -176,10 +202,13 @@ def test_the_warmer_loads_compiles_and_reports_the_roster(ready_only: None, monk
     # Warm: a first reply compiles nothing more.
     engine.submit("Hello", max_new_tokens=4).result(timeout=60)
     assert engine.compilations == compiled
-    # Its host stops: the report is taken back.
+    # The reports are repeated (the failure too, with its reason), and taken back when the host stops.
     readiness.forget("warm-tiny")
+    readiness.forget("warm-broken")
     warmer.report_pass()
-    assert readiness.states(["warm-tiny"])["warm-tiny"].ready
+    states = readiness.states(["warm-tiny", "warm-broken"])
+    assert states["warm-tiny"].ready
+    assert states["warm-broken"].state is State.FAILED and "no/such/preset" in states["warm-broken"].detail
     warmer.stop()
     assert not readiness.states(["warm-tiny"])["warm-tiny"].ready
     engines.shutdown_where(lambda spec: spec.name == "warm-tiny")

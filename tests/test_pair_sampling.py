@@ -143,6 +143,7 @@ def test_the_admin_says_why_a_greedy_model_is_not_in_anonymous_battles(admin_cli
         "top_k": "0",
         "top_p": "1",
         "max_new_tokens": "96",
+        "max_reply_seconds": "60",
     }
     response = admin_client.post("/admin/inference/llm/add/", form, follow=True)
     assert response.status_code == 200

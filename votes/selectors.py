@@ -127,12 +127,20 @@ class RosterStatus:
 
     ready: int
     warming: int  # Loading now.
+    failed: int  # Their hosts could not load them: out of the draw until that changes.
     total: int
     required: bool  # Battles use ready models only (ARENA_READY_MODELS_ONLY).
 
     @property
+    def needed(self) -> int:
+        """Ready models an anonymous battle needs: ARENA_MIN_READY_MODELS (3), or every model
+        not failed where fewer are left, and at least two. Which models are ready is public:
+        with only two ready out of more, every battle's pair would be known."""
+        return max(2, min(settings.ARENA_MIN_READY_MODELS, self.total - self.failed))
+
+    @property
     def battles_possible(self) -> bool:
-        return not self.required or self.ready >= 2
+        return not self.required or self.ready >= self.needed
 
 
 def roster_status() -> RosterStatus:
@@ -141,6 +149,7 @@ def roster_status() -> RosterStatus:
     return RosterStatus(
         ready=sum(state.ready for state in states),
         warming=sum(state.state is readiness.State.LOADING for state in states),
+        failed=sum(state.state is readiness.State.FAILED for state in states),
         total=len(names),
         required=readiness.required(),
     )

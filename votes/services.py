@@ -146,8 +146,8 @@ def _chosen_models(names: Sequence[str], mode: str) -> list[LLM]:
 def _warming_message(roster: selectors.RosterStatus) -> str:
     if roster.warming or roster.ready:
         return (
-            f"The models are still warming up: {roster.ready} of {roster.total} ready, and a battle needs two. "
-            "Try again in a minute; this page says when they are ready."
+            f"The models are still warming up: {roster.ready} of {roster.total} ready, and a battle needs "
+            f"{roster.needed}. Try again in a minute; this page says when they are ready."
         )
     return f"None of the arena's {roster.total} models is ready: their servers are not answering. Try again later."
 
@@ -189,6 +189,10 @@ def start_battle(
     rng = rng or random.SystemRandom()
     active = settings.ARENA_PAIR_SAMPLING == "active"
     candidates = selectors.pairing_candidates(with_ratings=active)
+    if readiness.required():
+        roster = selectors.roster_status()
+        if roster.total >= 2 and not roster.battles_possible:
+            raise ArenaError("no_models", _warming_message(roster))
     weights = pairing.pair_weights(
         candidates,
         policy=settings.ARENA_PAIR_SAMPLING,

@@ -75,6 +75,7 @@ def roster(request: HttpRequest) -> JsonResponse:
             "ready": status.ready,
             "warming": status.warming,
             "total": status.total,
+            "needed": status.needed,
             "battles_possible": status.battles_possible,
             "models": [{"name": name, "state": state.state.value} for name, state in selectors.chat_models()],
         }

@@ -695,7 +695,8 @@
     if (roster.battles_possible) {
       return roster.ready + " of " + roster.total + " models are ready, and battles draw among them; the others are warming up.";
     }
-    return "Warming up: " + roster.ready + " of " + roster.total + " models are ready, and a battle needs two. This line says when they are.";
+    return "Warming up: " + roster.ready + " of " + roster.total + " models are ready, and a battle needs " +
+      roster.needed + ". This line says when they are.";
   }
   function watchRoster() {
     fetch(rosterLine.dataset.url, { headers: { Accept: "application/json" } })
