@@ -51,6 +51,15 @@ def roster(count: int) -> list[LLM]:
     ]
 
 
+def drawn(battles: int, rng: random.Random) -> set[int]:
+    """The models that many anonymous battles drew."""
+    models: set[int] = set()
+    for _ in range(battles):
+        battle = services.start_battle(voter_key="voter", rng=rng)
+        models |= {battle.model_a_id, battle.model_b_id}
+    return models
+
+
 def test_a_report_counts_while_its_host_repeats_it() -> None:
     readiness.report("warm-one", State.LOADING)
     loading = readiness.states(["warm-one"])["warm-one"]
@@ -74,18 +83,10 @@ def test_anonymous_battles_draw_only_ready_models(ready_only: Any) -> None:
         readiness.report(model.name, State.READY)
     readiness.report(models[3].name, State.LOADING)
     rng = random.Random(7)
-    drawn = set()
-    for _ in range(60):
-        battle = services.start_battle(voter_key="voter", rng=rng)
-        drawn |= {battle.model_a_id, battle.model_b_id}
-    assert drawn == {model.pk for model in models[:3]}
+    assert drawn(60, rng) == {model.pk for model in models[:3]}
     # Off (ARENA_READY_MODELS_ONLY=false): every enabled model is drawn, loaded at first use.
     ready_only.ARENA_READY_MODELS_ONLY = False
-    drawn = set()
-    for _ in range(60):
-        battle = services.start_battle(voter_key="voter", rng=rng)
-        drawn |= {battle.model_a_id, battle.model_b_id}
-    assert drawn == {model.pk for model in models}
+    assert drawn(60, rng) == {model.pk for model in models}
 
 
 def test_with_too_few_ready_a_battle_is_refused_saying_why(ready_only: None) -> None:
@@ -119,11 +120,7 @@ def test_two_ready_out_of_more_do_not_make_a_battle_whose_pair_is_known(ready_on
     readiness.report(models[2].name, State.READY)
     readiness.report(models[3].name, State.FAILED, detail="out of memory")
     rng = random.Random(3)
-    drawn = set()
-    for _ in range(40):
-        battle = services.start_battle(voter_key="voter", rng=rng)
-        drawn |= {battle.model_a_id, battle.model_b_id}
-    assert drawn == {model.pk for model in models[:3]}
+    assert drawn(40, rng) == {model.pk for model in models[:3]}
     # Two left that have not failed: the roster is those two, as it would be with two enabled.
     readiness.report(models[2].name, State.FAILED, detail="out of memory")
     battle = services.start_battle(voter_key="voter", rng=rng)

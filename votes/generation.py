@@ -333,7 +333,6 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
         watchdog = threading.Timer(settings.ARENA_GENERATION_TIMEOUT_SECONDS, time_out)
         watchdog.daemon = True
         watchdog.start()
-
         for delta in reply.deltas(tick=batcher.interval):
             if delta:
                 batcher.add(delta)
