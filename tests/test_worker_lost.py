@@ -59,6 +59,7 @@ def test_silent_replies_are_failed_with_a_reason_and_live_ones_are_left(demo_llm
         "status": "failed",
         "text": "Partial",  # what the voter had seen is kept
         "stats": {},
+        "cut": False,  # a cap did not end it
         "error": services.WORKER_LOST,
     }
     for reply, status in [(lost, "failed"), (alive, "streaming"), (unclaimed, "failed"), (queued, "pending")]:
@@ -208,6 +209,7 @@ async def test_beat_fails_replies_whose_worker_is_gone_and_tells_their_pages(dem
             "status": "failed",
             "text": "Partial",
             "stats": {},
+            "cut": False,
             "error": services.WORKER_LOST,
         }
     ]
