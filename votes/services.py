@@ -201,9 +201,6 @@ def start_battle(
         new_model_battles=settings.ARENA_NEW_MODEL_BATTLES,
     )
     if not weights:
-        roster = selectors.roster_status()
-        if roster.required and roster.total >= 2:
-            raise ArenaError("no_models", _warming_message(roster))
         raise ArenaError(
             "no_models",
             "The arena needs at least two enabled models that sample and whose context holds its longest "
