@@ -11,7 +11,8 @@ tier does) stays cheap.
 import logging
 import os
 import sys
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from django.conf import settings
@@ -31,6 +32,14 @@ logger = logging.getLogger(__name__)
 
 class ContextOverflow(ValueError):
     """The conversation does not fit the model's context: nothing was sent."""
+
+
+class GenerationStopped(Exception):
+    """``generate_text``'s caller asked it to stop (a cancelled evaluation run)."""
+
+
+# How often generate_text asks its caller whether to stop.
+STOP_POLL_SECONDS = 1.0
 
 
 def resolve_preset(preset: str) -> str:
@@ -90,7 +99,8 @@ class ModelReply:
 
     The model's context length is what its server states (the roster keeps it, as the draw of
     anonymous pairs reads it: ``LLM.objects.anonymous()``). Sampling is the roster's, with
-    ``seed``; ``greedy`` decodes greedily whatever the roster says (evaluation runs).
+    ``seed``; ``greedy`` decodes greedily whatever the roster says (evaluation runs), and a
+    ``background`` reply yields to live ones (evaluation runs: ``inference.engine.priority``).
     """
 
     def __init__(
@@ -101,8 +111,10 @@ class ModelReply:
         *,
         seed: int = 0,
         greedy: bool = False,
+        background: bool = False,
     ) -> None:
         self.model = model
+        self.background = background
         self.client = client_for(model)
         if model.context_tokens != self.client.context_length:
             LLM.objects.filter(pk=model.pk).update(context_tokens=self.client.context_length)
@@ -141,7 +153,11 @@ class ModelReply:
         for its length (nothing was generated)."""
         try:
             self.generation = self.client.submit(
-                self.system, self.turns, max_new_tokens=self.max_new_tokens, sampling=self.sampling
+                self.system,
+                self.turns,
+                max_new_tokens=self.max_new_tokens,
+                sampling=self.sampling,
+                background=self.background,
             )
         except ValueError as error:  # The conversation is never empty: it does not fit.
             raise ContextOverflow(str(error)) from error
@@ -191,19 +207,44 @@ class ModelReply:
         return self._started().stop_reason
 
 
-def generate_text(model: LLM, system_prompt: str | None, conversation: list[tuple[str, str]], seed: int) -> str:
+def generate_text(
+    model: LLM,
+    system_prompt: str | None,
+    conversation: list[tuple[str, str]],
+    seed: int,
+    *,
+    background: bool = True,
+    should_stop: Callable[[], bool] | None = None,
+) -> str:
     """One whole reply from whatever serves the model, for evaluation runs (no streaming, no rows).
 
     Greedy, whatever the roster's sampling settings (real models sample in battles): a run
     measures each model's most likely reply, reproducibly. The model's token limit applies, as
     in a battle; ``seed`` is kept for the interface (it matters only to sampled decoding). Raises
-    ``ContextOverflow`` for a conversation the model's context cannot hold.
+    ``ContextOverflow`` for a conversation the model's context cannot hold. ``background``: the
+    reply yields to live ones on the arena's own engines (``inference.engine.priority``).
+    ``should_stop`` is asked every ``STOP_POLL_SECONDS`` while the reply runs: once it says so
+    the reply is cancelled and ``GenerationStopped`` raised.
     """
-    reply = ModelReply(model, system_prompt, conversation, seed=seed, greedy=True)
+    reply = ModelReply(model, system_prompt, conversation, seed=seed, greedy=True, background=background)
     if reply.prompt_tokens + 1 > reply.context_length:
         raise ContextOverflow(f"The conversation does not fit {model.name}'s {reply.context_length}-token context.")
     reply.start()
-    return reply.result(timeout=settings.ARENA_GENERATION_TIMEOUT_SECONDS)
+    if should_stop is None:
+        return reply.result(timeout=settings.ARENA_GENERATION_TIMEOUT_SECONDS)
+    deadline = time.monotonic() + settings.ARENA_GENERATION_TIMEOUT_SECONDS
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return reply.result(timeout=max(0.0, min(STOP_POLL_SECONDS, left)))
+        except TimeoutError:
+            if left <= STOP_POLL_SECONDS:
+                reply.cancel()
+                raise
+        if should_stop():
+            reply.cancel()
+            reply.wait()
+            raise GenerationStopped(f"{model.name}'s reply was stopped before its end.")
 
 
 def save_endpoint_model(

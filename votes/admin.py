@@ -9,6 +9,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
 
 from arena_site.admin_text import TypedTextAdmin, TypedTextField
 from inference.models import LLM
@@ -250,13 +251,29 @@ class EvaluationReplyInline(TypedTextAdmin, admin.TabularInline):
 
 @admin.register(EvaluationRun)
 class EvaluationRunAdmin(TypedTextAdmin, admin.ModelAdmin):
-    list_display = ("pk", "task", "status", "progress", "total", "created", "finished")
+    list_display = ("pk", "task", "status", "progress", "total", "time_left", "created", "finished")
     list_filter = ("status", "task")
-    readonly_fields = ("status", "progress", "total", "error", "created", "finished")
+    readonly_fields = ("status", "progress", "total", "time_left", "error", "created", "started", "finished")
     inlines = [EvaluationReplyInline]
-    actions = ["run_again"]
+    actions = ["run_again", "cancel"]
 
-    @admin.action(description="Run the selected failed or interrupted evaluations again")
+    @admin.display(description="time left")
+    def time_left(self, run: EvaluationRun) -> str:
+        seconds = run.seconds_left(timezone.now())
+        return "—" if seconds is None else f"about {round(seconds)} s"
+
+    @admin.action(description="Cancel the selected waiting or running evaluations")
+    def cancel(self, request: HttpRequest, queryset: QuerySet[EvaluationRun]) -> None:
+        cancelled = sorted(run.pk for run in queryset if evaluation_services.cancel_evaluation(run))
+        skipped = queryset.count() - len(cancelled)
+        if cancelled:
+            self.message_user(
+                request, f"Cancelled: {', '.join(map(str, cancelled))}. Each stops within seconds and keeps nothing."
+            )
+        if skipped:
+            self.message_user(request, f"{skipped} run(s) left alone: they had already ended.", messages.WARNING)
+
+    @admin.action(description="Run the selected failed, interrupted or cancelled evaluations again")
     def run_again(self, request: HttpRequest, queryset: QuerySet[EvaluationRun]) -> None:
         restarted = sorted(run.pk for run in queryset if evaluation_services.restart_evaluation(run))
         skipped = queryset.count() - len(restarted)
@@ -264,7 +281,9 @@ class EvaluationRunAdmin(TypedTextAdmin, admin.ModelAdmin):
             self.message_user(request, f"Started again: {', '.join(map(str, restarted))}.")
         if skipped:
             self.message_user(
-                request, f"{skipped} run(s) left alone: only failed or interrupted runs start over.", messages.WARNING
+                request,
+                f"{skipped} run(s) left alone: only failed, interrupted or cancelled runs start over.",
+                messages.WARNING,
             )
 
 

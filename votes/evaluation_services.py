@@ -72,40 +72,71 @@ def create_evaluation(
     return run
 
 
-def generate_with_models(model: LLM, system_prompt: str | None, conversation: list[tuple[str, str]], seed: int) -> str:
-    """One greedy reply of ``model``, from whatever serves it (``inference.services.generate_text``)."""
+class Cancelled(Exception):
+    """The run was cancelled (admin or its page) while it ran."""
+
+
+Generate = Callable[[LLM, str | None, list[tuple[str, str]], int], str]
+
+
+def generate_with_models(
+    model: LLM,
+    system_prompt: str | None,
+    conversation: list[tuple[str, str]],
+    seed: int,
+    *,
+    should_stop: Callable[[], bool] | None = None,
+) -> str:
+    """One greedy reply of ``model``, from whatever serves it (``inference.services.generate_text``),
+    in the background lane: on the arena's own engines it yields to live replies. Raises
+    ``Cancelled`` once ``should_stop()`` says so (asked every second while the reply runs)."""
     from inference import services
 
     try:
-        return services.generate_text(model, system_prompt, conversation, seed)
+        return services.generate_text(model, system_prompt, conversation, seed, should_stop=should_stop)
     except services.ContextOverflow as error:
         raise evaluation.ContextOverflow(str(error)) from error
+    except services.GenerationStopped as error:
+        raise Cancelled(str(error)) from error
 
 
 def run_evaluation(
     run_id: int,
-    generate: Callable[[LLM, str | None, list[tuple[str, str]], int], str] | None = None,
+    generate: Generate | None = None,
     on_step: Callable[[], None] | None = None,
 ) -> EvaluationRun:
     """Run a pending evaluation to the end and store every rated reply.
 
-    ``generate`` defaults to the models themselves (``generate_with_models``).
+    ``generate`` defaults to the models themselves (``generate_with_models``, in the background
+    lane, stopping its reply when the run is cancelled or the server stops). A run cancelled
+    meanwhile (``cancel_evaluation``) stops within a second of a reply or at its next step, and
+    keeps nothing of what it did.
     """
-    generate = generate or generate_with_models
     with transaction.atomic():
         run = EvaluationRun.objects.select_for_update().select_related("task").get(pk=run_id)
         if run.status != EvaluationRun.Status.PENDING:
-            return run  # Already run (a redelivered job).
+            return run  # Already run (a redelivered job), or cancelled while it waited.
         run.status = EvaluationRun.Status.RUNNING
-        run.save(update_fields=["status"])
+        run.started = timezone.now()
+        run.save(update_fields=["status", "started"])
     llms = {llm.name: llm for llm in run.llms.order_by("name")}
     task_turns = list(run.task.turns.order_by("position"))
     turns = [evaluation.ScriptedTurn(prompt=turn.prompt, check=_checker_of(turn)) for turn in task_turns]
     system_prompt = run.task.system_prompt
     context = run.task.context_conversation()  # A promoted mistake, before the scripted prompts.
+    running = EvaluationRun.objects.filter(pk=run.pk, status=EvaluationRun.Status.RUNNING)
+
+    def should_stop() -> bool:
+        return shutdown.stopping() or not running.exists()
+
+    def reply(model: LLM, system: str | None, conversation: list[tuple[str, str]], seed: int) -> str:
+        if generate is not None:
+            return generate(model, system, conversation, seed)
+        return generate_with_models(model, system, conversation, seed, should_stop=should_stop)
 
     def step() -> None:
-        EvaluationRun.objects.filter(pk=run.pk).update(progress=F("progress") + 1)
+        if not running.update(progress=F("progress") + 1):
+            raise Cancelled(f"Evaluation {run.pk} was cancelled.")
         if on_step is not None:
             on_step()
         if shutdown.stopping():  # The server is stopping: no next step.
@@ -115,7 +146,7 @@ def run_evaluation(
         records = evaluation.run(
             list(llms),
             turns,
-            lambda name, conversation, seed: generate(llms[name], system_prompt, context + conversation, seed),
+            lambda name, conversation, seed: reply(llms[name], system_prompt, context + conversation, seed),
             attempts=run.attempts,
             max_tries=run.max_tries,
             fix_attempts=run.fix_attempts,
@@ -124,6 +155,12 @@ def run_evaluation(
             seed=run.pk * 1000,
             progress=step,
         )
+    except Cancelled:
+        if shutdown.stopping():
+            interrupt_evaluations(EvaluationRun.objects.filter(pk=run.pk))
+        logger.info("Evaluation %s stopped: it was cancelled", run.pk)
+        run.refresh_from_db()
+        return run
     except Exception as error:
         if shutdown.stopping():  # Between two steps, or its model was shut down under it.
             logger.warning("Evaluation %s interrupted: the server is stopping", run.pk)
@@ -137,10 +174,23 @@ def run_evaluation(
         run.refresh_from_db()
         return run
     with transaction.atomic():
-        EvaluationReply.objects.bulk_create(EvaluationReply.from_record(run, record, llms) for record in records)
-        EvaluationRun.objects.filter(pk=run.pk).update(status=EvaluationRun.Status.DONE, finished=timezone.now())
+        # Done only if nobody cancelled it after its last step; else nothing is kept.
+        if running.select_for_update().exists():
+            EvaluationReply.objects.bulk_create(EvaluationReply.from_record(run, record, llms) for record in records)
+            running.update(status=EvaluationRun.Status.DONE, finished=timezone.now())
     run.refresh_from_db()
     return run
+
+
+def cancel_evaluation(run: EvaluationRun) -> bool:
+    """Cancel a waiting or running run: a waiting one never starts, a running one stops within
+    a second of its current reply (on the arena's own engines; a reply on a model served
+    elsewhere is stopped there too) and keeps nothing. False if it had already ended; "Run
+    again" starts a cancelled run over."""
+    cancelled = EvaluationRun.objects.filter(pk=run.pk, status__in=EvaluationRun.UNFINISHED_STATUSES).update(
+        status=EvaluationRun.Status.CANCELLED, finished=timezone.now()
+    )
+    return bool(cancelled)
 
 
 def interrupt_evaluations(runs: QuerySet[EvaluationRun] | None = None) -> int:
@@ -154,8 +204,8 @@ def interrupt_evaluations(runs: QuerySet[EvaluationRun] | None = None) -> int:
 
 
 def restart_evaluation(run: EvaluationRun) -> bool:
-    """Start a failed or interrupted run over (its rated replies dropped); False if it is not
-    one (running, waiting or done)."""
+    """Start a failed, interrupted or cancelled run over (its rated replies dropped); False if
+    it is not one (running, waiting or done)."""
     with transaction.atomic():
         locked = EvaluationRun.objects.select_for_update().filter(
             pk=run.pk, status__in=EvaluationRun.RESTARTABLE_STATUSES
@@ -163,7 +213,7 @@ def restart_evaluation(run: EvaluationRun) -> bool:
         if not locked.exists():
             return False
         EvaluationReply.objects.filter(run_id=run.pk).delete()
-        locked.update(status=EvaluationRun.Status.PENDING, progress=0, error="", finished=None)
+        locked.update(status=EvaluationRun.Status.PENDING, progress=0, error="", started=None, finished=None)
         transaction.on_commit(lambda: enqueue_evaluation(run.pk))
     return True
 

@@ -4,6 +4,7 @@ Every user turn and every reply lives here: the channel layer only carries trans
 client that reconnects rebuilds the whole battle from these rows.
 """
 
+import datetime
 import secrets
 from typing import Any
 
@@ -621,9 +622,12 @@ class EvaluationRun(models.Model):
         DONE = "done", "Done"
         FAILED = "failed", "Failed"
         INTERRUPTED = "interrupted", "Interrupted (the server stopped)"
+        CANCELLED = "cancelled", "Cancelled"
 
     # What "Run again" in the admin starts over.
-    RESTARTABLE_STATUSES = (Status.FAILED, Status.INTERRUPTED)
+    RESTARTABLE_STATUSES = (Status.FAILED, Status.INTERRUPTED, Status.CANCELLED)
+    # What "Cancel" stops.
+    UNFINISHED_STATUSES = (Status.PENDING, Status.RUNNING)
 
     task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="evaluation_runs")
     llms = models.ManyToManyField(LLM, related_name="evaluation_runs", verbose_name="models")
@@ -641,6 +645,7 @@ class EvaluationRun(models.Model):
     total = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
     created = models.DateTimeField(auto_now_add=True)
+    started = models.DateTimeField(null=True, blank=True, help_text="When a worker began it (this time).")
     finished = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -648,6 +653,18 @@ class EvaluationRun(models.Model):
 
     def __str__(self) -> str:
         return f"Evaluation {self.pk} of {self.task.slug}"
+
+    @property
+    def unfinished(self) -> bool:
+        return self.status in self.UNFINISHED_STATUSES
+
+    def seconds_left(self, now: datetime.datetime) -> float | None:
+        """An estimate of the time a running run still needs: its steps so far took this long
+        each on average, and so will the rest. None before its first step is done."""
+        if self.status != self.Status.RUNNING or self.started is None or self.progress == 0:
+            return None
+        per_step = (now - self.started).total_seconds() / self.progress
+        return max(0.0, per_step * (self.total - self.progress))
 
 
 class EvaluationReply(models.Model):

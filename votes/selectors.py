@@ -10,6 +10,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, FloatField, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Cast, Coalesce, Length, Now
+from django.utils import timezone
 
 from inference import context_budget, readiness
 from inference.models import LLM
@@ -660,6 +661,22 @@ def recent_evaluation_runs(limit: int) -> list[EvaluationRun]:
 
 def evaluation_run(run_id: int) -> EvaluationRun | None:
     return EvaluationRun.objects.select_related("task").filter(pk=run_id).first()
+
+
+def evaluation_progress(run: EvaluationRun) -> dict[str, Any]:
+    """Where a run stands, as its page shows it live: status, steps done of the total, and an
+    estimate of the seconds left (None until a step is done, and once it has ended)."""
+    seconds_left = run.seconds_left(timezone.now())
+    return {
+        "id": run.pk,
+        "status": run.status,
+        "status_label": run.get_status_display(),
+        "progress": run.progress,
+        "total": run.total,
+        "seconds_left": None if seconds_left is None else round(seconds_left),
+        "unfinished": run.unfinished,
+        "error": run.error,
+    }
 
 
 def research_evaluation(run: EvaluationRun, *, reveal_texts: bool = False) -> dict[str, Any]:

@@ -12,4 +12,6 @@ urlpatterns = [
     path("share/<str:share_id>/", views.share, name="share"),
     path("evaluations/", views.evaluations, name="evaluations"),
     path("evaluations/<int:run_id>/", views.evaluation, name="evaluation"),
+    path("evaluations/<int:run_id>/progress/", views.evaluation_progress, name="evaluation_progress"),
+    path("evaluations/<int:run_id>/cancel/", views.cancel_evaluation, name="cancel_evaluation"),
 ]

@@ -1,11 +1,14 @@
 """The arena pages. They carry no model names: the websocket brings everything after the vote."""
 
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
 
 from arena_site.addresses import client_address
 from inference import warming
-from votes import rate_limits, selectors, services, shutdown
+from votes import evaluation_services, rate_limits, selectors, services, shutdown
 
 
 def _session_refused(request: HttpRequest) -> HttpResponse | None:
@@ -112,7 +115,32 @@ def evaluation(request: HttpRequest, run_id: int) -> HttpResponse:
         raise Http404("No such evaluation run.")
     report = selectors.evaluation_report(run, reveal_texts=request.user.is_staff)
     fixability = selectors.evaluation_fixability(run) if run.status == run.Status.DONE else []
-    return render(request, "votes/evaluation.html", {"report": report, "fixability": fixability})
+    progress = selectors.evaluation_progress(run)
+    context = {"report": report, "fixability": fixability, "seconds_left": progress["seconds_left"]}
+    return render(request, "votes/evaluation.html", context)
+
+
+def evaluation_progress(request: HttpRequest, run_id: int) -> JsonResponse:
+    """Where a run stands (``selectors.evaluation_progress``): its page polls it while it runs."""
+    run = selectors.evaluation_run(run_id)
+    if run is None:
+        return JsonResponse({"error": "No such evaluation run."}, status=404)
+    return JsonResponse(selectors.evaluation_progress(run))
+
+
+@require_POST
+def cancel_evaluation(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Staff cancel a waiting or running run from its page (the admin has the same action)."""
+    if not request.user.is_staff:
+        return HttpResponse("Only staff can cancel an evaluation run.", status=403, content_type="text/plain")
+    run = selectors.evaluation_run(run_id)
+    if run is None:
+        raise Http404("No such evaluation run.")
+    if evaluation_services.cancel_evaluation(run):
+        messages.success(request, f"Evaluation #{run.pk} cancelled: it stops within seconds and keeps nothing.")
+    else:
+        messages.warning(request, f"Evaluation #{run.pk} had already ended ({run.get_status_display()}).")
+    return HttpResponseRedirect(reverse("votes:evaluation", args=[run.pk]))
 
 
 def evaluations(request: HttpRequest) -> HttpResponse:

@@ -66,8 +66,15 @@ class ModelClient(Protocol):
         ...
 
     def submit(
-        self, system: str | None, turns: Sequence[ChatTurn], *, max_new_tokens: int, sampling: Sampling
+        self,
+        system: str | None,
+        turns: Sequence[ChatTurn],
+        *,
+        max_new_tokens: int,
+        sampling: Sampling,
+        background: bool = False,
     ) -> Generation:
         """Start the model's reply to the conversation. Raises ValueError for a conversation the
-        model cannot take (nothing was sent)."""
+        model cannot take (nothing was sent). A ``background`` reply (an evaluation run's) yields
+        to live ones where the client can say so (the arena's own engines)."""
         ...

@@ -29,13 +29,20 @@ class LocalEngineClient:
         return self.engine.prompt_tokens(self.render(system, turns))
 
     def submit(
-        self, system: str | None, turns: Sequence[ChatTurn], *, max_new_tokens: int, sampling: Sampling
+        self,
+        system: str | None,
+        turns: Sequence[ChatTurn],
+        *,
+        max_new_tokens: int,
+        sampling: Sampling,
+        background: bool = False,
     ) -> Generation:
         return self.submit_prompt(
             self.render(system, turns),
             max_new_tokens=max_new_tokens,
             sampling=sampling,
             stop_strings=chat_templates.stop_strings(self.spec.family),
+            background=background,
         )
 
     def submit_prompt(
@@ -46,8 +53,10 @@ class LocalEngineClient:
         sampling: Sampling,
         stop_strings: Sequence[str] = (),
         ignore_stop_tokens: bool = False,
+        background: bool = False,
     ) -> Generation:
-        """A prompt already rendered (a plain completion), straight to the engine."""
+        """A prompt already rendered (a plain completion), straight to the engine; a
+        ``background`` one yields to live replies (``inference.engine.priority``)."""
         from inference.engine import SamplingParams
 
         return self.engine.submit(
@@ -58,4 +67,5 @@ class LocalEngineClient:
                 temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed
             ),
             ignore_stop_tokens=ignore_stop_tokens,
+            background=background,
         )

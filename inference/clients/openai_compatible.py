@@ -117,8 +117,16 @@ class OpenAICompatibleClient:
         return "completions", {**body, "prompt": prompt, "stop": list(chat_templates.stop_strings(endpoint.family))}
 
     def submit(
-        self, system: str | None, turns: Sequence[ChatTurn], *, max_new_tokens: int, sampling: Sampling
+        self,
+        system: str | None,
+        turns: Sequence[ChatTurn],
+        *,
+        max_new_tokens: int,
+        sampling: Sampling,
+        background: bool = False,
     ) -> StreamedGeneration:
+        """``background`` is not sent: the server schedules its requests itself (vLLM refuses a
+        ``priority`` unless it was started with ``--scheduling-policy priority``)."""
         if not turns:
             raise ValueError("The conversation is empty.")
         if max_new_tokens < 1:

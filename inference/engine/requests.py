@@ -30,7 +30,8 @@ class Request(DeltaQueue):
     string, not part of the text), "length" (``max_new_tokens`` or the context was used up),
     "cancelled" (``cancel()`` or engine shutdown) or "error" (the decode loop failed: iteration
     then raises EngineError), and ``stats`` holds the token count and timings measured from
-    ``submit()``.
+    ``submit()``. A ``background`` request (an evaluation run's) yields to foreground ones
+    (``inference.engine.priority``).
     """
 
     def __init__(
@@ -42,17 +43,21 @@ class Request(DeltaQueue):
         stop_ids: frozenset[int],
         text: IncrementalText,
         wake: Callable[[], None],
+        background: bool = False,
+        on_end: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self.prompt_ids = prompt_ids
         self.max_new_tokens = max_new_tokens  # Already capped by the context.
         self.sampling = sampling
+        self.background = background
         self.stop_reason: EngineStopReason | None = None
         self.stats = GenerationStats()
         self.error: BaseException | None = None
         self._stop_ids = stop_ids
         self._text = text
         self._wake = wake
+        self._on_end = on_end
         self._submitted = time.perf_counter()
         self._cancel_requested = False
         self._slot: int | None = None
@@ -94,3 +99,5 @@ class Request(DeltaQueue):
         self.stats.tokens = len(self._text.token_ids)
         self.stats.duration_s = time.perf_counter() - self._submitted
         self._close()
+        if self._on_end is not None:
+            self._on_end()

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from inference.engine.prefix_cache import NO_MATCH, PrefixCache
+from inference.engine.priority import FOREGROUND
 from inference.engine.programs import CHUNK_FIELDS, programs_for
 from inference.engine.requests import EngineClosedError, EngineError, EngineStopReason, Request
 from inference.engine.sampling import GREEDY, SamplingParams, slot_params
@@ -219,6 +220,7 @@ class Engine:
         # a NumPy argument costs a host-to-device transfer on every call (~70 us a dispatch).
         self._inputs: dict[Any, Any] = {}
         self._freed = 0  # Slots freed in the current loop iteration.
+        FOREGROUND.subscribe(self)
 
     # --- Public API -------------------------------------------------------------------------
 
@@ -242,6 +244,13 @@ class Engine:
     def free_slots(self) -> int:
         """Slots a queued request can be prefilled into."""
         return self.slots - self.active_slots
+
+    @property
+    def yielding(self) -> bool:
+        """Whether the engine holds its running background requests (an evaluation run's) while
+        foreground work runs elsewhere in the process (``inference.engine.priority``)."""
+        with self._cond:
+            return self._yielding()
 
     @property
     def queued(self) -> int:
@@ -303,16 +312,19 @@ class Engine:
         stop_strings: Sequence[str] = (),
         sampling: SamplingParams = GREEDY,
         ignore_stop_tokens: bool = False,
+        background: bool = False,
     ) -> Request:
         """Queue a generation; iterate the returned Request for its text deltas.
 
         ``stop_strings`` that are single tokens stop on the token, and every stop string is also
         matched in the text; neither appears in the output. The tokenizer's end token(s) always
         stop. ``ignore_stop_tokens`` makes no token stop the generation (stop strings still cut
-        and end the text): benchmarks use it to generate exactly ``max_new_tokens``. The reply is
-        capped by the context (``Request.max_new_tokens`` is the effective limit). Raises
-        ValueError for an invalid request (nothing is queued), EngineClosedError after
-        ``shutdown()`` and EngineError if the decode thread died.
+        and end the text): benchmarks use it to generate exactly ``max_new_tokens``. A
+        ``background`` request waits while any foreground one of the process is queued or
+        running (``inference.engine.priority``). The reply is capped by the context
+        (``Request.max_new_tokens`` is the effective limit). Raises ValueError for an invalid
+        request (nothing is queued), EngineClosedError after ``shutdown()`` and EngineError if
+        the decode thread died.
         """
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("The prompt is empty.")
@@ -339,10 +351,14 @@ class Engine:
             stop_ids=stop_ids,
             text=IncrementalText(self._tokenizer, stop_strings),
             wake=self._wake,
+            background=background,
+            on_end=None if background else FOREGROUND.leave,
         )
         with self._cond:
             self._check_open()
             self._pending.append(request)
+            if not background:
+                FOREGROUND.enter()
             self._cond.notify_all()
         self.start()
         return request
@@ -393,6 +409,45 @@ class Engine:
             job.error = error or EngineClosedError("The engine was shut down.")
             job.done.set()
 
+    def _runnable(self) -> bool:
+        """Whether a queued or running request may go on now: background ones wait while a
+        foreground request of the process is queued or running (``inference.engine.priority``).
+        A cancelled one always may (it ends). Called with ``_cond`` held."""
+        yielding = FOREGROUND.active
+        return any(
+            request is not None and (not request.background or not yielding or request._cancel_requested)
+            for request in (*self._pending, *self._slots)
+        )
+
+    def _admit(self, free: int) -> list[Request]:
+        """Take up to ``free`` queued requests for the free slots: foreground ones first, in
+        order, then background ones unless a foreground request of the process is queued or
+        running. Called with ``_cond`` held."""
+        admitted = [r for r in self._pending if not r.background][:free]
+        if len(admitted) < free and not FOREGROUND.active:
+            admitted += [r for r in self._pending if r.background][: free - len(admitted)]
+        for request in admitted:
+            self._pending.remove(request)
+        return admitted
+
+    def _release_cancelled(self) -> list[Request]:
+        """Free the slots of cancelled requests that no dispatch will see (an engine yielding
+        to foreground work dispatches nothing): the requests, to end."""
+        cancelled = [r for r in self._slots if r is not None and r._cancel_requested]
+        for request in cancelled:
+            self._release(request)
+        return cancelled
+
+    def _yielding(self) -> bool:
+        """Whether every running slot is background work while foreground work runs elsewhere in
+        the process: then nothing is dispatched, and the slots keep their place. Called with
+        ``_cond`` held."""
+        running = [r for r in self._slots if r is not None]
+        if not running or not FOREGROUND.active or not all(r.background for r in running):
+            return False
+        # Foreground work queued here with every slot taken: the background slots run on to free one.
+        return len(running) < self.slots or all(r.background for r in self._pending)
+
     def _reset_device(self) -> None:
         state = _model_state(self.lm)
         self._window = self.windows[0]
@@ -407,13 +462,7 @@ class Engine:
             in_flight: _Dispatch | None = None
             while True:
                 with self._cond:
-                    while not (
-                        self._closing
-                        or self._pending
-                        or self._jobs
-                        or in_flight is not None
-                        or any(r is not None for r in self._slots)
-                    ):
+                    while not (self._closing or self._jobs or in_flight is not None or self._runnable()):
                         self._cond.wait()
                     if self._closing:
                         break
@@ -430,7 +479,9 @@ class Engine:
                     # A queued warm-up runs on an idle engine (its dummy steps must not touch a
                     # running request): until then admit nothing and let the slots drain.
                     if not self._jobs:
-                        admitted = [self._pending.popleft() for _ in range(min(len(free), len(self._pending)))]
+                        admitted = self._admit(len(free))
+                if in_flight is None:  # Background slots held while live replies run elsewhere.
+                    cancelled += self._release_cancelled()
                 for request in cancelled:
                     request._end("cancelled")
                 try:
@@ -484,7 +535,9 @@ class Engine:
             # Index of the next step: the first one runs the prompt's last token.
             request._position = len(request.prompt_ids) - 1
         owners = tuple(self._slots)
-        running = [r for r in owners if r is not None]
+        with self._cond:
+            yielding = self._yielding()
+        running = [] if yielding else [r for r in owners if r is not None]
         count = self.steps_per_dispatch
         resized = False
         if running:
