@@ -459,6 +459,11 @@ class Message(models.Model):
         blank=True,
         help_text="The model's own speed on this reply, before pacing: characters a second after its first text.",
     )
+    pace_sample = models.BooleanField(
+        default=True,
+        help_text="Its speed and time to first token count towards its model's pace: not when its host was "
+        "loading or compiling a model meanwhile.",
+    )
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -12,7 +12,7 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -39,6 +39,34 @@ class ModelSpec:
 _engines: dict[str, tuple[ModelSpec, Engine]] = {}
 _lock = threading.Lock()
 _loading: dict[str, threading.Lock] = {}
+# Loads and warm-ups under way in this process, and how many have begun or ended (see quiet_marker).
+_busy = 0
+_busy_epoch = 0
+
+
+@contextlib.contextmanager
+def _busy_loading() -> Iterator[None]:
+    global _busy, _busy_epoch
+    with _lock:
+        _busy += 1
+        _busy_epoch += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _busy -= 1
+            _busy_epoch += 1
+
+
+def quiet_marker() -> tuple[int, int] | None:
+    """None while this process loads or warms a model; else a marker of what it has loaded and
+    compiled so far. A reply that began and ended with the same marker ran on a host that did
+    nothing but serve: its speed and time to first token say what the model does (a reply beside
+    a model being loaded or compiled is several times slower, and would set the arena's pace)."""
+    with _lock:
+        if _busy:
+            return None
+        return _busy_epoch, sum(engine.compilations for _, engine in _engines.values())
 
 
 def engine_for(spec: ModelSpec) -> Engine:
@@ -53,7 +81,8 @@ def engine_for(spec: ModelSpec) -> Engine:
             loaded = _engines.get(spec.name)
             if loaded is not None and loaded[0] == spec:
                 return loaded[1]
-        engine = _start_engine(spec)
+        with _busy_loading():
+            engine = _start_engine(spec)
         with _lock:
             previous = _engines.get(spec.name)
             _engines[spec.name] = (spec, engine)
@@ -92,8 +121,9 @@ def running_specs() -> dict[str, ModelSpec]:
 def warm_up(spec: ModelSpec) -> Engine:
     """Load the model and compile every shape its engine will use, before taking traffic."""
     engine = engine_for(spec)
-    engine.warm_up()
-    return_freed_memory()
+    with _busy_loading():
+        engine.warm_up()
+        return_freed_memory()
     return engine
 
 
