@@ -383,8 +383,14 @@ ARENA_METRICS_ADDRESS = os.environ.get("ARENA_METRICS_ADDRESS", "0.0.0.0")
 ARENA_READINESS_TIMEOUT_SECONDS = float(os.environ.get("ARENA_READINESS_TIMEOUT_SECONDS", "3"))
 
 # --- Inference -----------------------------------------------------------------------------------
-# Decode slots per model engine: how many replies of one model share a decode batch.
-ARENA_ENGINE_SLOTS = int(os.environ.get("ARENA_ENGINE_SLOTS", "8"))
+# Decode slots per model engine: how many replies of one model share a decode batch; and its
+# prefix pool: prompt prefixes of up to TOKENS tokens kept on the device, ROWS of them (a dialog's
+# next turn is prefilled from where its cached prefix ends). Both hold memory for every model
+# (docs/models.md measures it): an inference host (REDIS_URL set) serves many voters at once,
+# the embedded arena a few, on a laptop.
+ARENA_ENGINE_SLOTS = int(os.environ.get("ARENA_ENGINE_SLOTS", "8" if REDIS_URL else "4"))
+ARENA_PREFIX_CACHE_ROWS = int(os.environ.get("ARENA_PREFIX_CACHE_ROWS", "16" if REDIS_URL else "4"))
+ARENA_PREFIX_CACHE_TOKENS = int(os.environ.get("ARENA_PREFIX_CACHE_TOKENS", "1024"))
 # A reply that runs longer than this is cancelled and marked failed (thread pools have no hard
 # Celery time limit, so the generation service enforces it).
 ARENA_GENERATION_TIMEOUT_SECONDS = float(os.environ.get("ARENA_GENERATION_TIMEOUT_SECONDS", "300"))

@@ -84,6 +84,73 @@ def _load(path: Path) -> Any:
         return _models[key]
 
 
+def resident_mib() -> float:
+    """This process's resident memory (Linux's ``VmRSS``), in MiB."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("No VmRSS in /proc/self/status: resident memory is measured on Linux only.")
+
+
+def resident_memory(
+    preset: str | Path, *, slots: int, prefix_cache_rows: int, prefix_cache_tokens: int
+) -> dict[str, Any]:
+    """What one model holds resident in the arena's engine, measured in this process: loaded
+    as the arena loads it (``inference.hosts.engines``), then warmed up (every shape compiled,
+    freed memory handed back). Call it in a process that has loaded no model: the first one
+    also pays for JAX's own start, reported apart (``runtime_mib``)."""
+    import jax.numpy as jnp
+
+    from inference.hosts import engines
+    from inference.registry import read_preset
+
+    path = Path(preset)
+    info = read_preset(path)
+    spec = engines.ModelSpec(
+        name=path.name,
+        family=info.family,
+        preset=str(path.resolve()),
+        slots=slots,
+        prefix_cache_rows=prefix_cache_rows,
+        prefix_cache_tokens=prefix_cache_tokens,
+    )
+    before = resident_mib()
+    jnp.zeros(1).block_until_ready()  # JAX's CPU client, before the model.
+    runtime = resident_mib()
+    engine = engines.engine_for(spec)
+    loaded = resident_mib()
+    began = time.perf_counter()
+    engines.warm_up(spec)
+    warm = resident_mib()
+    result = {
+        "preset": path.name,
+        "parameters": engine.lm.count_params(),
+        "slots": slots,
+        "prefix_cache_rows": engine.prefix_cache.entries,
+        "prefix_cache_tokens": engine.prefix_cache.capacity,
+        "compilations": engine.compilations,
+        "warm_up_s": time.perf_counter() - began,
+        "process_mib": before,
+        "runtime_mib": runtime - before,
+        "loaded_mib": loaded - runtime,
+        "warm_up_mib": warm - loaded,
+        "model_mib": warm - runtime,
+    }
+    engines.shutdown_all()
+    return result
+
+
+def format_memory(result: dict[str, Any]) -> str:
+    return (
+        f"{result['preset']} ({result['parameters']:,} parameters; {result['slots']} slots, prefix pool "
+        f"{result['prefix_cache_rows']} x {result['prefix_cache_tokens']}): {result['model_mib']:.0f} MiB resident "
+        f"once warm ({result['loaded_mib']:.0f} MiB loaded, +{result['warm_up_mib']:.0f} MiB for "
+        f"{result['compilations']} compiled programs and caches); JAX's own start {result['runtime_mib']:.0f} MiB "
+        f"once per process; warm-up {result['warm_up_s']:.0f} s"
+    )
+
+
 def default_preset(presets_dir: Path = PRESETS_DIR) -> Path:
     """The strong bundled preset (its metadata.json says ``"quality": "strong"``)."""
     strong = [preset.path for preset in local_presets(presets_dir) if preset.quality == "strong"]

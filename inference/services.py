@@ -58,6 +58,8 @@ def model_spec(model: LLM) -> ModelSpec:
         dtype=model.dtype or None,
         mesh_shape=parse_mesh_shape(model.mesh_shape),
         slots=settings.ARENA_ENGINE_SLOTS,
+        prefix_cache_rows=settings.ARENA_PREFIX_CACHE_ROWS,
+        prefix_cache_tokens=settings.ARENA_PREFIX_CACHE_TOKENS,
     )
 
 

@@ -8,6 +8,8 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 import io
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +173,27 @@ def test_bench_engine_against_needs_the_served_model() -> None:
 
     with pytest.raises(CommandError, match="--against needs --served-model"):
         call_command("bench_engine", "--preset", str(PRESET), "--against", "http://127.0.0.1:9/v1")
+
+
+def test_bench_engine_reports_the_resident_memory_of_one_model(tmp_path: Path) -> None:
+    """--memory, as docs/models.md runs it: one preset in a fresh process, loaded and warmed as
+    the arena does with its slot and prefix pool settings."""
+    environment = {
+        **os.environ,
+        "ARENA_ENGINE_SLOTS": "2",
+        "ARENA_PREFIX_CACHE_ROWS": "3",
+        "ARENA_PREFIX_CACHE_TOKENS": "256",
+        "ARENA_VAR_DIR": str(tmp_path),
+    }
+    command = [sys.executable, "manage.py", "bench_engine", "--memory", "--json", "--preset", str(PRESET)]
+    done = subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["preset"], result["slots"], result["prefix_cache_rows"], result["prefix_cache_tokens"]) == (
+        "tiny-gemma",
+        2,
+        3,
+        256,
+    )
+    assert result["compilations"] > 0 and result["loaded_mib"] > 0 and result["warm_up_mib"] > 0
+    assert result["model_mib"] == pytest.approx(result["loaded_mib"] + result["warm_up_mib"])

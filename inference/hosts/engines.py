@@ -34,6 +34,8 @@ class ModelSpec:
     dtype: str | None = None
     mesh_shape: tuple[int, int] | None = None
     slots: int = 8
+    prefix_cache_rows: int = 16
+    prefix_cache_tokens: int = 1024  # At most: the engine keeps at most half the context.
 
 
 _engines: dict[str, tuple[ModelSpec, Engine]] = {}
@@ -97,11 +99,18 @@ def _start_engine(spec: ModelSpec) -> Engine:
     from inference.engine import Engine
     from inference.hosts import compile_cache
     from inference.hosts.sharding import load_sharded_causal_lm
+    from inference.streaming import context_length
 
     compile_cache.enable()
     logger.info("Loading %s from %s on %d device(s)", spec.name, spec.preset, jax.device_count())
     lm = load_sharded_causal_lm(spec.preset, family=spec.family, mesh_shape=spec.mesh_shape, dtype=spec.dtype)
-    engine = Engine(lm, slots=spec.slots)
+    context = context_length(lm)
+    engine = Engine(
+        lm,
+        slots=spec.slots,
+        prefix_cache_rows=spec.prefix_cache_rows,
+        prefix_cache_tokens=min(spec.prefix_cache_tokens, context // 2),
+    )
     engine.start()
     return engine
 

@@ -28,7 +28,9 @@ class Command(BaseCommand):
         parser.add_argument("--prompts", type=int, default=32, help="Number of prompts per measurement.")
         parser.add_argument("--max-new-tokens", type=int, default=64, help="New tokens for the longest prompt.")
         parser.add_argument("--concurrency", default="1,4,8,16", help="Comma-separated client counts.")
-        parser.add_argument("--slots", type=int, default=8, help="Engine decode slots.")
+        parser.add_argument(
+            "--slots", type=int, help="Engine decode slots (default 8; with --memory, ARENA_ENGINE_SLOTS)."
+        )
         parser.add_argument(
             "--steps-per-dispatch",
             type=int,
@@ -57,6 +59,13 @@ class Command(BaseCommand):
         parser.add_argument("--served-model", help="With --against: the name that server serves the model under.")
         parser.add_argument("--api-key-env", help="With --against: the variable holding that server's API key.")
         parser.add_argument("--json", action="store_true", help="Print one JSON object instead of a table.")
+        parser.add_argument(
+            "--memory",
+            action="store_true",
+            help="Instead: the resident memory the preset holds in the arena's engine, loaded and warm, with "
+            "ARENA_ENGINE_SLOTS and the prefix pool settings (--slots overrides the slots). Run one preset per "
+            "process.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         # Imported here: keras and jax take seconds to import, and other commands must not pay it.
@@ -68,13 +77,16 @@ class Command(BaseCommand):
         if options["against"]:
             self.against(Path(preset), options)
             return
+        if options["memory"]:
+            self.memory(Path(preset), options)
+            return
         try:
             result = run_bench(
                 preset,
                 prompts=options["prompts"],
                 max_new_tokens=options["max_new_tokens"],
                 concurrency=_levels(options["concurrency"]),
-                slots=options["slots"],
+                slots=options["slots"] or 8,
                 steps_per_dispatch=options["steps_per_dispatch"],
                 repeats=options["repeats"],
                 prefix_cache=not options["no_prefix_cache"],
@@ -84,6 +96,19 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(json.dumps(result) if options["json"] else format_table(result))
+
+    def memory(self, preset: Path, options: dict[str, Any]) -> None:
+        from django.conf import settings
+
+        from inference.bench import format_memory, resident_memory
+
+        result = resident_memory(
+            preset,
+            slots=options["slots"] or settings.ARENA_ENGINE_SLOTS,
+            prefix_cache_rows=settings.ARENA_PREFIX_CACHE_ROWS,
+            prefix_cache_tokens=settings.ARENA_PREFIX_CACHE_TOKENS,
+        )
+        self.stdout.write(json.dumps(result) if options["json"] else format_memory(result))
 
     def against(self, preset: Path, options: dict[str, Any]) -> None:
         import os
@@ -102,7 +127,7 @@ class Command(BaseCommand):
         log = Path(tempfile.mkdtemp(prefix="arena-bench-host-")) / "host.log"
         progress = None if options["json"] else self.stderr.write
         try:
-            with host_process({"arena": preset}, log, slots=options["slots"]) as url:
+            with host_process({"arena": preset}, log, slots=options["slots"] or 8) as url:
                 result = bench_against.run_against(
                     bench_against.Server(url, "arena"),
                     other,
