@@ -155,6 +155,34 @@ def test_greedy_equals_generate_in_one_batch(
     wait_for_free_slots(engine)
 
 
+def test_a_model_of_the_same_architecture_shares_the_compiled_programs(
+    engine: Engine,
+    lm: keras_hub.models.CausalLM,
+    preset: PresetInfo,
+    prompts: list[str],
+    references: list[str],
+    max_length: int,
+) -> None:
+    """Another model in the same architecture, other weights (as a fine-tuned fixer is to its
+    base): its engine compiles nothing, and decodes with its own weights, not the first's."""
+    import keras
+    import numpy as np
+
+    other_lm = keras_hub.models.CausalLM.from_preset(str(preset.path))
+    other_lm.compile(sampler="greedy")
+    rng = np.random.default_rng(0)
+    for variable in other_lm.backbone.token_embedding.weights:
+        values = keras.ops.convert_to_numpy(variable)
+        variable.assign(values + rng.normal(0.0, 2 * float(values.std()), values.shape).astype(values.dtype))
+    expected = [generate_reply(other_lm, preset.family, prompt, max_length) for prompt in prompts]
+    assert expected != references  # Other weights, other replies.
+    with Engine(other_lm, slots=SLOTS, buckets=BUCKETS, windows=WINDOWS) as other:
+        other.warm_up()
+        texts = [collect(submit_greedy(other, other_lm, preset.family, p, max_length)) for p in prompts]
+        assert other.compilations == 0
+    assert texts == expected
+
+
 def test_deltas_with_a_clock_tick_give_the_same_text_and_empty_ticks_between(
     engine: Engine,
     lm: keras_hub.models.CausalLM,

@@ -1,12 +1,13 @@
-"""The jitted functions of one model and configuration (``Programs``): init, prefill, store,
-insert, resize and the generate step that advances every slot; shared by every engine with
-the same model and configuration (``programs_for``). The decode thread
+"""The jitted functions of one model architecture and configuration (``Programs``): init,
+prefill, store, insert, resize and the generate step that advances every slot; shared by every
+engine with the same architecture and configuration (``programs_for``), whatever its weights. The decode thread
 (``inference.engine.scheduler``) calls them; the family's in-place forward pass, where there is
 one, comes from ``inference.forward``."""
 
 from __future__ import annotations
 
 import collections
+import json
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -32,8 +33,10 @@ class Programs:
     (``position_axes``): for the in-place families, per layer, keys and values in
     ``inference.forward.attention``'s layout; otherwise one array shaped like keras-hub's cache
     with a leading slot axis. Shared by every Engine with the same (slots, steps per dispatch,
-    context, prefix rows and capacity), so a second engine of the same model compiles nothing
-    new.
+    context, prefix rows and capacity) and the same architecture, so a second engine of the
+    same model, or of a model with other weights in the same architecture (a fine-tuned fixer
+    and its base), compiles nothing new: the functions take the variables as arguments. A
+    compiled program of a real model holds about 14 MB (SmolLM2, 77 of them: docs/models.md).
     """
 
     def __init__(
@@ -48,7 +51,10 @@ class Programs:
 
         if not (hasattr(lm, "_build_cache") and hasattr(lm, "call_with_cache")):
             raise TypeError(f"{type(lm).__name__} has no cached decoding (_build_cache).")
-        model_ref = weakref.ref(lm)  # Held in a WeakKeyDictionary keyed by the model: no cycle.
+        # The models of the engines sharing these programs, weakly: any of them traces.
+        self._models: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        self.attach(lm)
+        model_ref = self.model
         greedy_sampler = keras_hub.samplers.GreedySampler()
         # Python bodies run only when jax traces them: traces per function, for diagnostics.
         self.traces: collections.Counter[str] = collections.Counter()
@@ -305,17 +311,37 @@ class Programs:
         self.resize = jax.jit(resize, static_argnums=(1,))
         self.generate = jax.jit(generate, donate_argnums=(2, 3))
 
+    def attach(self, lm: keras_hub.models.CausalLM) -> None:
+        """Another engine's model uses these programs: it can trace them once the first is gone."""
+        self._models[id(lm)] = lm
 
-_programs: weakref.WeakKeyDictionary[Any, dict[tuple[int, ...], Programs]] = weakref.WeakKeyDictionary()
+    def model(self) -> Any:
+        """A live model of the architecture (the variables come as arguments); None if none is."""
+        return next(iter(self._models.values()), None)
+
+
+_programs: dict[tuple[Any, ...], Programs] = {}
 _programs_lock = threading.Lock()
+
+
+def architecture(lm: keras_hub.models.CausalLM) -> str:
+    """What the compiled functions depend on besides the variables' values: the task's class and
+    the backbone's configuration (layers, widths, vocabulary, dtype)."""
+    return json.dumps({"task": type(lm).__name__, "backbone": lm.backbone.get_config()}, sort_keys=True, default=str)
 
 
 def programs_for(
     lm: keras_hub.models.CausalLM, slots: int, steps: int, context: int, prefix_rows: int, capacity: int
 ) -> Programs:
+    """The programs of ``lm``'s architecture and this configuration: made at the first engine,
+    then shared (programs whose models are all gone are dropped)."""
+    key = (architecture(lm), slots, steps, context, prefix_rows, capacity)
     with _programs_lock:
-        per_model = _programs.setdefault(lm, {})
-        key = (slots, steps, context, prefix_rows, capacity)
-        if key not in per_model:
-            per_model[key] = Programs(lm, slots, steps, context, prefix_rows, capacity)
-        return per_model[key]
+        for stale in [known for known, programs in _programs.items() if programs.model() is None]:
+            del _programs[stale]
+        programs = _programs.get(key)
+        if programs is None:
+            programs = _programs[key] = Programs(lm, slots, steps, context, prefix_rows, capacity)
+        else:
+            programs.attach(lm)
+        return programs

@@ -49,16 +49,13 @@ def cache_layout(lm: Any) -> tuple[int, int, int, str]:
 
 
 def gemma3_weights(model: Any) -> tuple[Any, ...]:
-    """The tied embedding's transpose ``[hidden, vocabulary]``, laid out once per engine.
+    """Nothing: the pass multiplies by the model's own kernels, as they lie.
 
-    Gemma 3's vocabulary is 262,144 entries (of 270M's 268M parameters, 168M are the
-    embedding): used as it is, XLA transposes it at every token. The layers' other kernels are
-    small and used as they are.
+    The tied embedding (262,144 entries: 168M of 270M's 268M parameters) gives the logits as
+    ``embedding [vocabulary, hidden] @ x.T``, the product as it lies (see ``gemma3_forward``):
+    as fast as a transposed copy laid out beforehand, which held 671 MB per engine.
     """
-    import jax.numpy as jnp
-    from keras import ops
-
-    return (jnp.transpose(ops.convert_to_tensor(model.backbone.token_embedding.embeddings)),)
+    return ()
 
 
 def gemma3_forward(
@@ -72,9 +69,8 @@ def gemma3_forward(
     positions; attention over the cache up to each token's position (and, on sliding-window
     layers, no further back than the window), through the layer's own float32 masked softmax;
     output projection, post-attention norm, residual; pre-feed-forward norm, GELU-gated
-    feed-forward, post-feed-forward norm, residual; final norm, tied logits through
-    ``gemma3_weights``. Caches are per layer, keys then values, in the engine's layout
-    (``inference.forward.attention``).
+    feed-forward, post-feed-forward norm, residual; final norm, tied logits. Caches are per
+    layer, keys then values, in the engine's layout (``inference.forward.attention``).
     """
     import jax
     import jax.numpy as jnp
@@ -128,4 +124,9 @@ def gemma3_forward(
             hidden = block.post_ffw_norm(hidden)
         x = hidden + attention_x
     x = backbone.layer_norm(x)
-    return jnp.dot(x, weights[0]), tuple(updated)
+    embedding = ops.convert_to_tensor(backbone.token_embedding.embeddings)  # [vocabulary, hidden]
+    logits = jnp.dot(embedding, jnp.transpose(x.reshape(rows * length, -1)))  # [vocabulary, tokens]
+    # As in inference.forward.llama: without the barrier XLA folds the transpose below into the
+    # product and runs it through a slower generic kernel; with it, only the logits move.
+    logits = jax.lax.optimization_barrier(logits)
+    return jnp.transpose(logits).reshape(rows, length, -1), tuple(updated)
