@@ -288,7 +288,8 @@ def test_the_benchmark_times_live_replies_beside_a_real_evaluation_run(
 
     names = [model.name for model in demo_llms]
     out = tmp_path / "bench.json"
-    call_command("bench_live_priority", "--live", names[0], "--evaluate", *names, "--replies", "2", "--json", str(out))
+    options = ["--replies", "2", "--json", str(out), "--no-warm-up"]
+    call_command("bench_live_priority", "--live", names[0], "--evaluate", *names, *options)
     report = json.loads(out.read_text())
     assert list(report) == ["alone", "evaluation, background lane", "evaluation, no lane"]
     for way, figures in report.items():

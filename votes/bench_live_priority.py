@@ -125,11 +125,20 @@ def measure(
     evaluated: Sequence[LLM],
     *,
     replies: int,
+    warm_up: bool = True,
     on_progress: Callable[[str], None] = lambda line: None,
 ) -> Report:
-    """Time ``replies`` live replies of each of ``live`` each way (see the module)."""
-    on_progress("warming: one reply of every model")
-    for model in {*live, *evaluated}:
+    """Time ``replies`` live replies of each of ``live`` each way (see the module), after
+    compiling every shape of every model (``warm_up``; a smoke run may skip it, and its timed
+    replies then compile)."""
+    from inference.hosts import engines
+
+    models = {model.pk: model for model in (*live, *evaluated)}.values()
+    for model in models:  # Every shape compiled first, as the arena warms: no timed reply compiles.
+        if warm_up and not model.served_elsewhere:
+            on_progress(f"warming {model.name}")
+            engines.warm_up(inference_services.model_spec(model))
+    for model in models:
         live_reply(model, task, seed=0)
     report = Report()
     for way in WAYS:

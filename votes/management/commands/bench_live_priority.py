@@ -27,6 +27,11 @@ class Command(BaseCommand):
         parser.add_argument("--evaluate", nargs="+", help="Models of the evaluation (default: the anonymous roster).")
         parser.add_argument("--replies", type=int, default=5, help="Live replies per model and way.")
         parser.add_argument("--json", type=Path, help="Also write the report to this file.")
+        parser.add_argument(
+            "--no-warm-up",
+            action="store_true",
+            help="Skip compiling every shape first (a smoke run: the timed replies then compile).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["replies"] < 1:
@@ -41,7 +46,12 @@ class Command(BaseCommand):
             raise CommandError("No models: name them with --live and --evaluate, or enable some for anonymous battles.")
         try:
             report = bench_live_priority.measure(
-                task, live, evaluated, replies=options["replies"], on_progress=lambda line: self.stderr.write(line)
+                task,
+                live,
+                evaluated,
+                replies=options["replies"],
+                warm_up=not options["no_warm_up"],
+                on_progress=lambda line: self.stderr.write(line),
             )
         except (RuntimeError, ValueError) as error:
             raise CommandError(str(error)) from error
