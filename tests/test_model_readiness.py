@@ -6,6 +6,7 @@ waiting; GET /api/v1/models and the fresh pages show each model's state. The emb
 Real Redis (the cache the hosts report to), real websockets, the tests' tiny models."""
 
 import random
+import sqlite3
 import sys
 import time
 from collections.abc import Iterator
@@ -271,5 +272,21 @@ def test_a_fresh_embedded_arena_warms_its_roster_before_the_first_voter(tmp_path
         summary = report.summary()["first_side_s"]
         assert summary["median"] <= summary["p90"] <= summary["max"]
         assert "is ready" in server.log_tail(200)
+        # Each battle's models' own times, from the arena's database (the command reads its own).
+        with sqlite3.connect(tmp_path / "arena.sqlite3") as database:
+
+            def slower_model_s(battle_id: str) -> float | None:
+                (longest,) = database.execute(
+                    "SELECT MAX(m.generation_ms) FROM votes_message m JOIN votes_battle b ON m.battle_id = b.id "
+                    "WHERE b.public_id = ? AND m.role = 'assistant'",
+                    (battle_id,),
+                ).fetchone()
+                return None if longest is None else longest / 1000
+
+            timed = report.with_model_times(slower_model_s)
+        for battle in timed.battles:
+            assert battle.slower_model_s is not None and 0 < battle.slower_model_s <= battle.finished_s
+            assert battle.over_slower_model is not None and battle.over_slower_model >= 1
+        assert "over_slower_model" in timed.summary()
     finally:
         stack.stop()

@@ -7,6 +7,10 @@ Battles are played one after another, each to the end of both replies, so each i
 an otherwise idle arena. It waits first until every model anonymous battles draw is ready
 (``/roster/``): the figure is the warm arena's.
 
+Each battle's slower model's own time for its reply (``Message.generation_ms``) is read from the
+arena's database where the benchmark shares it (the embedded arena's, on the same machine): the
+ratio of the battle's wall time to it is what the arena's pacing adds to the models' own work.
+
 Used by ``manage.py bench_first_text`` (docs/operations.md states its figures).
 """
 
@@ -14,7 +18,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import httpx
@@ -52,6 +57,15 @@ class Battle:
     first_side_s: float  # From Send to the first text on either side.
     both_sides_s: float  # From Send to text on both sides.
     finished_s: float  # From Send to both replies finished.
+    battle_id: str = ""
+    # The slower side's model's own time for its reply (from its request to its last token,
+    # before pacing), read from the arena's database where this process shares it; else None.
+    slower_model_s: float | None = None
+
+    @property
+    def over_slower_model(self) -> float | None:
+        """Both finished, over the slower model's own time: what the arena adds to the models'."""
+        return None if not self.slower_model_s else self.finished_s / self.slower_model_s
 
 
 @dataclass(frozen=True)
@@ -61,8 +75,10 @@ class Report:
 
     def summary(self) -> dict[str, dict[str, float]]:
         result = {}
-        for field in ("first_side_s", "both_sides_s", "finished_s"):
-            values = sorted(getattr(battle, field) for battle in self.battles)
+        for field in ("first_side_s", "both_sides_s", "finished_s", "over_slower_model"):
+            values = sorted(value for battle in self.battles if (value := getattr(battle, field)) is not None)
+            if not values:
+                continue
             result[field] = {
                 "median": statistics.median(values),
                 "p90": values[min(len(values) - 1, int(0.9 * len(values)))],
@@ -71,7 +87,12 @@ class Report:
         return result
 
     def as_dict(self) -> dict[str, Any]:
-        return {"url": self.url, "battles": [asdict(b) for b in self.battles], "summary": self.summary()}
+        battles = [{**asdict(b), "over_slower_model": b.over_slower_model} for b in self.battles]
+        return {"url": self.url, "battles": battles, "summary": self.summary()}
+
+    def with_model_times(self, slower_model_s: Callable[[str], float | None]) -> Report:
+        """The report with each battle's slower model's own time (``slower_model_s`` of its id)."""
+        return Report(self.url, [replace(b, slower_model_s=slower_model_s(b.battle_id)) for b in self.battles])
 
 
 class NotReady(RuntimeError):
@@ -108,6 +129,7 @@ def play(browser: Any, url: str, prompt: str = PROMPT, timeout_s: float = 600) -
         page.wait_for_function(BOTH_SHOWN, timeout=timeout_ms)
         page.wait_for_function(BOTH_FINISHED, timeout=timeout_ms)
         times = page.evaluate(TIMES)
+        battle_id = page.url.rstrip("/").rsplit("/", 1)[-1]  # The page moves to /battle/<id>/.
         if page.evaluate(FAILED):
             raise BattleFailed(
                 "A reply failed: " + page.locator(".log .msg.assistant.is-failed .stats").first.inner_text()
@@ -116,7 +138,7 @@ def play(browser: Any, url: str, prompt: str = PROMPT, timeout_s: float = 600) -
         context.close()
     first = min(times["a"], times["b"]) - times["sent"]
     both = max(times["a"], times["b"]) - times["sent"]
-    return Battle(first / 1000, both / 1000, (times["now"] - times["sent"]) / 1000)
+    return Battle(first / 1000, both / 1000, (times["now"] - times["sent"]) / 1000, battle_id)
 
 
 def measure(url: str, battles: int, *, browser: Any, prompt: str = PROMPT, ready_timeout_s: float = 900) -> Report:

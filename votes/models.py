@@ -451,6 +451,11 @@ class Message(models.Model):
     bold_count = models.PositiveIntegerField(null=True, blank=True)
     time_to_first_token_ms = models.PositiveIntegerField(null=True, blank=True)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
+    generation_ms = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The model's own time for this reply, before pacing: from its request to its last token.",
+    )
     first_token_at = models.DateTimeField(
         null=True, blank=True, help_text="When the model's first text of this reply reached its worker."
     )

@@ -323,6 +323,15 @@ class GenerationContext:
     max_reply_seconds: float = 60.0
 
 
+def slower_generation_seconds(public_id: str) -> float | None:
+    """The longest of a battle's replies' own generation times (``Message.generation_ms``), in
+    seconds; None for an unknown battle or one whose replies have none recorded."""
+    times = Message.objects.filter(
+        battle__public_id=public_id, role=Message.Role.ASSISTANT, generation_ms__isnull=False
+    ).values_list("generation_ms", flat=True)
+    return max(times) / 1000 if times else None
+
+
 def recent_model_speeds(model: LLM, limit: int) -> list[float]:
     """The model's own speeds (characters a second, before pacing) on its last ``limit`` replies
     measured on a quiet host (``Message.pace_sample``)."""

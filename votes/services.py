@@ -781,6 +781,7 @@ def finish_reply(
     token_count: int,
     time_to_first_token_ms: int | None,
     duration_ms: int,
+    generation_ms: int | None = None,
     error: str = "",
     model_chars_per_s: float | None = None,
     pace_sample: bool = True,
@@ -806,6 +807,7 @@ def finish_reply(
             token_count=token_count,
             time_to_first_token_ms=time_to_first_token_ms,
             duration_ms=duration_ms,
+            generation_ms=generation_ms,
             model_chars_per_s=model_chars_per_s,
             pace_sample=pace_sample,
         )

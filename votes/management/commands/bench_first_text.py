@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from votes import bench_first_text
+from votes import bench_first_text, selectors
 
 
 class Command(BaseCommand):
@@ -53,14 +53,26 @@ class Command(BaseCommand):
                 raise CommandError(str(error)) from error
             finally:
                 browser.close()
+        # After the browser: Playwright's loop is gone, and the database may be read.
+        report = report.with_model_times(selectors.slower_generation_seconds)
         for index, battle in enumerate(report.battles, 1):
             self.stdout.write(
                 f"battle {index}: first text {battle.first_side_s:.2f} s, both sides {battle.both_sides_s:.2f} s, "
                 f"both finished {battle.finished_s:.1f} s"
+                + (f", {battle.over_slower_model:.2f}x the slower model's own time" if battle.over_slower_model else "")
             )
-        labels = {"first_side_s": "first text", "both_sides_s": "text on both", "finished_s": "both finished"}
+        labels = {
+            "first_side_s": "first text",
+            "both_sides_s": "text on both",
+            "finished_s": "both finished",
+            "over_slower_model": "both finished over the slower model's own time (x)",
+        }
+        summary = report.summary()
         for field, label in labels.items():
-            figures = report.summary()[field]
+            if field not in summary:
+                self.stdout.write(f"{label}: not known (the arena's database is not this process's)")
+                continue
+            figures = summary[field]
             self.stdout.write(
                 f"{label}: median {figures['median']:.2f} s, p90 {figures['p90']:.2f} s, max {figures['max']:.2f} s "
                 f"({len(report.battles)} battles)"
