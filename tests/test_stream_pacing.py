@@ -375,7 +375,8 @@ async def test_two_models_of_very_different_speed_look_alike_to_the_voter(
     embedded_mode: None, connect_battle: Any, smollm2_preset: Any
 ) -> None:
     """A tiny random-weight model (thousands of tokens a second) against SmolLM2 (tens), served
-    by the in-process worker: a first battle measures them, a second is paced at the slower
+    by the in-process worker: a first battle loads them (its replies, timed while their host
+    loaded and compiled, set no pace), a second measures them, a third is paced at the slower
     one. As the voter's socket sees it, each side's first text and its characters per second
     differ by less than 10%."""
     from channels.db import database_sync_to_async
@@ -384,7 +385,7 @@ async def test_two_models_of_very_different_speed_look_alike_to_the_voter(
     from tests.conftest import PRESETS_DIR
 
     # Sampling (anonymous battles draw no greedy model), at a temperature low enough that the
-    # two battles' replies are alike: the second is paced at what the first measured.
+    # battles' replies are alike: the third is paced at what the second measured.
     near_greedy = {"max_new_tokens": 48, "temperature": 0.05, "top_p": 1.0}
     await database_sync_to_async(LLM.objects.create)(
         name="fast", family="gemma", preset=str(PRESETS_DIR / "tiny-gemma"), context_tokens=2048, **near_greedy
@@ -392,7 +393,7 @@ async def test_two_models_of_very_different_speed_look_alike_to_the_voter(
     await database_sync_to_async(LLM.objects.create)(
         name="slow", family="chatml", preset=str(smollm2_preset), context_tokens=2048, **near_greedy
     )
-    for _battle in ("measuring", "measured"):
+    for _battle in ("loading", "measuring", "measured"):
         client = await connect_battle()
         sent = time_module.monotonic()
         await client.send({"type": "prompt", "text": "Tell me about the sea, in a few sentences."})
@@ -431,9 +432,9 @@ def test_a_reply_timed_while_its_host_loaded_a_model_does_not_set_the_pace(strea
     assert selectors.recent_first_token_ms(model, 10) == selectors.recent_model_speeds(model, 10) == []
 
 
-def test_the_host_is_quiet_while_it_loads_and_compiles_nothing() -> None:
+def test_the_host_is_quiet_while_it_loads_and_warms_nothing() -> None:
     """What decides a pace sample (votes.generation): the marker is None during a load or a
-    warm-up, and differs after one, or after any compilation of a running engine."""
+    warm-up, and differs after one."""
     from inference.hosts import engines
 
     before = engines.quiet_marker()

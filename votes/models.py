@@ -467,7 +467,7 @@ class Message(models.Model):
     pace_sample = models.BooleanField(
         default=True,
         help_text="Its speed and time to first token count towards its model's pace: not when its host was "
-        "loading or compiling a model meanwhile.",
+        "loading or warming a model meanwhile.",
     )
     created = models.DateTimeField(auto_now_add=True)
 

@@ -788,7 +788,7 @@ def finish_reply(
 ) -> bool:
     """Save a reply's final state, its automatic check (task battles) and any identity leak.
     Its speed and time to first token update its model's pace (``votes.pacing``) unless it is
-    no ``pace_sample`` (its host was loading or compiling a model meanwhile).
+    no ``pace_sample`` (its host was loading or warming a model meanwhile).
 
     Returns False, saving nothing, when the reply was failed as stalled meanwhile (its worker
     was cut off for longer than ``ARENA_REPLY_STALL_SECONDS``): the voter has been told already.

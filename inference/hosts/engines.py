@@ -60,15 +60,15 @@ def _busy_loading() -> Iterator[None]:
             _busy_epoch += 1
 
 
-def quiet_marker() -> tuple[int, int] | None:
-    """None while this process loads or warms a model; else a marker of what it has loaded and
-    compiled so far. A reply that began and ended with the same marker ran on a host that did
-    nothing but serve: its speed and time to first token say what the model does (a reply beside
-    a model being loaded or compiled is several times slower, and would set the arena's pace)."""
+def quiet_marker() -> int | None:
+    """None while this process loads or warms a model; else a marker of the loads and warm-ups
+    it has done. A reply that began and ended with the same marker ran while its host loaded and
+    warmed nothing: its speed and time to first token say what the model does beside other
+    replies (beside a model being loaded or warmed, a reply runs several times slower, and would
+    set the arena's pace). A shape compiled at a reply's first need (a host that skipped the
+    warm-up) only slows that reply: the pace it measures errs on the slow side, never the fast."""
     with _lock:
-        if _busy:
-            return None
-        return _busy_epoch, sum(engine.compilations for _, engine in _engines.values())
+        return None if _busy else _busy_epoch
 
 
 def engine_for(spec: ModelSpec) -> Engine:

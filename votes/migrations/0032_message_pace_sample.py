@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='message',
             name='pace_sample',
-            field=models.BooleanField(default=True, help_text="Its speed and time to first token count towards its model's pace: not when its host was loading or compiling a model meanwhile."),
+            field=models.BooleanField(default=True, help_text="Its speed and time to first token count towards its model's pace: not when its host was loading or warming a model meanwhile."),
         ),
     ]
