@@ -8,9 +8,12 @@ seeds, so the same texts every time) are timed three ways:
 3. while the same evaluation's replies are sent as live ones (no lane): what the lane saves.
 
 Each evaluation is a real run (``evaluation_services``), started before the timed replies and
-cancelled after them; the runs are deleted at the end. A reply's speed is its tokens after the
-first over the seconds after its first token; the report gives each way's median and the ratios
-to the replies alone (the target: an evaluation slows a live reply by at most 20%).
+cancelled after them; the runs are deleted at the end. The command evaluates the other models by
+default: an evaluation reply in the live reply's own engine rides in its decode batch at no cost
+(a decode step computes every slot), one in another engine competes for the same cores. A
+reply's speed is its tokens after the first over the seconds after its first token; the report
+gives each way's median and the ratios to the replies alone (the target: an evaluation slows a
+live reply by at most 20%).
 """
 
 from __future__ import annotations

@@ -24,7 +24,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--live", nargs="+", help="Models of the live replies (default: the anonymous roster's first)."
         )
-        parser.add_argument("--evaluate", nargs="+", help="Models of the evaluation (default: the anonymous roster).")
+        parser.add_argument(
+            "--evaluate", nargs="+", help="Models of the evaluation (default: the anonymous roster's others)."
+        )
         parser.add_argument("--replies", type=int, default=5, help="Live replies per model and way.")
         parser.add_argument("--json", type=Path, help="Also write the report to this file.")
         parser.add_argument(
@@ -40,8 +42,11 @@ class Command(BaseCommand):
         if task is None:
             raise CommandError(f"No task {options['task']!r}: import the bundled ones (manage.py import_tasks).")
         roster = list(LLM.objects.anonymous().order_by("name"))
-        evaluated = self._models(options["evaluate"]) if options["evaluate"] else roster
         live = self._models(options["live"]) if options["live"] else roster[:1]
+        # By default the other models: an evaluation reply in the live reply's own engine rides
+        # in its decode batch for nothing; one in another engine competes for the cores.
+        others = [model for model in roster if model not in live] or roster
+        evaluated = self._models(options["evaluate"]) if options["evaluate"] else others
         if not live or not evaluated:
             raise CommandError("No models: name them with --live and --evaluate, or enable some for anonymous battles.")
         try:
