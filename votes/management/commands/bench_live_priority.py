@@ -62,7 +62,7 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from error
         for way in bench_live_priority.WAYS:
             steps = report.evaluation_steps.get(way)
-            during = "" if steps is None else f" (the evaluation did {steps} steps meanwhile)"
+            during = "" if steps is None else f" (the evaluation did {steps} step{'' if steps == 1 else 's'} meanwhile)"
             self.stdout.write(
                 f"{way}: median {report.median_speed(way):.1f} tokens/s, first token "
                 f"{report.median_first_token(way):.2f} s, {report.ratio(way):.2f}x alone{during}"
