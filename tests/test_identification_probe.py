@@ -290,9 +290,7 @@ async def test_a_client_with_every_public_page_cannot_name_the_models_better_tha
 
 ROSTER_FRESH = 50  # Fresh anonymous battles the probe names.
 ROSTER_REVEALED = 10  # Anonymous battles played to the reveal first: the labelled timing.
-# Direct chats with each model, one model after another: the first loads it (a reply timed
-# while its host loads a model sets no pace), the next measures its speed for the pace.
-ROSTER_DIRECT = 2
+ROSTER_DIRECT = 1  # Direct chats with each model.
 ROSTER_NAMED = 12  # Named battles of random pairs, paced by their pair: the control.
 # Battles in flight together: the eight replies two networks may have in flight (the default
 # ARENA_REPLIES_PER_NETWORK of 4 each), as a voter with two addresses has.
@@ -469,12 +467,9 @@ async def test_timing_and_context_probes_name_no_pair_and_no_side_on_the_real_ro
     assert TARGET in names
     rng = random.Random(7)
     # The voter chats with each model (which also measures each model's speed for the pace).
-    direct = []
-    for name in names:
-        for _ in range(ROSTER_DIRECT):
-            direct += await play_many(connect_battle, [{"mode": "direct", "models": [name]}])
-    measured = await database_sync_to_async(lambda: list(LLM.objects.filter(name__in=names)))()
-    assert all(model.sustained_chars_per_s for model in measured), "a model's speed was not measured quietly"
+    direct = await play_many(
+        connect_battle, [{"mode": "direct", "models": [name]} for name in names for _ in range(ROSTER_DIRECT)]
+    )
     revealed = await play_many(connect_battle, [{}] * ROSTER_REVEALED, reveal=True)
     fresh = await play_many(connect_battle, [{}] * ROSTER_FRESH)
     named = await play_many(

@@ -375,8 +375,7 @@ async def test_two_models_of_very_different_speed_look_alike_to_the_voter(
     embedded_mode: None, connect_battle: Any, smollm2_preset: Any
 ) -> None:
     """A tiny random-weight model (thousands of tokens a second) against SmolLM2 (tens), served
-    by the in-process worker: a first battle loads them (its replies, timed while their host
-    loaded and compiled, set no pace), a second measures them, a third is paced at the slower
+    by the in-process worker: a first battle measures them, a second is paced at the slower
     one. As the voter's socket sees it, each side's first text and its characters per second
     differ by less than 10%."""
     from channels.db import database_sync_to_async
@@ -385,7 +384,7 @@ async def test_two_models_of_very_different_speed_look_alike_to_the_voter(
     from tests.conftest import PRESETS_DIR
 
     # Sampling (anonymous battles draw no greedy model), at a temperature low enough that the
-    # battles' replies are alike: the third is paced at what the second measured.
+    # two battles' replies are alike: the second is paced at what the first measured.
     near_greedy = {"max_new_tokens": 48, "temperature": 0.05, "top_p": 1.0}
     await database_sync_to_async(LLM.objects.create)(
         name="fast", family="gemma", preset=str(PRESETS_DIR / "tiny-gemma"), context_tokens=2048, **near_greedy
@@ -393,7 +392,7 @@ async def test_two_models_of_very_different_speed_look_alike_to_the_voter(
     await database_sync_to_async(LLM.objects.create)(
         name="slow", family="chatml", preset=str(smollm2_preset), context_tokens=2048, **near_greedy
     )
-    for _battle in ("loading", "measuring", "measured"):
+    for _battle in ("measuring", "measured"):
         client = await connect_battle()
         sent = time_module.monotonic()
         await client.send({"type": "prompt", "text": "Tell me about the sea, in a few sentences."})
@@ -413,33 +412,3 @@ async def test_two_models_of_very_different_speed_look_alike_to_the_voter(
     }
     assert abs(first_text["a"] - first_text["b"]) < 0.1 * max(first_text.values()), first_text
     assert abs(speed["a"] - speed["b"]) < 0.1 * max(speed.values()), speed
-
-
-@pytest.mark.django_db
-def test_a_reply_timed_while_its_host_loaded_a_model_does_not_set_the_pace(streaming_reply: Message) -> None:
-    """A reply beside a model being loaded or compiled runs several times slower than its model
-    does: it is saved with its timings, and its model's pace stays what quiet replies measured."""
-    model = streaming_reply.battle.model_a
-    LLM.objects.filter(pk=model.pk).update(typical_first_token_ms=500, sustained_chars_per_s=40)
-    assert services.finish_reply(
-        streaming_reply.pk, status=Message.Status.DONE, content="ok " * 30, delta_count=1, stop_reason="stop",
-        token_count=30, time_to_first_token_ms=20000, duration_ms=60000, model_chars_per_s=1.1, pace_sample=False,
-    )  # fmt: skip
-    model.refresh_from_db()
-    assert (model.typical_first_token_ms, model.sustained_chars_per_s) == (500, 40)
-    saved = Message.objects.get(pk=streaming_reply.pk)
-    assert (saved.time_to_first_token_ms, saved.model_chars_per_s, saved.pace_sample) == (20000, 1.1, False)
-    assert selectors.recent_first_token_ms(model, 10) == selectors.recent_model_speeds(model, 10) == []
-
-
-def test_the_host_is_quiet_while_it_loads_and_warms_nothing() -> None:
-    """What decides a pace sample (votes.generation): the marker is None during a load or a
-    warm-up, and differs after one."""
-    from inference.hosts import engines
-
-    before = engines.quiet_marker()
-    assert before is not None and engines.quiet_marker() == before
-    with engines._busy_loading():
-        assert engines.quiet_marker() is None
-    after = engines.quiet_marker()
-    assert after is not None and after != before

@@ -16,7 +16,6 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import DatabaseError, connections
 
-from inference.hosts import engines
 from inference.services import ModelReply
 from votes import metrics, shutdown
 from votes import selectors as votes_selectors
@@ -310,7 +309,6 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
     reply: ModelReply | None = None
     watchdog = None
     timed_out = threading.Event()
-    quiet = engines.quiet_marker()  # Whether this reply's timing may set its model's pace.
     try:
         reply = ModelReply(model, context.system_prompt, context.conversation, seed=context.seed)
         if not reply.fits:  # Past the arena's own limit only where a model's context is shorter than it.
@@ -372,9 +370,6 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
             watchdog.cancel()
 
     stats = reply.stats
-    pace_sample = quiet is not None and engines.quiet_marker() == quiet
-    # The model's own speed until it ended or was cut: a reply cut at its seconds still measured it.
-    own_speed = None if generated_at is None else batcher.model_chars_per_s(generated_at)
     if batcher.capped:  # Its seconds ran out: done, with what the voter saw, and said to be cut.
         _finish(
             context,
@@ -386,8 +381,6 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
             tokens=stats.tokens,
             ttft_s=stats.ttft_s,
             generation_s=stats.duration_s,
-            model_chars_per_s=own_speed,
-            pace_sample=pace_sample,
         )
         return
     if batcher.stop_requested:
@@ -413,8 +406,7 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
         tokens=stats.tokens,
         ttft_s=stats.ttft_s,
         generation_s=stats.duration_s,
-        model_chars_per_s=own_speed,
-        pace_sample=pace_sample,
+        model_chars_per_s=None if generated_at is None else batcher.model_chars_per_s(generated_at),
     )
 
 
@@ -431,7 +423,6 @@ def _finish(
     generation_s: float | None = None,
     error: str | None = None,
     model_chars_per_s: float | None = None,
-    pace_sample: bool = True,
 ) -> None:
     """Save the reply's final state, then announce it: the end frame never precedes the save."""
     text = batcher.published_text if status == Message.Status.STOPPED or batcher.capped else batcher.text
@@ -449,7 +440,6 @@ def _finish(
         generation_ms=None if generation_s is None else int(generation_s * 1000),
         error=error or "",
         model_chars_per_s=model_chars_per_s,
-        pace_sample=pace_sample,
     )
     if not saved:
         logger.warning("Reply %s was failed as stalled before it finished; its end is dropped", context.message_id)

@@ -464,11 +464,6 @@ class Message(models.Model):
         blank=True,
         help_text="The model's own speed on this reply, before pacing: characters a second after its first text.",
     )
-    pace_sample = models.BooleanField(
-        default=True,
-        help_text="Its speed and time to first token count towards its model's pace: not when its host was "
-        "loading or warming a model meanwhile.",
-    )
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:

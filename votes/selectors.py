@@ -333,20 +333,18 @@ def slower_generation_seconds(public_id: str) -> float | None:
 
 
 def recent_model_speeds(model: LLM, limit: int) -> list[float]:
-    """The model's own speeds (characters a second, before pacing) on its last ``limit`` replies
-    measured on a quiet host (``Message.pace_sample``)."""
-    replies = Message.objects.filter(
-        role=Message.Role.ASSISTANT, model_chars_per_s__isnull=False, pace_sample=True
-    ).filter(Q(side="a", battle__model_a=model) | Q(side="b", battle__model_b=model))
+    """The model's own speeds (characters a second, before pacing) on its last ``limit`` replies."""
+    replies = Message.objects.filter(role=Message.Role.ASSISTANT, model_chars_per_s__isnull=False).filter(
+        Q(side="a", battle__model_a=model) | Q(side="b", battle__model_b=model)
+    )
     return list(replies.order_by("-pk").values_list("model_chars_per_s", flat=True)[:limit])
 
 
 def recent_first_token_ms(model: LLM, limit: int) -> list[float]:
-    """The model's times to its first token (milliseconds) on its last ``limit`` replies measured
-    on a quiet host (``Message.pace_sample``)."""
-    replies = Message.objects.filter(
-        role=Message.Role.ASSISTANT, time_to_first_token_ms__isnull=False, pace_sample=True
-    ).filter(Q(side="a", battle__model_a=model) | Q(side="b", battle__model_b=model))
+    """The model's times to its first token (milliseconds) on its last ``limit`` replies."""
+    replies = Message.objects.filter(role=Message.Role.ASSISTANT, time_to_first_token_ms__isnull=False).filter(
+        Q(side="a", battle__model_a=model) | Q(side="b", battle__model_b=model)
+    )
     return [float(ms) for ms in replies.order_by("-pk").values_list("time_to_first_token_ms", flat=True)[:limit]]
 
 

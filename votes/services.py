@@ -784,11 +784,8 @@ def finish_reply(
     generation_ms: int | None = None,
     error: str = "",
     model_chars_per_s: float | None = None,
-    pace_sample: bool = True,
 ) -> bool:
     """Save a reply's final state, its automatic check (task battles) and any identity leak.
-    Its speed and time to first token update its model's pace (``votes.pacing``) unless it is
-    no ``pace_sample`` (its host was loading or warming a model meanwhile).
 
     Returns False, saving nothing, when the reply was failed as stalled meanwhile (its worker
     was cut off for longer than ``ARENA_REPLY_STALL_SECONDS``): the voter has been told already.
@@ -809,14 +806,11 @@ def finish_reply(
             duration_ms=duration_ms,
             generation_ms=generation_ms,
             model_chars_per_s=model_chars_per_s,
-            pace_sample=pace_sample,
         )
         if not updated:
             return False
         reply = Message.objects.select_related("battle__task", "battle__model_a", "battle__model_b").get(pk=message_id)
         review_reply(reply)
-    if not pace_sample:
-        return True
     model = reply.battle.model_on(reply.side)
     if model_chars_per_s is not None:
         speeds = selectors.recent_model_speeds(model, settings.ARENA_STREAM_PACE_SAMPLE)

@@ -35,8 +35,8 @@ class Programs:
     with a leading slot axis. Shared by every Engine with the same (slots, steps per dispatch,
     context, prefix rows and capacity) and the same architecture, so a second engine of the
     same model, or of a model with other weights in the same architecture (a fine-tuned fixer
-    and its base), compiles nothing new: the functions take the variables as arguments. A
-    compiled program of a real model holds about 14 MB (SmolLM2, 77 of them: docs/models.md).
+    and its base), compiles nothing new: the functions take the variables as arguments. A real
+    model's 77 programs hold about a gigabyte (docs/models.md).
     """
 
     def __init__(

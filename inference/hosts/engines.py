@@ -12,7 +12,7 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -41,34 +41,6 @@ class ModelSpec:
 _engines: dict[str, tuple[ModelSpec, Engine]] = {}
 _lock = threading.Lock()
 _loading: dict[str, threading.Lock] = {}
-# Loads and warm-ups under way in this process, and how many have begun or ended (see quiet_marker).
-_busy = 0
-_busy_epoch = 0
-
-
-@contextlib.contextmanager
-def _busy_loading() -> Iterator[None]:
-    global _busy, _busy_epoch
-    with _lock:
-        _busy += 1
-        _busy_epoch += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _busy -= 1
-            _busy_epoch += 1
-
-
-def quiet_marker() -> int | None:
-    """None while this process loads or warms a model; else a marker of the loads and warm-ups
-    it has done. A reply that began and ended with the same marker ran while its host loaded and
-    warmed nothing: its speed and time to first token say what the model does beside other
-    replies (beside a model being loaded or warmed, a reply runs several times slower, and would
-    set the arena's pace). A shape compiled at a reply's first need (a host that skipped the
-    warm-up) only slows that reply: the pace it measures errs on the slow side, never the fast."""
-    with _lock:
-        return None if _busy else _busy_epoch
 
 
 def engine_for(spec: ModelSpec) -> Engine:
@@ -83,8 +55,7 @@ def engine_for(spec: ModelSpec) -> Engine:
             loaded = _engines.get(spec.name)
             if loaded is not None and loaded[0] == spec:
                 return loaded[1]
-        with _busy_loading():
-            engine = _start_engine(spec)
+        engine = _start_engine(spec)
         with _lock:
             previous = _engines.get(spec.name)
             _engines[spec.name] = (spec, engine)
@@ -130,9 +101,8 @@ def running_specs() -> dict[str, ModelSpec]:
 def warm_up(spec: ModelSpec) -> Engine:
     """Load the model and compile every shape its engine will use, before taking traffic."""
     engine = engine_for(spec)
-    with _busy_loading():
-        engine.warm_up()
-        return_freed_memory()
+    engine.warm_up()
+    return_freed_memory()
     return engine
 
 

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('votes', '0032_message_pace_sample'),
+        ('votes', '0031_evaluation_run_cancel_and_start'),
     ]
 
     operations = [
