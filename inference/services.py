@@ -63,6 +63,15 @@ def model_spec(model: LLM) -> ModelSpec:
     )
 
 
+def warm_up(model: LLM) -> None:
+    """Load ``model`` in this process's engines, if it is hosted here, and compile every shape
+    its engine will use (as ``inference.warming`` does before the first voter)."""
+    if not model.served_elsewhere:
+        from inference.hosts import engines
+
+        engines.warm_up(model_spec(model))
+
+
 def endpoint(model: LLM) -> Endpoint:
     """Where a model served elsewhere is, with its key read from the workers' environment now."""
     return Endpoint(

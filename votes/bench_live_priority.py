@@ -134,13 +134,11 @@ def measure(
     """Time ``replies`` live replies of each of ``live`` each way (see the module), after
     compiling every shape of every model (``warm_up``; a smoke run may skip it, and its timed
     replies then compile)."""
-    from inference.hosts import engines
-
     models = {model.pk: model for model in (*live, *evaluated)}.values()
     for model in models:  # Every shape compiled first, as the arena warms: no timed reply compiles.
-        if warm_up and not model.served_elsewhere:
+        if warm_up:
             on_progress(f"warming {model.name}")
-            engines.warm_up(inference_services.model_spec(model))
+            inference_services.warm_up(model)
     for model in models:
         live_reply(model, task, seed=0)
     report = Report()
