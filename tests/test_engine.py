@@ -273,6 +273,47 @@ def test_short_and_long_cached_prefixes_give_the_text_of_the_whole_prompt(
     assert traces["prefill[48, 16]"] and traces["prefill[48, 256]"]
 
 
+def test_a_fine_tuned_model_holds_only_the_weights_it_changed(
+    engine: Engine,
+    lm: keras_hub.models.CausalLM,
+    preset: PresetInfo,
+    prompts: list[str],
+    references: list[str],
+    max_length: int,
+) -> None:
+    """A model whose weights differ from a loaded one's in one kernel (as a LoRA fixer's differ
+    from its base's in a few) shares every other variable's array, and its engine every equal
+    laid-out copy; each still decodes with its own weights."""
+    import jax
+    import keras
+    import numpy as np
+
+    from inference.engine.shared_weights import share_weights
+
+    other_lm = keras_hub.models.CausalLM.from_preset(str(preset.path))
+    other_lm.compile(sampler="greedy")
+    changed = next(w for w in other_lm.backbone.transformer_layers[0].weights if w.path.endswith("kernel"))
+    values = keras.ops.convert_to_numpy(changed)
+    noise = np.random.default_rng(0).normal(0.0, 4 * float(values.std()), values.shape)
+    changed.assign(values + noise.astype(values.dtype))
+    expected = [generate_reply(other_lm, preset.family, prompt, max_length) for prompt in prompts]
+    assert expected != references
+
+    share_weights(lm)
+    shared = share_weights(other_lm)
+    pairs = list(zip(lm.weights, other_lm.weights, strict=True))
+    assert shared == sum(mine.value.nbytes for mine, _ in pairs) - changed.value.nbytes
+    assert [theirs.value is mine.value for mine, theirs in pairs] == [theirs is not changed for _, theirs in pairs]
+    with Engine(other_lm, slots=SLOTS, buckets=BUCKETS, windows=WINDOWS) as other:
+        texts = [collect(submit_greedy(other, other_lm, preset.family, p, max_length)) for p in prompts]
+        mine, theirs = (jax.tree_util.tree_leaves(e._device.weights) for e in (engine, other))
+        equal = [np.array_equal(a, b) for a, b in zip(mine, theirs, strict=True)]
+        assert [a is b for a, b in zip(mine, theirs, strict=True)] == equal
+        assert engine.forward_layout != "feature-major" or not all(equal)  # The changed kernel's copy.
+    assert texts == expected
+    assert [collect(submit_greedy(engine, lm, preset.family, p, max_length)) for p in prompts] == references
+
+
 @pytest.mark.parametrize("layout", ["token-major", "feature-major"])
 def test_both_llama_layouts_give_the_text_of_generate(
     lm: keras_hub.models.CausalLM,

@@ -130,12 +130,8 @@ class Programs:
             # Takes the variables so that the arrays land on the devices they live on.
             self.traces["init"] += 1
             pool: Any = None
-            weights: Any = ()
             if in_place:
                 pool = caches(max(prefix_rows, 1), capacity)  # A row to read even when off.
-                model, scope = stateless(state)
-                with scope:
-                    weights = prepare(model)
             slot_state = {
                 "tokens": jnp.zeros((slots,), jnp.int32),
                 "positions": jnp.zeros((slots,), jnp.int32),
@@ -144,7 +140,7 @@ class Programs:
                 "top_k": jnp.zeros((slots,), jnp.int32),
                 "top_p": jnp.ones((slots,), jnp.float32),
             }
-            return caches(slots, window), caches(1, context), slot_state, pool, weights
+            return caches(slots, window), caches(1, context), slot_state, pool
 
         def start(slot_state: dict[str, Any], slot: Any, last: Any, length: Any, key: Any, *params: Any) -> Any:
             # The slot starts from the prompt's last token, at its own index: the first decode
@@ -298,7 +294,16 @@ class Programs:
             slot_state = {**slot_state, "tokens": tokens, "positions": positions, "keys": keys}
             return cache, slot_state, out
 
+        def lay_out(state: Any) -> tuple[Any, ...]:
+            model, scope = stateless(state)
+            with scope:
+                return prepare(model) if in_place else ()
+
         self.init = jax.jit(init, static_argnums=(1,))
+        self._lay_out = jax.jit(lay_out)
+        # The laid-out weights of the engines using these programs, weakly, by position
+        # (``laid_out`` shares the equal ones).
+        self._laid_out: list[list[weakref.ref[Any]]] = []
         # One compilation per prefill length (bucket).
         self.prefill = jax.jit(prefill, donate_argnums=(1, 2))
         # One compilation per chunk length and prefix bound (Engine._prefixes).
@@ -310,6 +315,30 @@ class Programs:
         self.insert = jax.jit(insert, donate_argnums=(0,))
         self.resize = jax.jit(resize, static_argnums=(1,))
         self.generate = jax.jit(generate, donate_argnums=(2, 3))
+
+    def laid_out(self, state: Any) -> tuple[Any, ...]:
+        """The matmul weights the forward pass multiplies by, laid out from the variables
+        ``state`` (the in-place families' ``prepare``: for the Llama pass feature-major, a
+        transposed copy of every block kernel), each array shared with another engine of these
+        programs whose array there is equal: a fine-tuned fixer's untouched kernels are its
+        base's, so their copy is laid out once per process, not once per engine."""
+        import jax
+
+        from inference.engine.shared_weights import equal_arrays
+
+        arrays, structure = jax.tree_util.tree_flatten(self._lay_out(state))
+        with _programs_lock:
+            while len(self._laid_out) < len(arrays):
+                self._laid_out.append([])
+            for index, array in enumerate(arrays):
+                known = self._laid_out[index]
+                known[:] = [ref for ref in known if ref() is not None]
+                same = next((ref() for ref in known if equal_arrays(ref(), array)), None)
+                if same is not None:
+                    arrays[index] = same
+                else:
+                    known.append(weakref.ref(array))
+        return jax.tree_util.tree_unflatten(structure, arrays)
 
     def attach(self, lm: keras_hub.models.CausalLM) -> None:
         """Another engine's model uses these programs: it can trace them once the first is gone."""

@@ -451,7 +451,8 @@ class Engine:
     def _reset_device(self) -> None:
         state = _model_state(self.lm)
         self._window = self.windows[0]
-        self._device = _DeviceState(state, *self._programs.init(state, self._window))
+        cache, staging, slot_state, pool = self._programs.init(state, self._window)
+        self._device = _DeviceState(state, cache, staging, slot_state, pool, self._programs.laid_out(state))
         self.prefix_cache.clear()
 
     def _run(self) -> None:

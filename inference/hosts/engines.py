@@ -68,6 +68,7 @@ def _start_engine(spec: ModelSpec) -> Engine:
     import jax
 
     from inference.engine import Engine
+    from inference.engine.shared_weights import share_weights
     from inference.hosts import compile_cache
     from inference.hosts.sharding import load_sharded_causal_lm
     from inference.streaming import context_length
@@ -75,6 +76,10 @@ def _start_engine(spec: ModelSpec) -> Engine:
     compile_cache.enable()
     logger.info("Loading %s from %s on %d device(s)", spec.name, spec.preset, jax.device_count())
     lm = load_sharded_causal_lm(spec.preset, family=spec.family, mesh_shape=spec.mesh_shape, dtype=spec.dtype)
+    shared = share_weights(lm)
+    if shared:
+        logger.info("%s shares %.0f MB of weights with a model loaded before it", spec.name, shared / 1e6)
+    return_freed_memory()  # Its own copies of the shared arrays.
     context = context_length(lm)
     engine = Engine(
         lm,
