@@ -391,6 +391,10 @@ ARENA_READINESS_TIMEOUT_SECONDS = float(os.environ.get("ARENA_READINESS_TIMEOUT_
 ARENA_ENGINE_SLOTS = int(os.environ.get("ARENA_ENGINE_SLOTS", "8" if REDIS_URL else "4"))
 ARENA_PREFIX_CACHE_ROWS = int(os.environ.get("ARENA_PREFIX_CACHE_ROWS", "16" if REDIS_URL else "4"))
 ARENA_PREFIX_CACHE_TOKENS = int(os.environ.get("ARENA_PREFIX_CACHE_TOKENS", "1024"))
+# Compile prompt and decode lengths in powers of two only: about half the compiled programs, each
+# of which holds memory of its own (docs/models.md), for a little padding. On by default in the
+# embedded arena (a laptop), off on an inference host.
+ARENA_ENGINE_COMPACT = env_bool("ARENA_ENGINE_COMPACT", not REDIS_URL)
 # A reply that runs longer than this is cancelled and marked failed (thread pools have no hard
 # Celery time limit, so the generation service enforces it).
 ARENA_GENERATION_TIMEOUT_SECONDS = float(os.environ.get("ARENA_GENERATION_TIMEOUT_SECONDS", "300"))

@@ -94,7 +94,7 @@ def resident_mib() -> float:
 
 
 def resident_memory(
-    preset: str | Path, *, slots: int, prefix_cache_rows: int, prefix_cache_tokens: int
+    preset: str | Path, *, slots: int, prefix_cache_rows: int, prefix_cache_tokens: int, compact: bool = False
 ) -> dict[str, Any]:
     """What one model holds resident in the arena's engine, measured in this process: loaded
     as the arena loads it (``inference.hosts.engines``), then warmed up (every shape compiled,
@@ -114,6 +114,7 @@ def resident_memory(
         slots=slots,
         prefix_cache_rows=prefix_cache_rows,
         prefix_cache_tokens=prefix_cache_tokens,
+        compact=compact,
     )
     before = resident_mib()
     jnp.zeros(1).block_until_ready()  # JAX's CPU client, before the model.
@@ -129,6 +130,7 @@ def resident_memory(
         "slots": slots,
         "prefix_cache_rows": engine.prefix_cache.entries,
         "prefix_cache_tokens": engine.prefix_cache.capacity,
+        "compact": compact,
         "compilations": engine.compilations,
         "warm_up_s": time.perf_counter() - began,
         "process_mib": before,
@@ -144,7 +146,8 @@ def resident_memory(
 def format_memory(result: dict[str, Any]) -> str:
     return (
         f"{result['preset']} ({result['parameters']:,} parameters; {result['slots']} slots, prefix pool "
-        f"{result['prefix_cache_rows']} x {result['prefix_cache_tokens']}): {result['model_mib']:.0f} MiB resident "
+        f"{result['prefix_cache_rows']} x {result['prefix_cache_tokens']}"
+        f"{', compact shapes' if result['compact'] else ''}): {result['model_mib']:.0f} MiB resident "
         f"once warm ({result['loaded_mib']:.0f} MiB loaded, +{result['warm_up_mib']:.0f} MiB for "
         f"{result['compilations']} compiled programs and caches); JAX's own start {result['runtime_mib']:.0f} MiB "
         f"once per process; warm-up {result['warm_up_s']:.0f} s"

@@ -60,6 +60,7 @@ def model_spec(model: LLM) -> ModelSpec:
         slots=settings.ARENA_ENGINE_SLOTS,
         prefix_cache_rows=settings.ARENA_PREFIX_CACHE_ROWS,
         prefix_cache_tokens=settings.ARENA_PREFIX_CACHE_TOKENS,
+        compact=settings.ARENA_ENGINE_COMPACT,
     )
 
 

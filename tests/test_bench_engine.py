@@ -183,6 +183,7 @@ def test_bench_engine_reports_the_resident_memory_of_one_model(tmp_path: Path) -
         "ARENA_ENGINE_SLOTS": "2",
         "ARENA_PREFIX_CACHE_ROWS": "3",
         "ARENA_PREFIX_CACHE_TOKENS": "256",
+        "ARENA_ENGINE_COMPACT": "true",
         "ARENA_VAR_DIR": str(tmp_path),
     }
     command = [sys.executable, "manage.py", "bench_engine", "--memory", "--json", "--preset", str(PRESET)]
@@ -195,5 +196,6 @@ def test_bench_engine_reports_the_resident_memory_of_one_model(tmp_path: Path) -
         3,
         256,
     )
+    assert result["compact"] is True
     assert result["compilations"] > 0 and result["loaded_mib"] > 0 and result["warm_up_mib"] > 0
     assert result["model_mib"] == pytest.approx(result["loaded_mib"] + result["warm_up_mib"])

@@ -273,6 +273,21 @@ def test_short_and_long_cached_prefixes_give_the_text_of_the_whole_prompt(
     assert traces["prefill[48, 16]"] and traces["prefill[48, 256]"]
 
 
+def test_compact_shapes_compile_fewer_programs_and_give_the_same_text(
+    lm: keras_hub.models.CausalLM, preset: PresetInfo, prompts: list[str], references: list[str], max_length: int
+) -> None:
+    """The embedded arena's engines compile powers of two only (``compact``): fewer prefill
+    lengths and decode windows than the default set, the context still among them, and the same
+    greedy text."""
+    with Engine(lm, slots=SLOTS) as full, Engine(lm, slots=SLOTS, compact=True) as compact:
+        assert set(compact.buckets) < set(full.buckets) and set(compact.windows) < set(full.windows)
+        for lengths in (compact.buckets, compact.windows):
+            assert lengths[-1] == compact.context_length
+            assert all(n & (n - 1) == 0 for n in lengths[:-1])  # Powers of two.
+        texts = [collect(submit_greedy(compact, lm, preset.family, p, max_length)) for p in prompts]
+    assert texts == references
+
+
 def test_a_fine_tuned_model_holds_only_the_weights_it_changed(
     engine: Engine,
     lm: keras_hub.models.CausalLM,

@@ -21,7 +21,14 @@ from inference.engine.priority import FOREGROUND
 from inference.engine.programs import CHUNK_FIELDS, programs_for
 from inference.engine.requests import EngineClosedError, EngineError, EngineStopReason, Request
 from inference.engine.sampling import GREEDY, SamplingParams, slot_params
-from inference.engine.shapes import FINE_BUCKETS_UP_TO, default_buckets, default_windows, sizes
+from inference.engine.shapes import (
+    FINE_BUCKETS_UP_TO,
+    compact_buckets,
+    compact_windows,
+    default_buckets,
+    default_windows,
+    sizes,
+)
 from inference.streaming import (
     MIN_BUCKET,
     IncrementalText,
@@ -146,7 +153,9 @@ class Engine:
     lengths for prefill (default ``default_buckets``). ``windows``: how much of the cache a
     decode step attends over, the smallest that holds every running request's positions
     (default ``default_windows``). The context length is always added to both, so every prompt
-    that leaves room for one new token is served. ``steps_per_dispatch``: tokens per slot per
+    that leaves room for one new token is served. ``compact``: powers of two only for both
+    (``compact_buckets``, ``compact_windows``): about half the programs, and their memory.
+    ``steps_per_dispatch``: tokens per slot per
     jitted call, at most (default: adaptive, see ``DISPATCH_TARGET_S``). Each bucket and each
     window is one compilation, all done by ``warm_up()``.
 
@@ -170,6 +179,7 @@ class Engine:
         steps_per_dispatch: int | None = None,
         prefix_cache_rows: int = DEFAULT_PREFIX_CACHE_ROWS,
         prefix_cache_tokens: int | None = None,
+        compact: bool = False,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}.")
@@ -196,8 +206,12 @@ class Engine:
         self.prefix_cache = PrefixCache(prefix_cache_rows if self.in_place else 0, capacity, PREFIX_BLOCK)
         smallest = PREFIX_BLOCK if self.in_place else MIN_BUCKET
         fine_up_to = FINE_BUCKETS_UP_TO if self.in_place else 0
-        self.buckets = sizes("buckets", buckets, default_buckets(context, smallest, fine_up_to), context)
-        self.windows = sizes("windows", windows, default_windows(context), context)
+        if compact:
+            bucket_lengths, window_lengths = compact_buckets(context, smallest), compact_windows(context)
+        else:
+            bucket_lengths, window_lengths = default_buckets(context, smallest, fine_up_to), default_windows(context)
+        self.buckets = sizes("buckets", buckets, bucket_lengths, context)
+        self.windows = sizes("windows", windows, window_lengths, context)
         self._tokenizer = lm.preprocessor.tokenizer
         pad = getattr(self._tokenizer, "pad_token_id", None)
         self._pad_id = int(pad) if pad is not None else 0

@@ -41,6 +41,22 @@ def default_windows(context: int) -> tuple[int, ...]:
     return _lengths(context, MIN_BUCKET, three_halves_from=THREE_HALVES_WINDOWS_FROM)
 
 
+# Compact shapes: each compiled program of a real model holds memory of its own on XLA's CPU
+# backend (its blocks are unrolled; docs/models.md measures an engine's with and without), so an
+# engine on a laptop compiles fewer: powers of two only. A prompt then pads to at most twice its
+# length and a decode step attends over at most twice the positions it needs.
+
+
+def compact_buckets(context: int, smallest: int = MIN_BUCKET) -> tuple[int, ...]:
+    """Prefill lengths: powers of two times ``smallest`` below the context, and the context."""
+    return _lengths(context, smallest, three_halves_from=context)
+
+
+def compact_windows(context: int) -> tuple[int, ...]:
+    """Decode windows: powers of two from 64 below the context, and the context."""
+    return _lengths(context, MIN_BUCKET, three_halves_from=context)
+
+
 def _lengths(context: int, smallest: int, three_halves_from: int) -> tuple[int, ...]:
     """Powers of two times ``smallest`` below the context, each from ``three_halves_from`` on
     followed by 1.5 times it (when below the context), and the context."""

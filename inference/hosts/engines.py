@@ -36,6 +36,7 @@ class ModelSpec:
     slots: int = 8
     prefix_cache_rows: int = 16
     prefix_cache_tokens: int = 1024  # At most: the engine keeps at most half the context.
+    compact: bool = False  # Compile powers of two only (Engine's ``compact``): half the programs' memory.
 
 
 _engines: dict[str, tuple[ModelSpec, Engine]] = {}
@@ -86,6 +87,7 @@ def _start_engine(spec: ModelSpec) -> Engine:
         slots=spec.slots,
         prefix_cache_rows=spec.prefix_cache_rows,
         prefix_cache_tokens=min(spec.prefix_cache_tokens, context // 2),
+        compact=spec.compact,
     )
     engine.start()
     return engine

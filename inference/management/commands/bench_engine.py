@@ -107,6 +107,7 @@ class Command(BaseCommand):
             slots=options["slots"] or settings.ARENA_ENGINE_SLOTS,
             prefix_cache_rows=settings.ARENA_PREFIX_CACHE_ROWS,
             prefix_cache_tokens=settings.ARENA_PREFIX_CACHE_TOKENS,
+            compact=settings.ARENA_ENGINE_COMPACT,
         )
         self.stdout.write(json.dumps(result) if options["json"] else format_memory(result))
 
