@@ -154,7 +154,8 @@ class Engine:
     decode step attends over, the smallest that holds every running request's positions
     (default ``default_windows``). The context length is always added to both, so every prompt
     that leaves room for one new token is served. ``compact``: powers of two only for both
-    (``compact_buckets``, ``compact_windows``): about half the programs, and their memory.
+    (``compact_buckets``, ``compact_windows``) and one short prefix: about a third of the
+    programs, and of their memory.
     ``steps_per_dispatch``: tokens per slot per
     jitted call, at most (default: adaptive, see ``DISPATCH_TARGET_S``). Each bucket and each
     window is one compilation, all done by ``warm_up()``.
@@ -206,6 +207,9 @@ class Engine:
         self.prefix_cache = PrefixCache(prefix_cache_rows if self.in_place else 0, capacity, PREFIX_BLOCK)
         smallest = PREFIX_BLOCK if self.in_place else MIN_BUCKET
         fine_up_to = FINE_BUCKETS_UP_TO if self.in_place else 0
+        # Compact: one short prefix, the longest (a chunk after 112 cached tokens attends over 256
+        # + its own positions, not 128 +): fewer prefill programs.
+        self._short_prefixes = SHORT_PREFIXES[-1:] if compact else SHORT_PREFIXES
         if compact:
             bucket_lengths, window_lengths = compact_buckets(context, smallest), compact_windows(context)
         else:
@@ -646,7 +650,7 @@ class Engine:
     def _pool_lengths(self) -> tuple[int, ...]:
         """The prefix lengths compiled for: ``SHORT_PREFIXES`` and a whole pool row."""
         capacity = self.prefix_cache.capacity  # Positions of a prefix pool row.
-        return tuple(sorted({min(short, capacity) for short in SHORT_PREFIXES} | {capacity}))
+        return tuple(sorted({min(short, capacity) for short in self._short_prefixes} | {capacity}))
 
     def _prefixes(self, size: int) -> tuple[int, ...]:
         """The prefix lengths a chunk of ``size`` tokens is compiled for (see SHORT_PREFIXES)."""
