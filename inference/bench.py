@@ -94,30 +94,43 @@ def resident_mib() -> float:
 
 
 def resident_memory(
-    preset: str | Path, *, slots: int, prefix_cache_rows: int, prefix_cache_tokens: int, compact: bool = False
+    preset: str | Path,
+    *,
+    slots: int,
+    prefix_cache_rows: int,
+    prefix_cache_tokens: int,
+    compact: bool = False,
+    beside: str | Path | None = None,
 ) -> dict[str, Any]:
     """What one model holds resident in the arena's engine, measured in this process: loaded
     as the arena loads it (``inference.hosts.engines``), then warmed up (every shape compiled,
     freed memory handed back). Call it in a process that has loaded no model: the first one
-    also pays for JAX's own start, reported apart (``runtime_mib``)."""
+    also pays for JAX's own start, reported apart (``runtime_mib``). ``beside``: another
+    preset loaded and warmed first, as the arena serves them together (a fixer beside its base:
+    what it adds, sharing the base's equal weights and compiled programs)."""
     import jax.numpy as jnp
 
     from inference.hosts import engines
     from inference.registry import read_preset
 
+    def spec_of(preset: str | Path) -> engines.ModelSpec:
+        path = Path(preset)
+        return engines.ModelSpec(
+            name=path.name,
+            family=read_preset(path).family,
+            preset=str(path.resolve()),
+            slots=slots,
+            prefix_cache_rows=prefix_cache_rows,
+            prefix_cache_tokens=prefix_cache_tokens,
+            compact=compact,
+        )
+
     path = Path(preset)
-    info = read_preset(path)
-    spec = engines.ModelSpec(
-        name=path.name,
-        family=info.family,
-        preset=str(path.resolve()),
-        slots=slots,
-        prefix_cache_rows=prefix_cache_rows,
-        prefix_cache_tokens=prefix_cache_tokens,
-        compact=compact,
-    )
+    spec = spec_of(path)
     before = resident_mib()
     jnp.zeros(1).block_until_ready()  # JAX's CPU client, before the model.
+    if beside is not None:
+        engines.warm_up(spec_of(beside))
     runtime = resident_mib()
     engine = engines.engine_for(spec)
     loaded = resident_mib()
@@ -131,6 +144,7 @@ def resident_memory(
         "prefix_cache_rows": engine.prefix_cache.entries,
         "prefix_cache_tokens": engine.prefix_cache.capacity,
         "compact": compact,
+        "beside": None if beside is None else Path(beside).name,
         "compilations": engine.compilations,
         "warm_up_s": time.perf_counter() - began,
         "process_mib": before,
@@ -144,13 +158,15 @@ def resident_memory(
 
 
 def format_memory(result: dict[str, Any]) -> str:
+    before = f"JAX's start and {result['beside']}" if result["beside"] else "JAX's own start"
     return (
         f"{result['preset']} ({result['parameters']:,} parameters; {result['slots']} slots, prefix pool "
         f"{result['prefix_cache_rows']} x {result['prefix_cache_tokens']}"
-        f"{', compact shapes' if result['compact'] else ''}): {result['model_mib']:.0f} MiB resident "
+        f"{', compact shapes' if result['compact'] else ''}"
+        f"{', beside ' + result['beside'] if result['beside'] else ''}): {result['model_mib']:.0f} MiB resident "
         f"once warm ({result['loaded_mib']:.0f} MiB loaded, +{result['warm_up_mib']:.0f} MiB for "
-        f"{result['compilations']} compiled programs and caches); JAX's own start {result['runtime_mib']:.0f} MiB "
-        f"once per process; warm-up {result['warm_up_s']:.0f} s"
+        f"{result['compilations']} compiled programs and caches); "
+        f"{before} {result['runtime_mib']:.0f} MiB before it; warm-up {result['warm_up_s']:.0f} s"
     )
 
 

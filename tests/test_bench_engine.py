@@ -199,3 +199,27 @@ def test_bench_engine_reports_the_resident_memory_of_one_model(tmp_path: Path) -
     assert result["compact"] is True
     assert result["compilations"] > 0 and result["loaded_mib"] > 0 and result["warm_up_mib"] > 0
     assert result["model_mib"] == pytest.approx(result["loaded_mib"] + result["warm_up_mib"])
+
+
+def test_bench_engine_reports_what_a_model_adds_beside_another_of_its_architecture(tmp_path: Path) -> None:
+    """--memory --beside, as docs/models.md measures a fixer beside its base: the other preset
+    is loaded and warmed first; a copy of it (the same architecture) then compiles nothing."""
+    import shutil
+
+    twin = tmp_path / "tiny-gemma-twin"
+    shutil.copytree(PRESET, twin)
+    environment = {**os.environ, "ARENA_VAR_DIR": str(tmp_path)}
+    command = [sys.executable, "manage.py", "bench_engine", "--memory", "--json", "--preset", str(twin)]
+    done = subprocess.run(
+        [*command, "--beside", str(PRESET)], cwd=REPO, env=environment, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["preset"], result["beside"], result["compilations"]) == ("tiny-gemma-twin", "tiny-gemma", 0)
+
+
+def test_bench_engine_beside_goes_with_memory() -> None:
+    from django.core.management import CommandError
+
+    with pytest.raises(CommandError, match="--beside goes with --memory"):
+        call_command("bench_engine", "--preset", str(PRESET), "--beside", str(PRESET))

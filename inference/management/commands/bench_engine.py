@@ -66,6 +66,12 @@ class Command(BaseCommand):
             "ARENA_ENGINE_SLOTS and the prefix pool settings (--slots overrides the slots). Run one preset per "
             "process.",
         )
+        parser.add_argument(
+            "--beside",
+            type=Path,
+            help="With --memory: load and warm this preset first, as the arena serves them together, and report what "
+            "--preset adds beside it (a fixer beside its base shares its equal weights and compiled programs).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         # Imported here: keras and jax take seconds to import, and other commands must not pay it.
@@ -74,6 +80,10 @@ class Command(BaseCommand):
         preset = options["preset"] or default_preset()
         if not (Path(preset) / "config.json").is_file():
             raise CommandError(f"{preset} is not a keras-hub preset folder (no config.json).")
+        if options["beside"] and not options["memory"]:
+            raise CommandError("--beside goes with --memory.")
+        if options["beside"] and not (Path(options["beside"]) / "config.json").is_file():
+            raise CommandError(f"{options['beside']} is not a keras-hub preset folder (no config.json).")
         if options["against"]:
             self.against(Path(preset), options)
             return
@@ -108,6 +118,7 @@ class Command(BaseCommand):
             prefix_cache_rows=settings.ARENA_PREFIX_CACHE_ROWS,
             prefix_cache_tokens=settings.ARENA_PREFIX_CACHE_TOKENS,
             compact=settings.ARENA_ENGINE_COMPACT,
+            beside=options["beside"],
         )
         self.stdout.write(json.dumps(result) if options["json"] else format_memory(result))
 
