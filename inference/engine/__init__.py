@@ -86,7 +86,8 @@ and the caches are created by a jitted function of the variables, on their devic
 
 The package: ``scheduler`` (``Engine``: the slots, the queue and the decode thread), ``programs``
 (the jitted functions), ``sampling`` (``SamplingParams`` and the in-jit draw), ``requests``
-(``Request``, what a caller iterates), ``shapes`` (prefill buckets and decode windows); the
+(``Request``, what a caller iterates), ``shapes`` (prefill buckets and decode windows),
+``shared_weights`` (equal weights held once by the models of one architecture); the
 families' forward passes are in ``inference.forward``.
 """
 

@@ -36,7 +36,7 @@ class Programs:
     context, prefix rows and capacity) and the same architecture, so a second engine of the
     same model, or of a model with other weights in the same architecture (a fine-tuned fixer
     and its base), compiles nothing new: the functions take the variables as arguments. A real
-    model's 77 programs hold about a gigabyte (docs/models.md).
+    model's programs hold tens of megabytes each (docs/models.md).
     """
 
     def __init__(
