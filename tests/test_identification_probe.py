@@ -451,6 +451,7 @@ def real_roster(smollm2: Path, fixer: Path, gemma3: Path, run_id: str, settings:
     settings.ARENA_MAX_NEW_TOKENS = 12
     settings.ARENA_REPLIES_PER_NETWORK = 2 * 4  # The probe's sessions share one address: two networks' caps.
     settings.ARENA_ENGINE_SLOTS = 4  # A model plays once a battle: at most four of its replies at once.
+    settings.ARENA_ENGINE_COMPACT = True  # The engines' shapes as the embedded arena compiles them.
     services.import_tasks(PROBE_TASK)
     queues = [f"test-{run_id}.{name}" for name in BATTLE_PRESETS]
     return [registered_llm(path, queues[index % len(queues)]) for index, path in enumerate((smollm2, fixer, gemma3))]
