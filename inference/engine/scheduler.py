@@ -154,11 +154,10 @@ class Engine:
     decode step attends over, the smallest that holds every running request's positions
     (default ``default_windows``). The context length is always added to both, so every prompt
     that leaves room for one new token is served. ``compact``: powers of two only for both
-    (``compact_buckets``, ``compact_windows``) and one short prefix: about a third of the
-    programs, and of their memory.
-    ``steps_per_dispatch``: tokens per slot per
-    jitted call, at most (default: adaptive, see ``DISPATCH_TARGET_S``). Each bucket and each
-    window is one compilation, all done by ``warm_up()``.
+    (``compact_buckets``, ``compact_windows``) and one short prefix: half the programs, and of
+    their memory. ``steps_per_dispatch``: tokens per slot per jitted call, at most (default:
+    adaptive, see ``DISPATCH_TARGET_S``). Each bucket and each window is one compilation, all
+    done by ``warm_up()``.
 
     ``prefix_cache_rows`` prompt prefixes of up to ``prefix_cache_tokens`` tokens (default half
     the context, at most 1024) are kept on the device (see ``inference.engine.prefix_cache``): a prompt
