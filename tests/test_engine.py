@@ -12,8 +12,9 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import keras_hub
 import pytest
@@ -116,6 +117,23 @@ def collect(request: Request) -> str:
     return request.text
 
 
+def with_noise(
+    preset: PresetInfo, variables: Callable[[keras_hub.models.CausalLM], list[Any]], scale: float
+) -> keras_hub.models.CausalLM:
+    """The preset's model, greedy, with Gaussian noise of ``scale`` times their spread added to
+    the ``variables`` it picks: a model of the same architecture with other weights."""
+    import keras
+    import numpy as np
+
+    model = keras_hub.models.CausalLM.from_preset(str(preset.path))
+    model.compile(sampler="greedy")
+    rng = np.random.default_rng(0)
+    for variable in variables(model):
+        values = keras.ops.convert_to_numpy(variable)
+        variable.assign(values + rng.normal(0.0, scale * float(values.std()), values.shape).astype(values.dtype))
+    return model
+
+
 def wait_for_free_slots(engine: Engine, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while engine.free_slots != engine.slots and time.monotonic() < deadline:
@@ -165,15 +183,7 @@ def test_a_model_of_the_same_architecture_shares_the_compiled_programs(
 ) -> None:
     """Another model in the same architecture, other weights (as a fine-tuned fixer is to its
     base): its engine compiles nothing, and decodes with its own weights, not the first's."""
-    import keras
-    import numpy as np
-
-    other_lm = keras_hub.models.CausalLM.from_preset(str(preset.path))
-    other_lm.compile(sampler="greedy")
-    rng = np.random.default_rng(0)
-    for variable in other_lm.backbone.token_embedding.weights:
-        values = keras.ops.convert_to_numpy(variable)
-        variable.assign(values + rng.normal(0.0, 2 * float(values.std()), values.shape).astype(values.dtype))
+    other_lm = with_noise(preset, lambda lm: lm.backbone.token_embedding.weights, scale=2)
     expected = [generate_reply(other_lm, preset.family, prompt, max_length) for prompt in prompts]
     assert expected != references  # Other weights, other replies.
     with Engine(other_lm, slots=SLOTS, buckets=BUCKETS, windows=WINDOWS) as other:
@@ -300,17 +310,15 @@ def test_a_fine_tuned_model_holds_only_the_weights_it_changed(
     from its base's in a few) shares every other variable's array, and its engine every equal
     laid-out copy; each still decodes with its own weights."""
     import jax
-    import keras
     import numpy as np
 
     from inference.engine.shared_weights import share_weights
 
-    other_lm = keras_hub.models.CausalLM.from_preset(str(preset.path))
-    other_lm.compile(sampler="greedy")
-    changed = next(w for w in other_lm.backbone.transformer_layers[0].weights if w.path.endswith("kernel"))
-    values = keras.ops.convert_to_numpy(changed)
-    noise = np.random.default_rng(0).normal(0.0, 4 * float(values.std()), values.shape)
-    changed.assign(values + noise.astype(values.dtype))
+    def first_kernel(model: keras_hub.models.CausalLM) -> list[Any]:
+        return [next(w for w in model.backbone.transformer_layers[0].weights if w.path.endswith("kernel"))]
+
+    other_lm = with_noise(preset, first_kernel, scale=4)
+    [changed] = first_kernel(other_lm)
     expected = [generate_reply(other_lm, preset.family, prompt, max_length) for prompt in prompts]
     assert expected != references
 

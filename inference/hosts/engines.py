@@ -80,7 +80,7 @@ def _start_engine(spec: ModelSpec) -> Engine:
     shared = share_weights(lm)
     if shared:
         logger.info("%s shares %.0f MB of weights with a model loaded before it", spec.name, shared / 1e6)
-    return_freed_memory()  # Its own copies of the shared arrays.
+        return_freed_memory()  # Its own copies of the shared arrays.
     context = context_length(lm)
     engine = Engine(
         lm,
