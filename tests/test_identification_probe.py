@@ -275,21 +275,26 @@ async def test_a_client_with_every_public_page_cannot_name_the_models_better_tha
 # The review's probe against the roster scripts/serve registers (SmolLM2-135M-Instruct, the
 # fine-tuned fixer, Gemma 3 270M base; the demo model's 512-token context keeps it out of
 # anonymous battles), paced as the arena paces them. A voter chats with each model directly (its
-# replies, and its own timing, paced by itself), plays anonymous battles to the reveal (labelled
-# timing of anonymous battles, and their texts with the names, as their share pages show them),
-# reads every public page and API response, and then names the models of fresh anonymous battles
-# from what it can time: when each side's first text comes, the pace, the longest pause, the wait
-# between its last text and its end, and whether a prompt past the length limit is refused (the
-# context probe).
+# replies, and its own timing, paced by itself), plays anonymous battles four at a time, one of
+# each four (at random) to the reveal (labelled timing of anonymous battles, and their texts with
+# the names, as their share pages show them), reads every public page and API response, and
+# names the models of the other, fresh anonymous battles from what it can time: when each side's
+# first text comes, the pace, the longest pause, the wait between its last text and its end, and
+# whether a prompt past the length limit is refused (the context probe).
 # The timing probe is a Gaussian classifier with a pooled variance (what each model's sides look
 # like in the labelled battles); its score is the mean probability it gives the truth, so a probe
-# without information scores chance with little noise. Run on named battles (paced by their
-# pair, as every battle was before the arena-wide pace), the same probe names the pair.
+# without information scores chance with little noise. The labelled battles are interleaved with
+# the fresh ones, as a voter who reveals some battles all along has them: the arena's pace and
+# first-text lead settle as it runs, and a probe trained on the first battles only extrapolates
+# to the later ones. Its posteriors are then near 0 or 1 by a bias the same for both sides, not
+# by anything that tells the sides apart, and its score is the share of one pair among the fresh
+# battles: chance on average, past chance plus 10 points one time in 13 over 50 battles. Run on
+# named battles (paced by their pair, as every battle was before the arena-wide pace), the same
+# probe names the pair.
 # Style is measured too (character trigrams of every text the voter holds): it names the models
 # of a battle from their writing, which no arena that reveals names after the vote can hide.
 
-ROSTER_FRESH = 50  # Fresh anonymous battles the probe names.
-ROSTER_REVEALED = 10  # Anonymous battles played to the reveal first: the labelled timing.
+ROSTER_ANONYMOUS = 60  # Anonymous battles: one of each ROSTER_AT_ONCE revealed, the rest fresh.
 ROSTER_DIRECT = 1  # Direct chats with each model.
 ROSTER_NAMED = 12  # Named battles of random pairs, paced by their pair: the control.
 # Battles in flight together: the eight replies two networks may have in flight (the default
@@ -370,12 +375,14 @@ async def play_timed(
 
 
 async def play_many(
-    connect_battle: Callable[..., Awaitable[Any]], starts: list[dict[str, Any]], reveal: bool = False
+    connect_battle: Callable[..., Awaitable[Any]], starts: list[dict[str, Any]], reveal: list[bool] | None = None
 ) -> list[TimedBattle]:
+    """The battles, ROSTER_AT_ONCE at a time; those ``reveal`` marks are played to the reveal."""
+    reveal = reveal or [False] * len(starts)
     played: list[TimedBattle] = []
     for at in range(0, len(starts), ROSTER_AT_ONCE):
-        batch = starts[at : at + ROSTER_AT_ONCE]
-        played += await asyncio.gather(*(play_timed(connect_battle, start, reveal) for start in batch))
+        batch = zip(starts[at : at + ROSTER_AT_ONCE], reveal[at : at + ROSTER_AT_ONCE], strict=True)
+        played += await asyncio.gather(*(play_timed(connect_battle, start, shown) for start, shown in batch))
     return played
 
 
@@ -471,8 +478,12 @@ async def test_timing_and_context_probes_name_no_pair_and_no_side_on_the_real_ro
     direct = await play_many(
         connect_battle, [{"mode": "direct", "models": [name]} for name in names for _ in range(ROSTER_DIRECT)]
     )
-    revealed = await play_many(connect_battle, [{}] * ROSTER_REVEALED, reveal=True)
-    fresh = await play_many(connect_battle, [{}] * ROSTER_FRESH)
+    # Anonymous battles, one of each four played at once revealed (which one, at random).
+    chosen = [rng.randrange(ROSTER_AT_ONCE) for _ in range(ROSTER_ANONYMOUS // ROSTER_AT_ONCE)]
+    reveal = [at % ROSTER_AT_ONCE == chosen[at // ROSTER_AT_ONCE] for at in range(ROSTER_ANONYMOUS)]
+    anonymous = await play_many(connect_battle, [{}] * ROSTER_ANONYMOUS, reveal=reveal)
+    revealed = [battle for battle, shown in zip(anonymous, reveal, strict=True) if shown]
+    fresh = [battle for battle, shown in zip(anonymous, reveal, strict=True) if not shown]
     named = await play_many(
         connect_battle, [{"mode": "named", "models": rng.sample(names, 2)} for _ in range(ROSTER_NAMED)]
     )
@@ -491,7 +502,7 @@ async def test_timing_and_context_probes_name_no_pair_and_no_side_on_the_real_ro
     pairs = mean(pair_score(probe, battle, truths[battle.battle_id]) for battle in fresh)
     with_target = [battle for battle in fresh if TARGET in truths[battle.battle_id].values()]
     sides = mean(side_score(probe, battle, truths[battle.battle_id], TARGET) for battle in with_target)
-    assert len(with_target) >= ROSTER_FRESH // 2
+    assert len(with_target) >= len(fresh) // 2
     assert pairs <= 1 / 3 + 0.10, pairs
     assert sides <= 1 / 2 + 0.10, sides
 
