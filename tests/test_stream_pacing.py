@@ -214,6 +214,7 @@ class Partner:
         self.finished = False
         self.stop = False  # The voter stopped the holding side's reply.
         self.lookups = 0
+        self.claimed_at = 0.0  # When its worker started on it (this side's started at 0).
 
     def start_now(self) -> None:
         self.started_at = self.time.now
@@ -221,7 +222,12 @@ class Partner:
     def __call__(self) -> HoldState:
         self.lookups += 1
         ago = None if self.started_at is None else self.time.now - self.started_at
-        return HoldState(partner_started_s_ago=ago, partner_finished=self.finished, stop_requested=self.stop)
+        return HoldState(
+            partner_started_s_ago=ago,
+            partner_finished=self.finished,
+            stop_requested=self.stop,
+            later_claim_s_ago=self.time.now - max(0.0, self.claimed_at),
+        )
 
 
 def paired_batcher(reply: Message, pace: Pace, lead_s: float = 0.0) -> tuple[DeltaBatcher, FakeTime, Recorder, Partner]:
@@ -282,6 +288,59 @@ def test_a_fast_pair_s_first_text_comes_as_late_as_a_slow_pair_s(streaming_reply
         assert last == pytest.approx(2.5 + 0.2 + 299 / 100, abs=0.06)
     first, _, _ = first_and_last_frame_times(streaming_reply, 0.2, lead_s=0.0)
     assert first == pytest.approx(0.2 + 0.2, abs=0.06)
+
+
+def first_frame_time(batcher: DeltaBatcher, time: FakeTime, recorder: Recorder, partner: Partner | None) -> float:
+    """When the first frame goes out: text at 0.1 s, the partner's too, the batcher flushed at
+    the caller's ticks (every 0.05 s, at 0.13 s, 0.18 s, ...) as a slow model's side is."""
+    time.now = 0.1
+    batcher.add("x" * 30)
+    if partner is not None:
+        partner.start_now()
+    tick = 0.13
+    while not recorder.frames:
+        time.now = tick
+        batcher.flush()
+        tick += 0.05
+    return time.now
+
+
+@pytest.mark.django_db
+def test_the_first_text_comes_out_when_it_is_due_not_at_the_next_tick(streaming_reply: Message) -> None:
+    """A side whose model writes slowly is flushed by the caller's tick, not by its tokens: its
+    first text still goes out when the pace allows, not up to a tick later than a fast side's."""
+    pace = Pace(chars_per_s=100, first_after_s=0.2)
+    time, recorder = FakeTime(), Recorder()
+    batcher = DeltaBatcher(
+        message_id=streaming_reply.pk, group="g", side="a", turn=0, publisher=recorder, pace=pace, lead_s=1.0,
+        clock=time.clock, sleep=time.sleep,
+    )  # fmt: skip
+    assert first_frame_time(batcher, time, recorder, None) == pytest.approx(1.0 + 0.2, abs=1e-9)
+
+
+@pytest.mark.django_db
+def test_the_lead_counts_from_the_later_of_the_two_workers_starts(streaming_reply: Message) -> None:
+    """Both sides' first text comes at the same moment when their workers started apart: the
+    lead counts from the later start, for both (this side started at 0, its partner at 0.3 s)."""
+    batcher, time, recorder, partner = paired_batcher(streaming_reply, Pace(chars_per_s=100, first_after_s=0.2), 1.0)
+    partner.claimed_at = 0.3
+    assert first_frame_time(batcher, time, recorder, partner) == pytest.approx(0.3 + 1.0 + 0.2, abs=1e-9)
+
+
+@pytest.mark.django_db
+def test_the_later_claim_is_read_by_the_database_s_clock(streaming_reply: Message) -> None:
+    """hold_state gives the later of the two sides' claims once both workers have started."""
+    battle = streaming_reply.battle
+    Message.objects.create(battle=battle, side="b", turn=0, role=Message.Role.USER, content="Hi")
+    partner = Message.objects.create(
+        battle=battle, side="b", turn=0, role=Message.Role.ASSISTANT, status=Message.Status.PENDING
+    )
+    services.claim_reply(streaming_reply.pk)
+    assert selectors.hold_state(streaming_reply.pk, partner.pk).later_claim_s_ago is None
+    services.claim_reply(partner.pk)
+    ago = selectors.hold_state(streaming_reply.pk, partner.pk).later_claim_s_ago
+    assert ago is not None and 0 <= ago < 5
+    assert selectors.hold_state(partner.pk, streaming_reply.pk).later_claim_s_ago == pytest.approx(ago, abs=1)
 
 
 @pytest.mark.django_db

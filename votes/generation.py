@@ -53,7 +53,15 @@ class DeltaBatcher:
     never comes out in one burst). A stop asked for while holding is seen at the next look-up.
     In an anonymous battle the pace never starts sooner than ``lead_s`` after the batcher's start
     (the worker's start on the reply): the arena's typical wait for a first token, so that the
-    first text of a fast pair comes as late as a slow pair's.
+    first text of a fast pair comes as late as a slow pair's. The two sides' first text must come
+    out at the same instant, so beside a partner the lead counts from the later of the two
+    workers' starts (``HoldState.later_claim_s_ago``, the same instant for both sides), not from
+    each side's own (a model whose worker starts later, by its queue or its host, would show its
+    text later), and the first text goes out when the pace allows it, to the millisecond
+    (``flush`` waits for it when it is due within two intervals), not at the side's next token or
+    tick (a slow model's side is flushed by the tick, a fast one's by its tokens). Timed per side,
+    Gemma 3's side showed its first text about 20 ms after the other side's in four battles of
+    five (docs/security.md).
     The caller flushes on a clock too (``Request.deltas``), so that a side between two of its
     model's bursts shows its text on time.
     """
@@ -84,6 +92,7 @@ class DeltaBatcher:
         self.clock = clock
         self.sleep = sleep
         self.started = clock()
+        self.lead_s = lead_s
         # The pace never starts sooner than this (the arena's wait for a first token).
         self.earliest_origin = self.started + lead_s
         # When the pace starts counting: the reply's start, or, beside a partner, once known.
@@ -122,6 +131,8 @@ class DeltaBatcher:
             return
         self.last_partner_check = now
         state = self.hold()
+        if self.lead_s > 0 and state.later_claim_s_ago is not None:
+            self.earliest_origin = now - state.later_claim_s_ago + self.lead_s
         if state.stop_requested:
             self.stop_requested = True
         elif state.partner_started_s_ago is not None:
@@ -140,6 +151,10 @@ class DeltaBatcher:
         self._find_origin(now)
         if self.origin is None:
             return
+        wait = self.pace.wait_s(now - self.origin, 0) if self.seq == 0 and self.text else 0.0
+        if 0 < wait <= 2 * self.interval:  # The first text, exactly when it is due.
+            self.sleep(wait)
+            now = self.clock()
         if self.max_seconds is not None and now - self.origin >= self.max_seconds:
             self.capped = self.stop_requested = True
             return

@@ -459,6 +459,9 @@ class Message(models.Model):
     first_token_at = models.DateTimeField(
         null=True, blank=True, help_text="When the model's first text of this reply reached its worker."
     )
+    claimed_at = models.DateTimeField(
+        null=True, blank=True, editable=False, help_text="When a worker started on this reply (its latest attempt)."
+    )
     model_chars_per_s = models.FloatField(
         null=True,
         blank=True,

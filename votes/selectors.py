@@ -352,12 +352,14 @@ def recent_first_token_ms(model: LLM, limit: int) -> list[float]:
 class HoldState:
     """What a side holding its first text needs to know, read in one query: how long ago the
     other side's model produced its first text (None: not yet; measured by the database's clock,
-    as it was recorded, so hosts' clocks never matter), whether the other side is over, and
-    whether the voter has asked to stop this reply."""
+    as it was recorded, so hosts' clocks never matter), whether the other side is over, whether
+    the voter has asked to stop this reply, and how long ago the later of the two sides' workers
+    started on them (None: the other side's has not yet; by the same clock)."""
 
     partner_started_s_ago: float | None
     partner_finished: bool
     stop_requested: bool
+    later_claim_s_ago: float | None = None
 
 
 def hold_state(message_id: int, partner_id: int) -> HoldState:
@@ -365,16 +367,19 @@ def hold_state(message_id: int, partner_id: int) -> HoldState:
         row["pk"]: row
         for row in Message.objects.filter(pk__in=[message_id, partner_id])
         .annotate(now=Now())
-        .values("pk", "first_token_at", "status", "stop_requested", "now")
+        .values("pk", "first_token_at", "claimed_at", "status", "stop_requested", "now")
     }
     own, partner = rows.get(message_id), rows.get(partner_id)
     if partner is None:  # Gone with its battle: nothing to wait for.
         return HoldState(None, True, own is None or own["stop_requested"])
     started = partner["first_token_at"]
+    claims = [row["claimed_at"] for row in (own, partner) if row is not None]
+    later_claim = max(claims) if len(claims) == 2 and None not in claims else None
     return HoldState(
         partner_started_s_ago=None if started is None else max(0.0, (partner["now"] - started).total_seconds()),
         partner_finished=partner["status"] in Message.FINISHED_STATUSES,
         stop_requested=own is None or own["stop_requested"],
+        later_claim_s_ago=None if later_claim is None else max(0.0, (partner["now"] - later_claim).total_seconds()),
     )
 
 

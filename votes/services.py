@@ -657,7 +657,13 @@ def claim_reply(message_id: int, attempt: int | None = None) -> str | None:
             return None
         previous = reply.status
         Message.objects.filter(pk=message_id).update(
-            status=Message.Status.STREAMING, content="", delta_count=0, heartbeat=timezone.now(), first_token_at=None
+            status=Message.Status.STREAMING,
+            content="",
+            delta_count=0,
+            heartbeat=timezone.now(),
+            first_token_at=None,
+            # The database's clock, as hold_state reads it: both sides' pace waits from the later claim.
+            claimed_at=Now(),
         )
     return previous
 
