@@ -25,7 +25,7 @@ from inference.clients.openai_compatible import Endpoint, OpenAICompatibleClient
 from inference.hosts.engines import ModelSpec
 from inference.models import LLM, parse_mesh_shape
 from inference.reply_edges import without_edge_whitespace, without_family_prefix, without_family_prefix_text
-from inference.streaming import GenerationStats
+from inference.streaming import GenerationStats, Tick
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class ModelReply:
             raise RuntimeError("The reply has not been started.")
         return self.generation
 
-    def deltas(self, tick: float | None = None) -> Iterator[str]:
+    def deltas(self, tick: Tick = None) -> Iterator[str]:
         generation = self._started()
         raw = generation.deltas(tick=tick)
         if self.model.family:

@@ -485,6 +485,11 @@ def _model_state(lm: keras_hub.models.CausalLM) -> tuple[list[Any], list[Any]]:
     )
 
 
+# How often a reader of deltas wants an empty one when no text comes: seconds, a function giving
+# the seconds until its next tick, or None (never).
+Tick = float | Callable[[], float] | None
+
+
 class DeltaQueue:
     """A reply's text deltas, handed from the thread that produces them to the one that reads
     them (the engine's ``Request``, a streamed endpoint reply): the reader iterates ``deltas``,
@@ -506,13 +511,14 @@ class DeltaQueue:
     def __iter__(self) -> Iterator[str]:
         return self.deltas(tick=None)
 
-    def deltas(self, tick: float | None) -> Iterator[str]:
+    def deltas(self, tick: Tick) -> Iterator[str]:
         """The text deltas, and (with a ``tick``) an empty string whenever ``tick`` seconds pass
         without one: a reader that shows text on a clock (the arena's pacing) gets to run
-        between the model's bursts."""
+        between the model's bursts. ``tick`` may be a function, asked before each wait: the
+        seconds until the reader's next tick."""
         while not self._drained:
             try:
-                item = self._deltas.get(timeout=tick)
+                item = self._deltas.get(timeout=tick() if callable(tick) else tick)
             except queue.Empty:
                 yield ""
                 continue

@@ -279,9 +279,9 @@ async def test_a_client_with_every_public_page_cannot_name_the_models_better_tha
 # each four (at random) to the reveal (labelled timing of anonymous battles, and their texts with
 # the names, as their share pages show them), reads every public page and API response, and
 # names the models of the other, fresh anonymous battles from what it can time: when each side's
-# first text comes (and how much later than the other side's), the pace, the longest pause, the
-# wait between its last text and its end, and whether a prompt past the length limit is refused
-# (the context probe).
+# first text comes (and how much later than the other side's), the pace, the longest pause (and
+# how much longer than the other side's), the wait between its last text and its end, and
+# whether a prompt past the length limit is refused (the context probe).
 # The timing probe is a Gaussian classifier with a pooled variance (what each model's sides look
 # like in the labelled battles); its score is the mean probability it gives the truth, so a probe
 # without information scores chance with little noise. The labelled battles are interleaved with
@@ -322,7 +322,7 @@ class TimedBattle:
     def features(self, side: str) -> list[float]:
         """What the voter can time of a side, apart from its text (whose length alone sets when it
         ends at a given pace): first text, how much later than the other side's, pace, longest
-        pause, the wait after the last text."""
+        pause, how much longer than the other side's, the wait after the last text."""
         timed = self.sides[side]
         other = self.sides["b" if side == "a" else "a"]
         pace = len(timed.text) / max(timed.last_s - timed.first_s, 0.05)
@@ -331,6 +331,7 @@ class TimedBattle:
             timed.first_s - other.first_s,
             pace,
             timed.longest_pause_s,
+            timed.longest_pause_s - other.longest_pause_s,
             timed.end_s - timed.last_s,
             float(self.refused),
         ]

@@ -290,41 +290,75 @@ def test_a_fast_pair_s_first_text_comes_as_late_as_a_slow_pair_s(streaming_reply
     assert first == pytest.approx(0.2 + 0.2, abs=0.06)
 
 
-def first_frame_time(batcher: DeltaBatcher, time: FakeTime, recorder: Recorder, partner: Partner | None) -> float:
-    """When the first frame goes out: text at 0.1 s, the partner's too, the batcher flushed at
-    the caller's ticks (every 0.05 s, at 0.13 s, 0.18 s, ...) as a slow model's side is."""
-    time.now = 0.1
-    batcher.add("x" * 30)
-    if partner is not None:
-        partner.start_now()
-    tick = 0.13
-    while not recorder.frames:
-        time.now = tick
-        batcher.flush()
-        tick += 0.05
-    return time.now
+class TimedRecorder(Recorder):
+    """Each frame with the (fake) time it went out."""
+
+    def __init__(self, time: FakeTime) -> None:
+        super().__init__()
+        self.time = time
+        self.sent: list[tuple[float, int]] = []
+
+    def publish(self, group: str, frames: list[dict[str, Any]]) -> None:
+        super().publish(group, frames)
+        self.sent += [(round(self.time.now, 9), len(frame["text"])) for frame in frames]
+
+
+def stream(
+    batcher: DeltaBatcher, time: FakeTime, tokens: list[tuple[float, str]], partner: Partner | None = None
+) -> None:
+    """Feed ``batcher`` as the reply's worker does: each token at its time, and a flush whenever
+    the batcher's next tick comes first (``DeltaQueue.deltas`` with ``tick=batcher.next_tick_s``);
+    then drain. ``partner`` (if any) has its first text with this side's."""
+    for at, text in tokens:
+        while (wake := time.now + batcher.next_tick_s()) < at:
+            time.now = wake
+            batcher.flush()
+        time.now = at
+        batcher.add(text)
+        if partner is not None and partner.started_at is None:
+            partner.start_now()
+    batcher.drain()
 
 
 @pytest.mark.django_db
-def test_the_first_text_comes_out_when_it_is_due_not_at_the_next_tick(streaming_reply: Message) -> None:
-    """A side whose model writes slowly is flushed by the caller's tick, not by its tokens: its
-    first text still goes out when the pace allows, not up to a tick later than a fast side's."""
-    pace = Pace(chars_per_s=100, first_after_s=0.2)
-    time, recorder = FakeTime(), Recorder()
-    batcher = DeltaBatcher(
-        message_id=streaming_reply.pk, group="g", side="a", turn=0, publisher=recorder, pace=pace, lead_s=1.0,
-        clock=time.clock, sleep=time.sleep,
-    )  # fmt: skip
-    assert first_frame_time(batcher, time, recorder, None) == pytest.approx(1.0 + 0.2, abs=1e-9)
+def test_a_slow_and_a_fast_model_show_their_text_at_the_same_ticks(streaming_reply: Message) -> None:
+    """Side a's model writes 200 characters in 0.5 s, side b's in 3.5 s (57 a second, ahead of
+    the pace of 40): the voter sees the same frames at the same moments on both sides, from the
+    first text, due at the lead plus the pace's delay, to the last; nothing tells which model
+    flushes on its tokens and which on the ticks."""
+    battle = streaming_reply.battle
+    Message.objects.create(battle=battle, side="b", turn=0, role=Message.Role.USER, content="Hi")
+    other = Message.objects.create(
+        battle=battle, side="b", turn=0, role=Message.Role.ASSISTANT, status=Message.Status.STREAMING
+    )
+    fast = [(0.1 + 0.005 * i, "xy") for i in range(100)]
+    slow = [(0.93 + 0.07 * i, "wxyz") for i in range(50)]
+    sent = []
+    for reply, side, tokens in ((streaming_reply, "a", fast), (other, "b", slow)):
+        time = FakeTime()
+        recorder = TimedRecorder(time)
+        batcher = DeltaBatcher(
+            message_id=reply.pk, group="g", side=side, turn=0, publisher=recorder,
+            pace=Pace(chars_per_s=40, first_after_s=0.2), lead_s=1.0, clock=time.clock, sleep=time.sleep,
+        )  # fmt: skip
+        stream(batcher, time, tokens)
+        assert "".join(frame["text"] for frame in recorder.frames) == "".join(text for _, text in tokens)
+        sent.append(recorder.sent)
+    assert sent[0] == sent[1]
+    assert sent[0][0] == (1.2, 1)  # The first character at the lead plus the pace's delay.
+    assert sent[0][-1][0] == pytest.approx(1.2 + 199 / 40, abs=0.05)
 
 
 @pytest.mark.django_db
 def test_the_lead_counts_from_the_later_of_the_two_workers_starts(streaming_reply: Message) -> None:
     """Both sides' first text comes at the same moment when their workers started apart: the
     lead counts from the later start, for both (this side started at 0, its partner at 0.3 s)."""
-    batcher, time, recorder, partner = paired_batcher(streaming_reply, Pace(chars_per_s=100, first_after_s=0.2), 1.0)
+    batcher, time, _, partner = paired_batcher(streaming_reply, Pace(chars_per_s=100, first_after_s=0.2), 1.0)
+    recorder = TimedRecorder(time)
+    batcher.publisher = recorder
     partner.claimed_at = 0.3
-    assert first_frame_time(batcher, time, recorder, partner) == pytest.approx(0.3 + 1.0 + 0.2, abs=1e-9)
+    stream(batcher, time, [(0.1, "x" * 30)], partner)
+    assert recorder.sent[0] == (0.3 + 1.0 + 0.2, 1)
 
 
 @pytest.mark.django_db

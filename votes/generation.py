@@ -36,6 +36,11 @@ TIMED_OUT = "This reply took too long and was stopped."
 FAILURE_CAUSES = {TOO_LONG: metrics.TOO_LONG, NOT_GENERATED: metrics.GENERATION_ERROR, TIMED_OUT: metrics.TIMED_OUT}
 
 
+# A call this close to a tick (a fraction of an interval; a clock's rounding, a timer's lateness)
+# counts as at it.
+_TICK_SLACK = 0.02
+
+
 class DeltaBatcher:
     """Collects text deltas and flushes them as one numbered frame per interval, at the pace.
 
@@ -57,13 +62,12 @@ class DeltaBatcher:
     out at the same instant, so beside a partner the lead counts from the later of the two
     workers' starts (``HoldState.later_claim_s_ago``, the same instant for both sides), not from
     each side's own (a model whose worker starts later, by its queue or its host, would show its
-    text later), and the first text goes out when the pace allows it, to the millisecond
-    (``flush`` waits for it when it is due within two intervals), not at the side's next token or
-    tick (a slow model's side is flushed by the tick, a fast one's by its tokens). Timed per side,
-    Gemma 3's side showed its first text about 20 ms after the other side's in four battles of
-    five (docs/security.md).
-    The caller flushes on a clock too (``Request.deltas``), so that a side between two of its
-    model's bursts shows its text on time.
+    text later). With a pace, text goes out only at ticks of one interval counted from the first
+    text's due time, the same ticks on both sides, whatever its model's cadence: the caller wakes
+    for each tick (``next_tick_s``, its ``deltas`` tick) as well as for each delta, and a tick
+    shows what the pace allows at that tick. Flushed at its model's next token or at a tick of
+    its own, Gemma 3's side showed its first text about 20 ms after the other side's in four
+    battles of five, and its longest pause was longer in seven of ten (docs/security.md).
     """
 
     def __init__(
@@ -104,6 +108,7 @@ class DeltaBatcher:
         self.shown = 0  # Characters published (and persisted).
         self.seq = 0
         self.last_flush = 0.0
+        self.last_tick = -1  # The pace's last tick flushed (``_tick``).
         self.stop_requested = False
         # The reply's cap in seconds, from when its text starts to show: past it, it stops where
         # the voter is, as a Stop would, but ends as done and cut (``capped``).
@@ -118,9 +123,40 @@ class DeltaBatcher:
             self.first_text_at, self.first_text_chars = now, len(self.text)
             if self.hold is not None:
                 votes_services.mark_first_token(self.message_id)
-        # The first text goes out as soon as the pace allows; later text in batches.
-        if self.seq == 0 or now - self.last_flush >= self.interval:
+        # With a pace, flush decides by its ticks; without, the first text goes out at once and
+        # later text in batches.
+        if self.pace.chars_per_s > 0 or self.seq == 0 or now - self.last_flush >= self.interval:
             self.flush(now)
+
+    def _start(self) -> float:
+        """When the first text is due (the origin being known)."""
+        assert self.origin is not None
+        return self.origin + self.pace.first_after_s
+
+    def next_tick_s(self) -> float:
+        """Seconds until the caller should flush again if no text comes meanwhile: the pace's next
+        tick, or the first text's due time, at most one interval away (the partner's first text
+        and the voter's Stop are looked for at flushes)."""
+        if self.origin is None:
+            return self.interval
+        now = self.clock()
+        start = self._start()
+        if self.pace.chars_per_s > 0:
+            tick = max(self.last_tick + 1, math.ceil((now - start) / self.interval - _TICK_SLACK))
+            return min(self.interval, max(0.0, start + tick * self.interval - now))
+        return min(self.interval, start - now) if self.seq == 0 and start > now else self.interval
+
+    def _tick(self, now: float) -> float | None:
+        """With a pace, the time of the latest tick at or before ``now`` not flushed yet (None:
+        none, the caller comes back at the next); without one, ``now``."""
+        if self.pace.chars_per_s <= 0:
+            return now
+        start = self._start()
+        tick = math.floor((now - start) / self.interval + _TICK_SLACK)
+        if tick < 0 or tick <= self.last_tick:
+            return None
+        self.last_tick = tick
+        return start + tick * self.interval
 
     def _find_origin(self, now: float) -> None:
         """Beside a partner: start the pace once both sides have text (or the partner ended
@@ -151,14 +187,13 @@ class DeltaBatcher:
         self._find_origin(now)
         if self.origin is None:
             return
-        wait = self.pace.wait_s(now - self.origin, 0) if self.seq == 0 and self.text else 0.0
-        if 0 < wait <= 2 * self.interval:  # The first text, exactly when it is due.
-            self.sleep(wait)
-            now = self.clock()
         if self.max_seconds is not None and now - self.origin >= self.max_seconds:
             self.capped = self.stop_requested = True
             return
-        visible = self.pace.visible(now - self.origin, len(self.text))
+        at = self._tick(now)
+        if at is None:
+            return
+        visible = self.pace.visible(at - self.origin, len(self.text))
         if visible <= self.shown:
             return
         frame = delta_frame(self.side, self.turn, self.seq, self.text[self.shown : visible])
@@ -179,10 +214,16 @@ class DeltaBatcher:
                 self.sleep(self.interval)
                 self.flush()
                 continue
-            wait = self.pace.wait_s(self.clock() - self.origin, self.shown)
+            now = self.clock()
+            wait = self.pace.wait_s(now - self.origin, self.shown)
+            if self.pace.chars_per_s > 0:  # Until the first tick at which more text shows.
+                start = self._start()
+                tick = max(self.last_tick + 1, math.ceil((now + wait - start) / self.interval - _TICK_SLACK))
+                wait = start + tick * self.interval - now
+            elif wait > 0 and self.seq > 0:  # Without a pace: the first text when due, then in batches.
+                wait = max(wait, self.interval)
             if wait > 0:
-                # Before the first text, exactly until it is due; then in batches of an interval.
-                self.sleep(wait if self.seq == 0 else max(wait, self.interval))
+                self.sleep(wait)
             self.flush()
 
     def model_chars_per_s(self, finished_at: float) -> float | None:
@@ -348,7 +389,7 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
         watchdog = threading.Timer(settings.ARENA_GENERATION_TIMEOUT_SECONDS, time_out)
         watchdog.daemon = True
         watchdog.start()
-        for delta in reply.deltas(tick=batcher.interval):
+        for delta in reply.deltas(tick=batcher.next_tick_s):
             if delta:
                 batcher.add(delta)
             else:  # No text for an interval: show what the pace allows by now.

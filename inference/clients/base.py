@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from inference.chat_templates import ChatTurn
-from inference.streaming import GenerationStats
+from inference.streaming import GenerationStats, Tick
 
 StopReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -33,7 +33,8 @@ class Generation(Protocol):
     """One reply on its way: iterate ``deltas`` for its text, then read its outcome.
 
     ``deltas(tick)`` yields non-empty text deltas as they come and, with a ``tick``, an empty
-    string whenever ``tick`` seconds pass without one; it ends when the reply does and raises if
+    string whenever ``tick`` seconds pass without one (``tick`` may be a function giving the
+    seconds to the next, asked before each wait); it ends when the reply does and raises if
     the reply failed. Afterwards ``stop_reason`` is "stop", "length", "cancelled" or "error" and
     ``stats`` holds the token count and timings. ``cancel()`` may be called from any thread;
     iterating after it waits until the host has let the reply go.
@@ -43,7 +44,7 @@ class Generation(Protocol):
     stop_reason: StopReason | None
     stats: GenerationStats
 
-    def deltas(self, tick: float | None) -> Iterator[str]: ...
+    def deltas(self, tick: Tick) -> Iterator[str]: ...
 
     def __iter__(self) -> Iterator[str]: ...
 
