@@ -142,9 +142,14 @@ class DeltaBatcher:
         now = self.clock()
         start = self._start()
         if self.pace.chars_per_s > 0:
-            tick = max(self.last_tick + 1, math.ceil((now - start) / self.interval - _TICK_SLACK))
-            return min(self.interval, max(0.0, start + tick * self.interval - now))
+            return min(self.interval, max(0.0, self._next_tick_at(now) - now))
         return min(self.interval, start - now) if self.seq == 0 and start > now else self.interval
+
+    def _next_tick_at(self, moment: float) -> float:
+        """With a pace, the time of its first tick at or after ``moment`` not flushed yet."""
+        start = self._start()
+        tick = max(self.last_tick + 1, math.ceil((moment - start) / self.interval - _TICK_SLACK))
+        return start + tick * self.interval
 
     def _tick(self, now: float) -> float | None:
         """With a pace, the time of the latest tick at or before ``now`` not flushed yet (None:
@@ -217,9 +222,7 @@ class DeltaBatcher:
             now = self.clock()
             wait = self.pace.wait_s(now - self.origin, self.shown)
             if self.pace.chars_per_s > 0:  # Until the first tick at which more text shows.
-                start = self._start()
-                tick = max(self.last_tick + 1, math.ceil((now + wait - start) / self.interval - _TICK_SLACK))
-                wait = start + tick * self.interval - now
+                wait = self._next_tick_at(now + wait) - now
             elif wait > 0 and self.seq > 0:  # Without a pace: the first text when due, then in batches.
                 wait = max(wait, self.interval)
             if wait > 0:
