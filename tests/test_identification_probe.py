@@ -22,6 +22,7 @@ battles of 12 new tokens, four at a time, about 6 minutes on a 2-core machine.
 """
 
 import asyncio
+import dataclasses
 import html
 import itertools
 import json
@@ -281,25 +282,28 @@ async def test_a_client_with_every_public_page_cannot_name_the_models_better_tha
 # names the models of the other, fresh anonymous battles from what it can time: when each side's
 # first text comes, the pace, the longest pause, the wait between its last text and its end, and
 # whether a prompt past the length limit is refused (the context probe).
-# The timing probe is a Gaussian classifier with a pooled variance (what each model's sides look
-# like in the labelled battles); its score is the mean probability it gives the truth, so a probe
-# without information scores chance with little noise. The labelled battles are interleaved with
-# the fresh ones, as a voter who reveals some battles all along has them: the arena's pace and
-# first-text lead settle as it runs, and a probe trained on the first battles only extrapolates
-# to the later ones. Its posteriors are then near 0 or 1 by a bias the same for both sides, not
-# by anything that tells the sides apart, and its score is the share of one pair among the fresh
-# battles: chance on average, past chance plus 10 points one time in 13 over 50 battles. Run on
-# named battles (paced by their pair, as every battle was before the arena-wide pace), the same
-# probe names the pair.
+# Two timing probes, Gaussian classifiers with a pooled variance: one of each side (what each
+# model's sides look like in the labelled battles), one of each battle (what each pair's battles
+# look like). A score is the mean probability a probe gives the truth, so a probe without
+# information scores chance with little noise. The arena's pace and first-text lead drift as it
+# measures its models (the first battles run at the unmeasured pace, eight times the later one),
+# the same for every battle played at once; a voter sees that drift and times each battle against
+# the others played beside it (features less their mean over the battles played together). Left
+# in, the drift is a confound: a probe learns each model's look from the few moments its revealed
+# battles were played, and names the fresh battles played at the same moments after them, by
+# when they were played, not by anything that tells the models apart. The labelled battles are
+# interleaved with the fresh ones, as a voter who reveals some battles all along has them (a probe
+# trained on the first battles only extrapolates to the later ones). Run on named battles, paced
+# by their pair (as every battle was before the arena-wide pace), the battle probe names the pair.
 # Style is measured too (character trigrams of every text the voter holds): it names the models
 # of a battle from their writing, which no arena that reveals names after the vote can hide.
 
 ROSTER_ANONYMOUS = 60  # Anonymous battles: one of each ROSTER_AT_ONCE revealed, the rest fresh.
 ROSTER_DIRECT = 1  # Direct chats with each model.
-# Named battles of random pairs, paced by their pair: the control. With both sides on the same
-# ticks only the pace tells a pair there, and a pair with Gemma 3 from the other pair with it
-# not at all (about 2/3 at best); with 12 battles, leave-one-out, it scored 0.50 to 0.58.
-ROSTER_NAMED = 20
+# Named battles, paced by their pair: the control, each pair as often (in random order and sides).
+# With both sides on the same ticks only the pace tells a pair there: the SmolLM2 pair's from the
+# pairs with Gemma 3 (the slowest sets their pace), those two not at all, so 2/3 at best.
+ROSTER_NAMED = 18
 # Battles in flight together: the eight replies two networks may have in flight (the default
 # ARENA_REPLIES_PER_NETWORK of 4 each), as a voter with two addresses has.
 ROSTER_AT_ONCE = 4
@@ -320,18 +324,30 @@ class TimedBattle:
     battle_id: str
     refused: bool  # The context probe: a prompt past the length limit was refused.
     sides: dict[str, TimedSide]
+    # The mean of the timings over every side of the battles played at the same time as this one.
+    beside: tuple[float, ...] = ()
+
+    def timings(self, side: str) -> list[float]:
+        """What the voter can time of a side, apart from its text: first text, pace, longest
+        pause, the wait after the last text. The pace is characters after the first over the time
+        from the first text to the last (a pace shows the first character at its start and one
+        more each 1/pace s), so that it does not follow the text's length, which the text shows."""
+        timed = self.sides[side]
+        shown_s = timed.last_s - timed.first_s
+        pace = (len(timed.text) - 1) / shown_s if shown_s > 0 else 0.0
+        return [timed.first_s, pace, timed.longest_pause_s, timed.end_s - timed.last_s]
 
     def features(self, side: str) -> list[float]:
-        """What the voter can time of a side, apart from its text (whose length alone sets when it
-        ends at a given pace): first text, pace, longest pause, the wait after the last text.
-        (How much later its first text, or longer its longest pause, than the other side's are
-        left to tests/test_stream_pacing.py, which checks that both sides get the same frames at
-        the same moments. With them, this probe gave Gemma 3's side 0.45 and 0.50 on the same
-        code, and once 0.69, not explained yet: fitted to near-zero variances, the classifier can
-        turn millisecond jitter into near-certain answers.)"""
-        timed = self.sides[side]
-        pace = len(timed.text) / max(timed.last_s - timed.first_s, 0.05)
-        return [timed.first_s, pace, timed.longest_pause_s, timed.end_s - timed.last_s, float(self.refused)]
+        """The side's timings against the battles played beside it, and the context probe's
+        answer. (How much later its first text, or longer its longest pause, than the other
+        side's are left to tests/test_stream_pacing.py, which checks that both sides get the same
+        frames at the same moments.)"""
+        timings = np.array(self.timings(side)) - np.array(self.beside)
+        return [*timings.tolist(), float(self.refused)]
+
+    def battle_features(self) -> list[float]:
+        """Of the battle, whichever side is which: the mean of its sides' features."""
+        return np.mean([self.features(side) for side in self.sides], axis=0).tolist()
 
 
 async def play_timed(
@@ -385,12 +401,15 @@ async def play_timed(
 async def play_many(
     connect_battle: Callable[..., Awaitable[Any]], starts: list[dict[str, Any]], reveal: list[bool] | None = None
 ) -> list[TimedBattle]:
-    """The battles, ROSTER_AT_ONCE at a time; those ``reveal`` marks are played to the reveal."""
+    """The battles, ROSTER_AT_ONCE at a time; those ``reveal`` marks are played to the reveal.
+    Each knows the mean timings of the battles played with it."""
     reveal = reveal or [False] * len(starts)
     played: list[TimedBattle] = []
     for at in range(0, len(starts), ROSTER_AT_ONCE):
         batch = zip(starts[at : at + ROSTER_AT_ONCE], reveal[at : at + ROSTER_AT_ONCE], strict=True)
-        played += await asyncio.gather(*(play_timed(connect_battle, start, shown) for start, shown in batch))
+        together = await asyncio.gather(*(play_timed(connect_battle, start, shown) for start, shown in batch))
+        beside = tuple(np.mean([battle.timings(side) for battle in together for side in battle.sides], axis=0))
+        played += [dataclasses.replace(battle, beside=beside) for battle in together]
     return played
 
 
@@ -424,6 +443,31 @@ class TimingProbe:
         weights = {pair: float(np.exp(value - top)) for pair, value in scores.items()}
         total = sum(weights.values())
         return {pair: weight / total for pair, weight in weights.items()}
+
+
+class BattleProbe:
+    """Per pair (either way round), the mean of its battles' features (``battle_features``), with
+    one variance per feature pooled over the pairs (the same floor as ``TimingProbe``)."""
+
+    def __init__(self, labelled: list[tuple[list[float], frozenset[str]]]) -> None:
+        self.pairs = sorted({pair for _, pair in labelled}, key=sorted)
+        rows = np.array([features for features, _ in labelled])
+        masks = {pair: np.array([label == pair for _, label in labelled]) for pair in self.pairs}
+        self.means = {pair: rows[masks[pair]].mean(axis=0) for pair in self.pairs}
+        residuals = np.concatenate([rows[masks[pair]] - self.means[pair] for pair in self.pairs])
+        self.variances = residuals.var(axis=0) + 1e-6 + 1e-4 * rows.var(axis=0)
+
+    def score(self, battle: TimedBattle, truth: dict[str, str]) -> float:
+        """The probability it gives the battle's true pair, every pair drawn alike."""
+        features = np.array(battle.battle_features())
+        scores = {pair: -0.5 * np.sum((features - self.means[pair]) ** 2 / self.variances) for pair in self.pairs}
+        top = max(scores.values())
+        weights = {pair: float(np.exp(value - top)) for pair, value in scores.items()}
+        return weights[frozenset(truth.values())] / sum(weights.values())
+
+
+def labelled(battle: TimedBattle, truths: dict[str, dict[str, str]]) -> tuple[list[float], frozenset[str]]:
+    return battle.battle_features(), frozenset(truths[battle.battle_id].values())
 
 
 def pair_score(probe: TimingProbe, battle: TimedBattle, truth: dict[str, str]) -> float:
@@ -476,8 +520,8 @@ async def test_timing_and_context_probes_name_no_pair_and_no_side_on_the_real_ro
     connect_battle, celery_worker, settings, run_id, smollm2_preset, fixer_preset, gemma3_preset
 ) -> None:
     """Timing and context probes name neither the pair of a fresh anonymous battle nor the
-    target's side better than chance plus 10 points; the same timing probe names the pair of
-    battles paced by their pair; style names the models (the residual no pacing can hide)."""
+    target's side better than chance plus 10 points; the battle probe names the pair of battles
+    paced by their pair; style names the models (the residual no pacing can hide)."""
     roster = await database_sync_to_async(real_roster)(smollm2_preset, fixer_preset, gemma3_preset, run_id, settings)
     names = [llm.name for llm in roster]
     assert TARGET in names
@@ -492,9 +536,9 @@ async def test_timing_and_context_probes_name_no_pair_and_no_side_on_the_real_ro
     anonymous = await play_many(connect_battle, [{}] * ROSTER_ANONYMOUS, reveal=reveal)
     revealed = [battle for battle, shown in zip(anonymous, reveal, strict=True) if shown]
     fresh = [battle for battle, shown in zip(anonymous, reveal, strict=True) if not shown]
-    named = await play_many(
-        connect_battle, [{"mode": "named", "models": rng.sample(names, 2)} for _ in range(ROSTER_NAMED)]
-    )
+    named_pairs = [rng.sample(pair, 2) for pair in itertools.combinations(names, 2)] * (ROSTER_NAMED // 3)
+    rng.shuffle(named_pairs)
+    named = await play_many(connect_battle, [{"mode": "named", "models": pair} for pair in named_pairs])
     truths = {
         battle.battle_id: await database_sync_to_async(models_of)(battle)
         for battle in [*direct, *revealed, *fresh, *named]
@@ -510,23 +554,17 @@ async def test_timing_and_context_probes_name_no_pair_and_no_side_on_the_real_ro
     pairs = mean(pair_score(probe, battle, truths[battle.battle_id]) for battle in fresh)
     with_target = [battle for battle in fresh if TARGET in truths[battle.battle_id].values()]
     sides = mean(side_score(probe, battle, truths[battle.battle_id], TARGET) for battle in with_target)
+    battle_probe = BattleProbe([labelled(battle, truths) for battle in revealed])
+    battles = mean(battle_probe.score(battle, truths[battle.battle_id]) for battle in fresh)
     assert len(with_target) >= len(fresh) // 2
     assert pairs <= 1 / 3 + 0.10, pairs
+    assert battles <= 1 / 3 + 0.10, battles
     assert sides <= 1 / 2 + 0.10, sides
 
-    # The control: battles paced by their pair, each scored by the probe trained on the others.
+    # The control: battles paced by their pair, each scored by the battle probe trained on the others.
     control = mean(
-        pair_score(
-            TimingProbe(
-                [
-                    (other.features(side), truths[other.battle_id][side])
-                    for other in named
-                    if other is not battle
-                    for side in ("a", "b")
-                ]
-            ),
-            battle,
-            truths[battle.battle_id],
+        BattleProbe([labelled(other, truths) for other in named if other is not battle]).score(
+            battle, truths[battle.battle_id]
         )
         for battle in named
     )
@@ -545,7 +583,8 @@ async def test_timing_and_context_probes_name_no_pair_and_no_side_on_the_real_ro
     # docs/security.md states, which the board's favour test (leaderboard/anomaly.py) answers.
     assert binomtest(sum(styled), len(styled), 1 / 6, alternative="greater").pvalue < 0.01, sum(styled)
     print(  # The figures docs/security.md quotes (pytest -s).
-        f"real roster: timing gives the true pair {pairs:.3f} (chance 0.333) and the target's side {sides:.3f}"
-        f" (chance 0.5, {len(with_target)} battles); paced by the pair, {control:.3f}; style names both sides of"
+        f"real roster: timing gives the true pair {pairs:.3f} by sides and {battles:.3f} by battles (chance"
+        f" 0.333), the target's side {sides:.3f} (chance 0.5, {len(with_target)} battles); paced by the pair,"
+        f" {control:.3f}; style names both sides of"
         f" {sum(styled)} of {len(styled)} (chance 1 in 6)"
     )
