@@ -30,8 +30,8 @@ from inference.models import LLM
 from inference.readiness import State
 from tests.conftest import PRESETS_DIR
 from tests.model_servers import serve_in_thread
-from votes import bench_first_text, services
-from votes.models import Battle
+from votes import bench_first_text, selectors, services
+from votes.models import Battle, Message
 from votes.testing.stack import Stack, _port_open, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -290,3 +290,43 @@ def test_a_fresh_embedded_arena_warms_its_roster_before_the_first_voter(tmp_path
         assert "over_slower_model" in timed.summary()
     finally:
         stack.stop()
+
+
+def test_the_wall_time_is_set_against_what_the_slowest_drawable_model_needs() -> None:
+    """bench_first_text's second ratio: the slowest model anonymous battles may draw (a greedy one
+    is not drawn, so not counted), at its median time to first token and speed on its recent
+    replies, writing the battle's longer reply."""
+    fields = {"family": "llama3", "preset": "unused", "context_tokens": 1 << 20, "top_p": 0.95, "top_k": 0}
+    fast, slow, greedy = (
+        LLM.objects.create(name=name, queue=name, temperature=temperature, **fields)
+        for name, temperature in (("fast", 0.7), ("slow", 0.7), ("greedy", 0.0))
+    )
+    measured = {fast: [(100, 200), (120, 300), (80, 100)], slow: [(4, 1000), (5, 2000), (6, 3000)], greedy: [(1, 9000)]}
+    for model, replies in measured.items():
+        for chars_per_s, first_ms in replies:
+            battle = Battle.objects.create(model_a=model, model_b=slow if model == fast else fast, voter_key="v")
+            Message.objects.create(
+                battle=battle,
+                side="a",
+                turn=0,
+                role="assistant",
+                status="done",
+                content="x",
+                model_chars_per_s=chars_per_s,
+                time_to_first_token_ms=first_ms,
+            )
+    battle = Battle.objects.create(model_a=fast, model_b=slow, voter_key="v")
+    for side, length in (("a", 30), ("b", 50)):
+        Message.objects.create(battle=battle, side=side, turn=0, role="user", content="Add a meeting with Fred")
+        Message.objects.create(battle=battle, side=side, turn=0, role="assistant", status="done", content="y" * length)
+
+    # The slow model: 2 s to its first token, then 50 characters at 5 a second.
+    assert selectors.slowest_model_seconds(battle.public_id) == pytest.approx(12.0)
+    assert selectors.slowest_model_seconds("no-such-battle") is None
+    report = bench_first_text.Report(
+        "http://arena", [bench_first_text.Battle(1.0, 1.5, 18.0, battle_id=battle.public_id)]
+    ).with_model_times(lambda battle_id: 9.0, selectors.slowest_model_seconds)
+    (timed,) = report.battles
+    assert (timed.over_slower_model, timed.over_slowest_model) == (pytest.approx(2.0), pytest.approx(1.5))
+    assert report.summary()["over_slowest_model"]["median"] == pytest.approx(1.5)
+    assert report.as_dict()["battles"][0]["over_slowest_model"] == pytest.approx(1.5)

@@ -10,6 +10,9 @@ an otherwise idle arena. It waits first until every model anonymous battles draw
 Each battle's slower model's own time for its reply (``Message.generation_ms``) is read from the
 arena's database where the benchmark shares it (the embedded arena's, on the same machine): the
 ratio of the battle's wall time to it is what the arena's pacing adds to the models' own work.
+So is what the slowest model anonymous battles may draw would need for the battle's longer reply
+(its median time to first token and speed on its recent replies): an anonymous battle is paced
+for that model whichever pair it drew, and the ratio to it is what the pacing adds beyond that.
 
 Used by ``manage.py bench_first_text`` (docs/operations.md states its figures).
 """
@@ -52,6 +55,10 @@ FAILED = "() => document.querySelectorAll('.log .msg.assistant.is-failed').lengt
 TIMES = "() => ({sent: window.benchSentAt, ...window.benchFirstText, now: performance.now()})"
 
 
+# What the report summarises: seconds, then ratios of the wall time.
+FIELDS = ("first_side_s", "both_sides_s", "finished_s", "over_slower_model", "over_slowest_model")
+
+
 @dataclass(frozen=True)
 class Battle:
     first_side_s: float  # From Send to the first text on either side.
@@ -61,11 +68,18 @@ class Battle:
     # The slower side's model's own time for its reply (from its request to its last token,
     # before pacing), read from the arena's database where this process shares it; else None.
     slower_model_s: float | None = None
+    # What the slowest model anonymous battles may draw needs for the longer reply (typically).
+    slowest_model_s: float | None = None
 
     @property
     def over_slower_model(self) -> float | None:
         """Both finished, over the slower model's own time: what the arena adds to the models'."""
         return None if not self.slower_model_s else self.finished_s / self.slower_model_s
+
+    @property
+    def over_slowest_model(self) -> float | None:
+        """Both finished, over what the slowest drawable model needs for the longer reply."""
+        return None if not self.slowest_model_s else self.finished_s / self.slowest_model_s
 
 
 @dataclass(frozen=True)
@@ -75,7 +89,7 @@ class Report:
 
     def summary(self) -> dict[str, dict[str, float]]:
         result = {}
-        for field in ("first_side_s", "both_sides_s", "finished_s", "over_slower_model"):
+        for field in FIELDS:
             values = sorted(value for battle in self.battles if (value := getattr(battle, field)) is not None)
             if not values:
                 continue
@@ -87,12 +101,26 @@ class Report:
         return result
 
     def as_dict(self) -> dict[str, Any]:
-        battles = [{**asdict(b), "over_slower_model": b.over_slower_model} for b in self.battles]
+        battles = [
+            {**asdict(b), "over_slower_model": b.over_slower_model, "over_slowest_model": b.over_slowest_model}
+            for b in self.battles
+        ]
         return {"url": self.url, "battles": battles, "summary": self.summary()}
 
-    def with_model_times(self, slower_model_s: Callable[[str], float | None]) -> Report:
-        """The report with each battle's slower model's own time (``slower_model_s`` of its id)."""
-        return Report(self.url, [replace(b, slower_model_s=slower_model_s(b.battle_id)) for b in self.battles])
+    def with_model_times(
+        self,
+        slower_model_s: Callable[[str], float | None],
+        slowest_model_s: Callable[[str], float | None] = lambda battle_id: None,
+    ) -> Report:
+        """The report with each battle's slower model's own time and what the slowest drawable
+        model needs for its longer reply (``slower_model_s`` and ``slowest_model_s`` of its id)."""
+        return Report(
+            self.url,
+            [
+                replace(b, slower_model_s=slower_model_s(b.battle_id), slowest_model_s=slowest_model_s(b.battle_id))
+                for b in self.battles
+            ],
+        )
 
 
 class NotReady(RuntimeError):

@@ -2,6 +2,7 @@
 
 import functools
 import itertools
+import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -330,6 +331,27 @@ def slower_generation_seconds(public_id: str) -> float | None:
         battle__public_id=public_id, role=Message.Role.ASSISTANT, generation_ms__isnull=False
     ).values_list("generation_ms", flat=True)
     return max(times) / 1000 if times else None
+
+
+def slowest_model_seconds(public_id: str, sample: int = 20) -> float | None:
+    """What the slowest model anonymous battles may draw needs for the battle's longer reply: its
+    median time to first token plus the reply's characters at its median speed, over its last
+    ``sample`` replies (the slowest: the one needing longest). Every model anonymous battles may
+    draw, ready or not: readiness lives in the serving process's cache, which a benchmark's
+    process may not share. None for an unknown battle, one without a reply, or where no model has
+    been measured yet."""
+    lengths = Message.objects.filter(battle__public_id=public_id, role=Message.Role.ASSISTANT).values_list(
+        Length("content"), flat=True
+    )
+    if not lengths:
+        return None
+    longest = max(lengths)
+    needs = []
+    for candidate in LLM.objects.anonymous():
+        speeds, first_ms = recent_model_speeds(candidate, sample), recent_first_token_ms(candidate, sample)
+        if speeds and first_ms:
+            needs.append(statistics.median(first_ms) / 1000 + longest / statistics.median(speeds))
+    return max(needs, default=None)
 
 
 def recent_model_speeds(model: LLM, limit: int) -> list[float]:

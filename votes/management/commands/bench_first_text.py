@@ -54,18 +54,24 @@ class Command(BaseCommand):
             finally:
                 browser.close()
         # After the browser: Playwright's loop is gone, and the database may be read.
-        report = report.with_model_times(selectors.slower_generation_seconds)
+        report = report.with_model_times(selectors.slower_generation_seconds, selectors.slowest_model_seconds)
         for index, battle in enumerate(report.battles, 1):
             self.stdout.write(
                 f"battle {index}: first text {battle.first_side_s:.2f} s, both sides {battle.both_sides_s:.2f} s, "
                 f"both finished {battle.finished_s:.1f} s"
                 + (f", {battle.over_slower_model:.2f}x the slower model's own time" if battle.over_slower_model else "")
+                + (
+                    f", {battle.over_slowest_model:.2f}x what the slowest drawable model needs"
+                    if battle.over_slowest_model
+                    else ""
+                )
             )
         labels = {
             "first_side_s": "first text",
             "both_sides_s": "text on both",
             "finished_s": "both finished",
-            "over_slower_model": "both finished over the slower model's own time (x)",
+            "over_slower_model": "both finished over the slower model's own time",
+            "over_slowest_model": "both finished over what the slowest drawable model needs",
         }
         summary = report.summary()
         for field, label in labels.items():
@@ -73,9 +79,10 @@ class Command(BaseCommand):
                 self.stdout.write(f"{label}: not known (the arena's database is not this process's)")
                 continue
             figures = summary[field]
+            unit = " s" if field.endswith("_s") else "x"
             self.stdout.write(
-                f"{label}: median {figures['median']:.2f} s, p90 {figures['p90']:.2f} s, max {figures['max']:.2f} s "
-                f"({len(report.battles)} battles)"
+                f"{label}: median {figures['median']:.2f}{unit}, p90 {figures['p90']:.2f}{unit}, "
+                f"max {figures['max']:.2f}{unit} ({len(report.battles)} battles)"
             )
         if options["json"]:
             options["json"].write_text(json.dumps(report.as_dict(), indent=2))
