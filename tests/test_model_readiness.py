@@ -330,3 +330,10 @@ def test_the_wall_time_is_set_against_what_the_slowest_drawable_model_needs() ->
     assert (timed.over_slower_model, timed.over_slowest_model) == (pytest.approx(2.0), pytest.approx(1.5))
     assert report.summary()["over_slowest_model"]["median"] == pytest.approx(1.5)
     assert report.as_dict()["battles"][0]["over_slowest_model"] == pytest.approx(1.5)
+
+
+def test_the_benchmark_waits_for_an_arena_that_does_not_answer_yet_and_says_why_it_gave_up() -> None:
+    """``scripts/serve & manage.py bench_first_text``: the arena is not listening yet."""
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(bench_first_text.NotReady, match=r"Not warm after 1 s: .* does not answer"):
+        bench_first_text.wait_until_warm(url, timeout_s=1)

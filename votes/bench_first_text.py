@@ -132,14 +132,20 @@ class BattleFailed(RuntimeError):
 
 
 def wait_until_warm(url: str, timeout_s: float) -> dict[str, Any]:
-    """Until every model anonymous battles draw is ready (the arena's own ``/roster/``)."""
+    """Until every model anonymous battles draw is ready (the arena's own ``/roster/``). An arena
+    that does not answer yet is starting (``scripts/serve &`` just before): waited for too."""
     deadline = time.monotonic() + timeout_s
     while True:
-        roster = httpx.get(url.rstrip("/") + "/roster/", timeout=10).json()
-        if roster["total"] >= 2 and roster["ready"] == roster["total"]:
-            return roster
+        try:
+            roster = httpx.get(url.rstrip("/") + "/roster/", timeout=10).json()
+        except httpx.TransportError as error:
+            state = f"{url} does not answer ({error})"
+        else:
+            if roster["total"] >= 2 and roster["ready"] == roster["total"]:
+                return roster
+            state = f"{roster['ready']} of {roster['total']} models ready"
         if time.monotonic() > deadline:
-            raise NotReady(f"Not warm after {timeout_s:.0f} s: {roster['ready']} of {roster['total']} models ready.")
+            raise NotReady(f"Not warm after {timeout_s:.0f} s: {state}.")
         time.sleep(1)
 
 
