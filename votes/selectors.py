@@ -333,10 +333,11 @@ def slower_generation_seconds(public_id: str) -> float | None:
     return max(times) / 1000 if times else None
 
 
-def slowest_model_seconds(public_id: str, sample: int = 20) -> float | None:
+def slowest_model_seconds(public_id: str) -> float | None:
     """What the slowest model anonymous battles may draw needs for the battle's longer reply: its
     median time to first token plus the reply's characters at its median speed, over its last
-    ``sample`` replies (the slowest: the one needing longest). Every model anonymous battles may
+    ``ARENA_STREAM_PACE_SAMPLE`` replies, those the pace reads (the slowest: the one needing
+    longest). Every model anonymous battles may
     draw, ready or not: readiness lives in the serving process's cache, which a benchmark's
     process may not share. None for an unknown battle, one without a reply, or where no model has
     been measured yet."""
@@ -346,6 +347,7 @@ def slowest_model_seconds(public_id: str, sample: int = 20) -> float | None:
     if not lengths:
         return None
     longest = max(lengths)
+    sample = settings.ARENA_STREAM_PACE_SAMPLE
     needs = []
     for candidate in LLM.objects.anonymous():
         speeds, first_ms = recent_model_speeds(candidate, sample), recent_first_token_ms(candidate, sample)
