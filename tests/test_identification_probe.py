@@ -31,7 +31,7 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 from pathlib import Path
@@ -418,52 +418,50 @@ def models_of(battle: TimedBattle) -> dict[str, str]:
     return {"a": found.model_a.name, "b": found.model_b.name}
 
 
-class TimingProbe:
-    """Per model, the mean of its sides' features in labelled battles, with one variance per
-    feature pooled over the models (a floor keeps a constant feature from dividing by 0)."""
+class GaussianProbe:
+    """Per label, the mean of its rows of features, with one variance per feature pooled over the
+    labels (a floor keeps a constant feature from dividing by 0)."""
 
-    def __init__(self, labelled: list[tuple[list[float], str]]) -> None:
-        self.names = sorted({name for _, name in labelled})
+    def __init__(self, labelled: Sequence[tuple[list[float], Hashable]]) -> None:
+        self.labels = sorted({label for _, label in labelled}, key=str)
         rows = np.array([features for features, _ in labelled])
-        labels = np.array([name for _, name in labelled])
-        self.means = {name: rows[labels == name].mean(axis=0) for name in self.names}
-        residuals = np.concatenate([rows[labels == name] - self.means[name] for name in self.names])
+        masks = {label: np.array([other == label for _, other in labelled]) for label in self.labels}
+        self.means = {label: rows[masks[label]].mean(axis=0) for label in self.labels}
+        residuals = np.concatenate([rows[masks[label]] - self.means[label] for label in self.labels])
         self.variances = residuals.var(axis=0) + 1e-6 + 1e-4 * rows.var(axis=0)
 
-    def log_likelihood(self, features: list[float], name: str) -> float:
-        return float(-0.5 * np.sum((np.array(features) - self.means[name]) ** 2 / self.variances))
+    def log_likelihood(self, features: list[float], label: Hashable) -> float:
+        return float(-0.5 * np.sum((np.array(features) - self.means[label]) ** 2 / self.variances))
+
+
+def posterior(log_likelihoods: dict[Any, float]) -> dict[Any, float]:
+    """The probability of each answer, every answer drawn alike."""
+    top = max(log_likelihoods.values())
+    weights = {answer: float(np.exp(value - top)) for answer, value in log_likelihoods.items()}
+    total = sum(weights.values())
+    return {answer: weight / total for answer, weight in weights.items()}
+
+
+class TimingProbe(GaussianProbe):
+    """Per model, what its sides look like in labelled battles (``features``)."""
 
     def assignments(self, battle: TimedBattle) -> dict[tuple[str, str], float]:
         """The probability of each (model on a, model on b), two different models drawn alike."""
-        scores = {
-            (a, b): self.log_likelihood(battle.features("a"), a) + self.log_likelihood(battle.features("b"), b)
-            for a, b in itertools.permutations(self.names, 2)
-        }
-        top = max(scores.values())
-        weights = {pair: float(np.exp(value - top)) for pair, value in scores.items()}
-        total = sum(weights.values())
-        return {pair: weight / total for pair, weight in weights.items()}
+        return posterior(
+            {
+                (a, b): self.log_likelihood(battle.features("a"), a) + self.log_likelihood(battle.features("b"), b)
+                for a, b in itertools.permutations(self.labels, 2)
+            }
+        )
 
 
-class BattleProbe:
-    """Per pair (either way round), the mean of its battles' features (``battle_features``), with
-    one variance per feature pooled over the pairs (the same floor as ``TimingProbe``)."""
-
-    def __init__(self, labelled: list[tuple[list[float], frozenset[str]]]) -> None:
-        self.pairs = sorted({pair for _, pair in labelled}, key=sorted)
-        rows = np.array([features for features, _ in labelled])
-        masks = {pair: np.array([label == pair for _, label in labelled]) for pair in self.pairs}
-        self.means = {pair: rows[masks[pair]].mean(axis=0) for pair in self.pairs}
-        residuals = np.concatenate([rows[masks[pair]] - self.means[pair] for pair in self.pairs])
-        self.variances = residuals.var(axis=0) + 1e-6 + 1e-4 * rows.var(axis=0)
+class BattleProbe(GaussianProbe):
+    """Per pair (either way round), what its battles look like (``battle_features``)."""
 
     def score(self, battle: TimedBattle, truth: dict[str, str]) -> float:
         """The probability it gives the battle's true pair, every pair drawn alike."""
-        features = np.array(battle.battle_features())
-        scores = {pair: -0.5 * np.sum((features - self.means[pair]) ** 2 / self.variances) for pair in self.pairs}
-        top = max(scores.values())
-        weights = {pair: float(np.exp(value - top)) for pair, value in scores.items()}
-        return weights[frozenset(truth.values())] / sum(weights.values())
+        features = battle.battle_features()
+        return posterior({pair: self.log_likelihood(features, pair) for pair in self.labels})[frozenset(truth.values())]
 
 
 def labelled(battle: TimedBattle, truths: dict[str, dict[str, str]]) -> tuple[list[float], frozenset[str]]:
