@@ -223,3 +223,22 @@ def test_bench_engine_beside_goes_with_memory() -> None:
 
     with pytest.raises(CommandError, match="--beside goes with --memory"):
         call_command("bench_engine", "--preset", str(PRESET), "--beside", str(PRESET))
+
+
+def test_bench_engine_times_a_sampling_step_against_sorting_the_vocabulary() -> None:
+    """`bench_engine --sampling`: one draw of every row's next token at the arena's default
+    sampling settings, on the model's own logits, among the most likely tokens first and by
+    sorting the whole vocabulary, and greedy; the tokens the draws choose among are counted
+    from those logits."""
+    out = io.StringIO()
+    call_command(
+        "bench_engine", "--preset", str(PRESET), "--sampling", "--slots", "3", "--timing-seconds", "0.01", "--json",
+        stdout=out,
+    )  # fmt: skip
+    result = json.loads(out.getvalue())
+    vocabulary = json.loads((PRESET / "config.json").read_text())["config"]["vocabulary_size"]
+    assert result["rows"] == 3 and result["vocabulary"] == vocabulary
+    assert (result["temperature"], result["top_k"], result["top_p"]) == (0.7, 0, 0.95)
+    assert 1 <= result["kept_tokens_median"] <= result["kept_tokens_max"] <= result["vocabulary"]
+    assert all(result[key] > 0 for key in ("candidates_ms", "sorted_ms", "greedy_ms"))
+    assert result["sorted_over_candidates"] == pytest.approx(result["sorted_ms"] / result["candidates_ms"])

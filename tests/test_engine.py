@@ -582,6 +582,78 @@ def test_greedy_tokens_are_the_greedy_samplers_in_clear_rows_and_near_ties() -> 
     assert int(np.argmax(near_tie)) == 31  # The softmax's tie, not the largest logit.
 
 
+def kept_distribution(logits: Any, temperature: float, top_k: int, top_p: float) -> Any:
+    """The distribution a sampling step draws from, computed directly (NumPy, float64): the
+    logits over the temperature, the top-k, then the smallest prefix of them, most likely
+    first, whose probability reaches top-p (over the top-k, or the whole vocabulary)."""
+    import numpy as np
+
+    scaled = np.asarray(logits, np.float64) / temperature
+    descending = np.sort(scaled)[::-1]
+    kept_k = top_k if 0 < top_k < scaled.size else scaled.size
+    top = descending[:kept_k]
+    probabilities = np.exp(top - top[0]) / np.exp(top - top[0]).sum()
+    before = np.cumsum(probabilities) - probabilities
+    last = int(np.sum((before < top_p) | (top_p >= 1.0))) - 1
+    weights = np.where(scaled >= top[max(last, 0)], np.exp(scaled - top[0]), 0.0)
+    return weights / weights.sum()
+
+
+@pytest.mark.parametrize("candidates", [engine_sampling.SAMPLING_CANDIDATES, ()], ids=["candidates", "sorted"])
+@pytest.mark.parametrize(
+    ("shape", "temperature", "top_k", "top_p"),
+    [
+        ("peaked", 0.7, 0, 0.95),  # A few tokens hold the mass: among the first candidates.
+        ("peaked", 1.0, 3, 1.0),  # The top-k alone.
+        ("spread", 0.7, 0, 0.9),  # Hundreds of tokens kept: among the second candidates.
+        ("flat", 1.0, 0, 0.95),  # Nearly the whole vocabulary kept: sorted.
+    ],
+)
+def test_sampling_draws_from_the_top_k_and_top_p_tokens_in_their_proportions(
+    candidates: tuple[int, ...],
+    shape: str,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+) -> None:
+    """A sampling step's tokens are the kept ones (top-k, then top-p) in their softmax
+    proportions, whether the kept tokens lie among the most likely candidates or need the whole
+    vocabulary sorted (``()``: always sorted). Thousands of draws of one row, each with its own
+    key, against the distribution computed directly."""
+    import jax
+    import numpy as np
+
+    vocabulary, draws = 6000, 3000
+    rng = np.random.default_rng(1)
+    logits = {
+        "peaked": np.concatenate([[12.0, 11.5, 11.0, 10.0], rng.standard_normal(vocabulary - 4)]),
+        "spread": np.concatenate([3.0 + rng.standard_normal(800) * 0.3, rng.standard_normal(vocabulary - 800) - 4]),
+        "flat": rng.standard_normal(vocabulary) * 0.1,
+    }[shape].astype(np.float32)
+    rng.shuffle(logits)
+    expected = kept_distribution(logits, temperature, top_k, top_p)
+    rows = np.broadcast_to(logits, (draws, vocabulary))
+    keys = np.stack([np.zeros(draws, np.uint32), np.arange(draws, dtype=np.uint32)], axis=1)
+    parameters = (
+        np.full(draws, temperature, np.float32),
+        np.full(draws, top_k, np.int32),
+        np.full(draws, top_p, np.float32),
+    )
+    sampler = keras_hub.samplers.GreedySampler()
+    draw = jax.jit(
+        lambda logits, keys: engine_sampling.sample_tokens(logits, *parameters, keys, sampler, candidates)[0]
+    )
+    tokens = np.asarray(draw(rows, keys))
+    kept = expected > 0
+    assert kept[tokens].all()  # Never a token top-k or top-p leaves out.
+    if kept.sum() <= 1000:  # Frequencies: total variation distance within sampling noise.
+        observed = np.bincount(tokens, minlength=vocabulary) / draws
+        noise = np.sqrt(kept.sum() / draws)
+        assert 0.5 * np.abs(observed - expected).sum() < 0.6 * noise + 0.02
+    else:  # Most of the vocabulary: draws spread over it, hardly ever twice the same.
+        assert len(set(tokens.tolist())) > 0.6 * draws
+
+
 # --- Dispatch size and windows -------------------------------------------------------------
 
 

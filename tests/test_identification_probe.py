@@ -474,6 +474,29 @@ def pair_score(probe: TimingProbe, battle: TimedBattle, truth: dict[str, str]) -
     return posterior[(truth["a"], truth["b"])] + posterior[(truth["b"], truth["a"])]
 
 
+def paired_differences(battles: list[TimedBattle], truths: dict[str, dict[str, str]], target: str) -> str:
+    """How the target's side's timings differ from the other side's in the battles it played
+    against another model: per timing, the mean difference and its t statistic (printed, for
+    docs/security.md: a difference no classifier picked up yet)."""
+    differences = np.array(
+        [
+            np.subtract(battle.timings(side), battle.timings("b" if side == "a" else "a"))
+            for battle in battles
+            for side, name in truths[battle.battle_id].items()
+            if name == target and set(truths[battle.battle_id].values()) != {target}
+        ]
+    )
+    if len(differences) < 2:
+        return "too few battles of the target's"
+    differences *= (1000, 1, 1000, 1000)  # Milliseconds, and characters a second.
+    means, errors = differences.mean(axis=0), differences.std(axis=0, ddof=1) / np.sqrt(len(differences))
+    labels = ("first text (ms)", "pace (chars/s)", "longest pause (ms)", "wait after the last text (ms)")
+    return f"{len(differences)} battles: " + ", ".join(
+        f"{label} {mean:+.1f} (t = {mean / error if error else 0.0:.1f})"
+        for label, mean, error in zip(labels, means, errors, strict=True)
+    )
+
+
 def side_score(probe: TimingProbe, battle: TimedBattle, truth: dict[str, str], target: str) -> float:
     """In a battle the target plays, the probability the probe gives its true side, given that
     it plays (what a stuffer needs to vote for it)."""
@@ -584,5 +607,6 @@ async def test_timing_and_context_probes_name_no_pair_and_no_side_on_the_real_ro
         f"real roster: timing gives the true pair {pairs:.3f} by sides and {battles:.3f} by battles (chance"
         f" 0.333), the target's side {sides:.3f} (chance 0.5, {len(with_target)} battles); paced by the pair,"
         f" {control:.3f}; style names both sides of"
-        f" {sum(styled)} of {len(styled)} (chance 1 in 6)"
+        f" {sum(styled)} of {len(styled)} (chance 1 in 6); the target's side less the other's, in"
+        f" {paired_differences(anonymous, truths, TARGET)}"
     )

@@ -73,6 +73,14 @@ class Command(BaseCommand):
             "--preset adds beside it (a fixer beside its base shares its equal weights and compiled programs).",
         )
 
+        parser.add_argument(
+            "--sampling",
+            action="store_true",
+            help="Instead: what one sampling step of --slots rows (default 4) costs at the arena's default sampling "
+            "settings, on the preset's own next-token logits: among the most likely tokens first (as the engine "
+            "draws) against sorting the whole vocabulary, and greedy.",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
         # Imported here: keras and jax take seconds to import, and other commands must not pay it.
         from inference.bench import default_preset, format_table, run_bench
@@ -90,6 +98,9 @@ class Command(BaseCommand):
         if options["memory"]:
             self.memory(Path(preset), options)
             return
+        if options["sampling"]:
+            self.sampling(Path(preset), options)
+            return
         try:
             result = run_bench(
                 preset,
@@ -106,6 +117,19 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(json.dumps(result) if options["json"] else format_table(result))
+
+    def sampling(self, preset: Path, options: dict[str, Any]) -> None:
+        from inference.bench import bench_prompts
+        from inference.bench_sampling import format_sampling, sampling_step
+        from inference.keras_build import causal_lm_from_preset
+        from inference.models import DEFAULT_SAMPLING
+        from inference.registry import read_preset
+
+        prompts = bench_prompts(read_preset(preset).family, options["slots"] or 4)
+        result = sampling_step(
+            causal_lm_from_preset(str(preset)), prompts, seconds=options["timing_seconds"], **DEFAULT_SAMPLING
+        )
+        self.stdout.write(json.dumps(result) if options["json"] else format_sampling(preset, result))
 
     def memory(self, preset: Path, options: dict[str, Any]) -> None:
         from django.conf import settings
