@@ -43,6 +43,9 @@ async def test_a_reply_past_its_seconds_is_cut_where_the_voter_is(
         assert end["text"] == deltas == saved[side].content != ""
         assert saved[side].stop_reason == "time" and saved[side].cut
         assert len(saved[side].content) < 400  # 1.5 s at 100 characters a second, and the first wait.
+        # The model's own speed is still measured: the pace measures its models on all their
+        # replies, the long ones the cap cuts included.
+        assert saved[side].model_chars_per_s > 0
     await client.send({"type": "sync"})
     state = await client.receive_until(lambda f: f["type"] == "state")
     assert all(reply["cut"] for turn in state[-1]["turns"] for reply in turn["replies"].values())

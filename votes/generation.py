@@ -429,6 +429,9 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
             watchdog.cancel()
 
     stats = reply.stats
+    # The model's own speed, before pacing: a cut reply's too (the pace's seconds ran out, not
+    # the model's; its long replies are the ones the cap cuts).
+    model_chars_per_s = None if generated_at is None else batcher.model_chars_per_s(generated_at)
     if batcher.capped:  # Its seconds ran out: done, with what the voter saw, and said to be cut.
         _finish(
             context,
@@ -440,6 +443,7 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
             tokens=stats.tokens,
             ttft_s=stats.ttft_s,
             generation_s=stats.duration_s,
+            model_chars_per_s=model_chars_per_s,
         )
         return
     if batcher.stop_requested:
@@ -465,7 +469,7 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
         tokens=stats.tokens,
         ttft_s=stats.ttft_s,
         generation_s=stats.duration_s,
-        model_chars_per_s=None if generated_at is None else batcher.model_chars_per_s(generated_at),
+        model_chars_per_s=model_chars_per_s,
     )
 
 
