@@ -337,10 +337,9 @@ def slowest_model_seconds(public_id: str) -> float | None:
     """What the slowest model anonymous battles may draw needs for the battle's longer reply: its
     median time to first token plus the reply's characters at its median speed, over its last
     ``ARENA_STREAM_PACE_SAMPLE`` replies, those the pace reads (the slowest: the one needing
-    longest). Every model anonymous battles may
-    draw, ready or not: readiness lives in the serving process's cache, which a benchmark's
-    process may not share. None for an unknown battle, one without a reply, or where no model has
-    been measured yet."""
+    longest). Every model anonymous battles may draw, ready or not: readiness lives in the
+    serving process's cache, which a benchmark's process may not share. None for an unknown
+    battle, one without a reply, or where no model has been measured yet."""
     lengths = Message.objects.filter(battle__public_id=public_id, role=Message.Role.ASSISTANT).values_list(
         Length("content"), flat=True
     )

@@ -72,7 +72,6 @@ class Command(BaseCommand):
             help="With --memory: load and warm this preset first, as the arena serves them together, and report what "
             "--preset adds beside it (a fixer beside its base shares its equal weights and compiled programs).",
         )
-
         parser.add_argument(
             "--sampling",
             action="store_true",
