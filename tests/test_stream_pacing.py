@@ -455,12 +455,21 @@ def test_the_model_speed_of_a_reply_is_measured_before_pacing() -> None:
     batcher.add("a" * 10)
     time.now = 3.0
     batcher.add("b" * 200)
-    assert batcher.model_chars_per_s(3.0) == pytest.approx(100.0)  # 200 characters in 2 s, not the pace's 10.
-    assert batcher.model_chars_per_s(1.05) == pytest.approx(1000.0)  # Under 0.2 s: a lower bound.
+    time.now = 9.0
+    batcher.add("")  # The model's stop tokens after its last text show nothing: not counted.
+    # 200 characters in 2 s, to the last text: not the pace's 10, nor 200 in 8 s to the model's end.
+    assert batcher.model_chars_per_s() == pytest.approx(100.0)
+    fast = DeltaBatcher(message_id=0, group="g", side="a", turn=0, publisher=Recorder(), clock=time.clock)
+    fast.flush = lambda now=None: None  # type: ignore[method-assign]
+    fast.add("c")
+    time.now += 0.05
+    fast.add("d" * 100)
+    assert fast.model_chars_per_s() == pytest.approx(500.0)  # Under 0.2 s: a lower bound.
     short = DeltaBatcher(message_id=0, group="g", side="a", turn=0, publisher=Recorder(), clock=time.clock)
     short.flush = lambda now=None: None  # type: ignore[method-assign]
     short.add("ok")
-    assert short.model_chars_per_s(time.now + 1) is None  # Too little text to tell.
+    time.now += 1
+    assert short.model_chars_per_s() is None  # Too little text to tell.
 
 
 @pytest.mark.django_db(transaction=True)

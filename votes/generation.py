@@ -103,6 +103,7 @@ class DeltaBatcher:
         self.origin: float | None = None if hold is not None else self.earliest_origin
         self.first_text_at: float | None = None  # clock() of the model's first text
         self.first_text_chars = 0
+        self.last_text_at: float | None = None  # clock() of the model's latest text
         self.last_partner_check = -math.inf
         self.text = ""
         self.shown = 0  # Characters published (and persisted).
@@ -119,6 +120,8 @@ class DeltaBatcher:
         # PostgreSQL text cannot hold NUL, which a model may well produce: shown as U+FFFD.
         self.text += delta.replace("\x00", "\ufffd")
         now = self.clock()
+        if delta:
+            self.last_text_at = now
         if self.first_text_at is None and self.text:
             self.first_text_at, self.first_text_chars = now, len(self.text)
             if self.hold is not None:
@@ -229,14 +232,17 @@ class DeltaBatcher:
                 self.sleep(wait)
             self.flush()
 
-    def model_chars_per_s(self, finished_at: float) -> float | None:
-        """The model's own speed on this reply: characters after its first text, per second of
-        generation after it (None when too little was written to tell)."""
-        if self.first_text_at is None:
+    def model_chars_per_s(self) -> float | None:
+        """The model's own speed on this reply: characters after its first text, per second from
+        it to its last text (None when too little was written to tell). To the last text, not to
+        the model's end: what the pace must keep up with is text appearing, and the tokens a
+        model spends after its last text (a stop sequence held back, a turn marker) show nothing.
+        Counted in, they made short replies look slow and pulled the pace down."""
+        if self.first_text_at is None or self.last_text_at is None:
             return None
         chars = len(self.text) - self.first_text_chars
         # Under 0.2 s the clock says little: a lower bound then (a fast model stays fast).
-        return chars / max(finished_at - self.first_text_at, 0.2) if chars >= 20 else None
+        return chars / max(self.last_text_at - self.first_text_at, 0.2) if chars >= 20 else None
 
     @property
     def published_text(self) -> str:
@@ -431,7 +437,7 @@ def _generate(context: votes_selectors.GenerationContext, previous_status: str, 
     stats = reply.stats
     # The model's own speed, before pacing: a cut reply's too (the pace's seconds ran out, not
     # the model's; its long replies are the ones the cap cuts).
-    model_chars_per_s = None if generated_at is None else batcher.model_chars_per_s(generated_at)
+    model_chars_per_s = None if generated_at is None else batcher.model_chars_per_s()
     if batcher.capped:  # Its seconds ran out: done, with what the voter saw, and said to be cut.
         _finish(
             context,
