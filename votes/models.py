@@ -465,7 +465,9 @@ class Message(models.Model):
     model_chars_per_s = models.FloatField(
         null=True,
         blank=True,
-        help_text="The model's own speed on this reply, before pacing: characters a second after its first text.",
+        help_text=(
+            "The model's own speed on this reply, before pacing: characters a second from its first text to its last."
+        ),
     )
     created = models.DateTimeField(auto_now_add=True)
 
