@@ -215,6 +215,7 @@ class Partner:
         self.stop = False  # The voter stopped the holding side's reply.
         self.lookups = 0
         self.claimed_at = 0.0  # When its worker started on it (this side's started at 0).
+        self.own_recorded_at: float | None = None  # This side's first text, as the database recorded it.
 
     def start_now(self) -> None:
         self.started_at = self.time.now
@@ -227,6 +228,7 @@ class Partner:
             partner_finished=self.finished,
             stop_requested=self.stop,
             later_claim_s_ago=self.time.now - max(0.0, self.claimed_at),
+            own_started_s_ago=None if self.own_recorded_at is None else self.time.now - self.own_recorded_at,
         )
 
 
@@ -362,8 +364,9 @@ def test_the_lead_counts_from_the_later_of_the_two_workers_starts(streaming_repl
 
 
 @pytest.mark.django_db
-def test_the_later_claim_is_read_by_the_database_s_clock(streaming_reply: Message) -> None:
-    """hold_state gives the later of the two sides' claims once both workers have started."""
+def test_the_later_claim_and_the_first_texts_are_read_by_the_database_s_clock(streaming_reply: Message) -> None:
+    """hold_state gives the later of the two sides' claims once both workers have started, and
+    this side's own first text once it is recorded, as the other side reads it."""
     battle = streaming_reply.battle
     Message.objects.create(battle=battle, side="b", turn=0, role=Message.Role.USER, content="Hi")
     partner = Message.objects.create(
@@ -375,6 +378,11 @@ def test_the_later_claim_is_read_by_the_database_s_clock(streaming_reply: Messag
     ago = selectors.hold_state(streaming_reply.pk, partner.pk).later_claim_s_ago
     assert ago is not None and 0 <= ago < 5
     assert selectors.hold_state(partner.pk, streaming_reply.pk).later_claim_s_ago == pytest.approx(ago, abs=1)
+    assert selectors.hold_state(streaming_reply.pk, partner.pk).own_started_s_ago is None
+    services.mark_first_token(streaming_reply.pk)
+    own = selectors.hold_state(streaming_reply.pk, partner.pk).own_started_s_ago
+    assert own is not None and 0 <= own < 5
+    assert selectors.hold_state(partner.pk, streaming_reply.pk).partner_started_s_ago == pytest.approx(own, abs=1)
 
 
 @pytest.mark.django_db
@@ -406,6 +414,21 @@ def test_a_side_that_started_later_counts_from_its_own_first_text(streaming_repl
     batcher.drain()
     assert batcher.origin == pytest.approx(2.0)
     assert time.now == pytest.approx(2.0 + 0.2 + 99 / 100, abs=0.1)
+
+
+@pytest.mark.django_db
+def test_the_later_side_counts_from_its_first_text_as_the_database_recorded_it(streaming_reply: Message) -> None:
+    """The other side reads this side's first text from the database, a look-up's delay late:
+    this side counts from the same recorded moment, not from its own clock, or its text would
+    show that much sooner."""
+    batcher, time, _, partner = paired_batcher(streaming_reply, Pace(chars_per_s=100, first_after_s=0.2))
+    partner.start_now()  # The other side had text at 0.0.
+    partner.own_recorded_at = 2.004  # This side's, recorded 4 ms after its model wrote it.
+    time.now = 2.0
+    batcher.add("y" * 100)
+    time.now = 2.05
+    batcher.flush()
+    assert batcher.origin == pytest.approx(2.004)
 
 
 @pytest.mark.django_db

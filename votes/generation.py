@@ -180,7 +180,11 @@ class DeltaBatcher:
         if state.stop_requested:
             self.stop_requested = True
         elif state.partner_started_s_ago is not None:
-            self.origin = max(self.first_text_at, now - state.partner_started_s_ago, self.earliest_origin)
+            # Both sides' first texts by the database's clock, as the other side reads them too:
+            # counting from its own clock, the side whose text came later would start before the
+            # other side, which reads that moment from the database a look-up's delay late.
+            own = self.first_text_at if state.own_started_s_ago is None else now - state.own_started_s_ago
+            self.origin = max(own, now - state.partner_started_s_ago, self.earliest_origin)
         elif state.partner_finished or now - self.first_text_at >= settings.ARENA_STREAM_HOLD_SECONDS:
             self.origin = max(now, self.earliest_origin)
 

@@ -376,13 +376,15 @@ class HoldState:
     """What a side holding its first text needs to know, read in one query: how long ago the
     other side's model produced its first text (None: not yet; measured by the database's clock,
     as it was recorded, so hosts' clocks never matter), whether the other side is over, whether
-    the voter has asked to stop this reply, and how long ago the later of the two sides' workers
-    started on them (None: the other side's has not yet; by the same clock)."""
+    the voter has asked to stop this reply, how long ago the later of the two sides' workers
+    started on them (None: the other side's has not yet; by the same clock), and how long ago
+    this side's own first text was recorded (None: not yet; by the same clock)."""
 
     partner_started_s_ago: float | None
     partner_finished: bool
     stop_requested: bool
     later_claim_s_ago: float | None = None
+    own_started_s_ago: float | None = None
 
 
 def hold_state(message_id: int, partner_id: int) -> HoldState:
@@ -395,14 +397,19 @@ def hold_state(message_id: int, partner_id: int) -> HoldState:
     own, partner = rows.get(message_id), rows.get(partner_id)
     if partner is None:  # Gone with its battle: nothing to wait for.
         return HoldState(None, True, own is None or own["stop_requested"])
-    started = partner["first_token_at"]
+    now = partner["now"]
+
+    def seconds_ago(moment: Any) -> float | None:
+        return None if moment is None else max(0.0, (now - moment).total_seconds())
+
     claims = [row["claimed_at"] for row in (own, partner) if row is not None]
     later_claim = max(claims) if len(claims) == 2 and None not in claims else None
     return HoldState(
-        partner_started_s_ago=None if started is None else max(0.0, (partner["now"] - started).total_seconds()),
+        partner_started_s_ago=seconds_ago(partner["first_token_at"]),
         partner_finished=partner["status"] in Message.FINISHED_STATUSES,
         stop_requested=own is None or own["stop_requested"],
-        later_claim_s_ago=None if later_claim is None else max(0.0, (partner["now"] - later_claim).total_seconds()),
+        later_claim_s_ago=seconds_ago(later_claim),
+        own_started_s_ago=None if own is None else seconds_ago(own["first_token_at"]),
     )
 
 
