@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from inference.forward import InPlaceDecoder
+from inference.forward.adapters import Adapted, row_delta
 from inference.forward.attention import grouped_attention, write_keys, write_values
 
 
@@ -59,8 +60,46 @@ def gemma3_weights(model: Any) -> tuple[Any, ...]:
     return ()
 
 
+def block_kernels(model: Any) -> list[tuple[Any, ...]]:
+    """Per block, its seven kernels flattened to ``[in, out]`` as ``gemma3_forward`` multiplies by
+    them: query, key, value (keras-hub keeps them ``[heads, hidden, head_dim]``; out is head by
+    head), attention output (``[heads, head_dim, hidden]``), the two gates and the feed-forward
+    output. An adapter's change to a kernel, flattened alike, gives its factors
+    (``inference.forward.adapters.factors_of``)."""
+    from keras import ops
+
+    def heads_out(kernel: Any) -> Any:  # [heads, in, head_dim] -> [in, heads * head_dim]
+        value = ops.convert_to_tensor(kernel)
+        return ops.reshape(ops.transpose(value, (1, 0, 2)), (value.shape[1], -1))
+
+    def in_out(kernel: Any, inputs: int) -> Any:
+        return ops.reshape(ops.convert_to_tensor(kernel), (inputs, -1))
+
+    blocks = []
+    for block in model.backbone.transformer_layers:
+        attention = block.attention
+        output = attention.output_dense.kernel
+        blocks.append(
+            (
+                heads_out(attention.query_dense.kernel),
+                heads_out(attention.key_dense.kernel),
+                heads_out(attention.value_dense.kernel),
+                in_out(output, output.shape[0] * output.shape[1]),
+                in_out(block.gating_ffw.kernel, block.gating_ffw.kernel.shape[0]),
+                in_out(block.gating_ffw_2.kernel, block.gating_ffw_2.kernel.shape[0]),
+                in_out(block.ffw_linear.kernel, block.ffw_linear.kernel.shape[0]),
+            )
+        )
+    return blocks
+
+
 def gemma3_forward(
-    model: Any, tokens: Any, caches: tuple[Any, ...], starts: Any, weights: tuple[Any, ...]
+    model: Any,
+    tokens: Any,
+    caches: tuple[Any, ...],
+    starts: Any,
+    weights: tuple[Any, ...],
+    adapted: Adapted | None = None,
 ) -> tuple[Any, tuple[Any, ...]]:
     """Logits ``[rows, T, vocabulary]`` for ``tokens [rows, T]`` of a Gemma 3 model, row r's
     tokens at positions ``starts[r]`` onwards, and the caches with their keys and values written.
@@ -72,6 +111,8 @@ def gemma3_forward(
     output projection, post-attention norm, residual; pre-feed-forward norm, GELU-gated
     feed-forward, post-feed-forward norm, residual; final norm, tied logits. Caches are per
     layer, keys then values, in the engine's layout (``inference.forward.attention``).
+    ``adapted``: LoRA adapters per row, unmerged (``inference.forward.adapters``; the factors
+    of ``block_kernels``'s seven kernels).
     """
     import jax
     import jax.numpy as jnp
@@ -87,17 +128,28 @@ def gemma3_forward(
     for index, block in enumerate(backbone.transformer_layers):
         attention = block.attention
         keys, values = caches[2 * index], caches[2 * index + 1]
+        changes = (None,) * 7 if adapted is None else adapted.factors[index]
+
+        def changed(which: int, inputs: Any, out: Any, changes: Any = changes) -> Any:
+            """``out``, a layer's projection of ``inputs`` by the block's kernel ``which``
+            (``block_kernels``'s order), with each row's adapter's change where it has one."""
+            if changes[which] is None:
+                return out
+            assert adapted is not None
+            flat = ops.reshape(inputs, (rows * length, -1))
+            delta = row_delta(flat, changes[which], adapted.rows)
+            return out + ops.reshape(delta, out.shape).astype(out.dtype)
 
         def rope(t: Any, attention: Any = attention) -> Any:  # [rows, T, heads, head_dim]
             return jax.vmap(lambda row, start: attention._apply_rope(row[None], start)[0])(t, starts)
 
         normalized = block.pre_attention_norm(x)
-        query = attention.query_dense(normalized)
-        key = attention.key_dense(normalized)
+        query = changed(0, normalized, attention.query_dense(normalized))
+        key = changed(1, normalized, attention.key_dense(normalized))
         if attention.use_query_key_norm:
             query, key = attention.query_norm(query), attention.key_norm(key)
         query, key = rope(query), rope(key)
-        value = attention.value_dense(normalized)
+        value = changed(2, normalized, attention.value_dense(normalized))
 
         keys = write_keys(keys, key, starts)
         values = write_values(values, value, starts)
@@ -113,14 +165,16 @@ def gemma3_forward(
         query = query * ops.cast(normalization, query.dtype)
         window = attention.sliding_window_size if attention.use_sliding_window_attention else None
         attended = grouped_attention(query, keys, values, query_positions, window=window)
-        attended = attention.output_dense(ops.reshape(attended, (rows, length, attention.num_query_heads, -1)))
+        attended = ops.reshape(attended, (rows, length, attention.num_query_heads, -1))
+        attended = changed(3, attended, attention.output_dense(attended))
 
         if block.use_post_attention_norm:
             attended = block.post_attention_norm(attended)
         attention_x = x + attended
         normalized = block.pre_ffw_norm(attention_x)
-        hidden = keras.activations.gelu(block.gating_ffw(normalized), approximate=True) * block.gating_ffw_2(normalized)
-        hidden = block.ffw_linear(hidden)
+        gate = changed(4, normalized, block.gating_ffw(normalized))
+        hidden = keras.activations.gelu(gate, approximate=True) * changed(5, normalized, block.gating_ffw_2(normalized))
+        hidden = changed(6, hidden, block.ffw_linear(hidden))
         if block.use_post_ffw_norm:
             hidden = block.post_ffw_norm(hidden)
         x = hidden + attention_x

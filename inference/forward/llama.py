@@ -21,6 +21,7 @@ import weakref
 from typing import Any, Literal
 
 from inference.forward import InPlaceDecoder
+from inference.forward.adapters import Adapted, row_delta
 from inference.forward.attention import grouped_attention, write_keys, write_values
 
 Layout = Literal["token-major", "feature-major"]
@@ -51,7 +52,7 @@ def in_place_decoder(lm: Any, context: int) -> InPlaceDecoder | None:
     )
 
 
-def _block_kernels(model: Any) -> list[tuple[Any, ...]]:
+def block_kernels(model: Any) -> list[tuple[Any, ...]]:
     """Per block, its seven kernels as keras-hub keeps them, flattened to ``[in, out]``:
     query, key, value, attention output, gate, intermediate, feed-forward output (q/k/v are
     ``[hidden, heads, head_dim]``, the attention output ``[heads, head_dim, hidden]``)."""
@@ -100,7 +101,7 @@ def faster_layout(model: Any, rows: int = TIMED_ROWS, seconds: float = 0.3) -> L
     known = _timed_layouts.setdefault(model, {})
     if rows not in known:
         kernels: list[np.ndarray] = []
-        for block in _block_kernels(model):
+        for block in block_kernels(model):
             if sum(kernel.nbytes for kernel in kernels) >= TIMED_BYTES:
                 break
             kernels += [np.asarray(kernel) for kernel in block]
@@ -112,7 +113,7 @@ def faster_layout(model: Any, rows: int = TIMED_ROWS, seconds: float = 0.3) -> L
 
 def llama_weights(model: Any, layout: Layout) -> tuple[Any, ...]:
     """What the pass multiplies by that the model does not hold as the pass needs it:
-    feature-major, every block's seven kernels (``_block_kernels``) laid out ``[out, in]``
+    feature-major, every block's seven kernels (``block_kernels``) laid out ``[out, in]``
     (token-major, none: the pass reads the model's own); in both, after them, an untied output
     projection as ``[vocabulary, hidden]`` (a tied embedding, SmolLM2's, is already that)."""
     import jax.numpy as jnp
@@ -120,7 +121,7 @@ def llama_weights(model: Any, layout: Layout) -> tuple[Any, ...]:
 
     blocks = []
     if layout == "feature-major":
-        blocks = [tuple(jnp.transpose(kernel) for kernel in block) for block in _block_kernels(model)]
+        blocks = [tuple(jnp.transpose(kernel) for kernel in block) for block in block_kernels(model)]
     embedding = model.backbone.token_embedding
     untied = () if embedding.tie_weights else (jnp.transpose(ops.convert_to_tensor(embedding.reverse_embeddings)),)
     return (*blocks, *untied)
@@ -143,7 +144,13 @@ def _rms_norm(layer: Any, x: Any, axis: int) -> Any:
 
 
 def llama_forward(
-    model: Any, tokens: Any, caches: tuple[Any, ...], starts: Any, weights: tuple[Any, ...], layout: Layout
+    model: Any,
+    tokens: Any,
+    caches: tuple[Any, ...],
+    starts: Any,
+    weights: tuple[Any, ...],
+    layout: Layout,
+    adapted: Adapted | None = None,
 ) -> tuple[Any, tuple[Any, ...]]:
     """``inference.forward.gemma.gemma_forward`` for a Llama 3 or Mistral model.
 
@@ -154,7 +161,8 @@ def llama_forward(
     feed-forward norm, SiLU-gated feed-forward (the activation in float32, as the decoder block
     runs it), residual; final norm, logits. Each layer's keys and values are separate
     arrays in the engine's cache layout (``inference.forward.attention``), written in place.
-    Traced in jit.
+    ``adapted``: LoRA adapters per row, unmerged (``inference.forward.adapters``; the factors
+    of ``block_kernels``'s seven kernels). Traced in jit.
     """
     import jax
     import jax.numpy as jnp
@@ -214,18 +222,29 @@ def llama_forward(
         rotated = jnp.concatenate([-second_half, first_half], axis=head_dim_axis)
         return t * cos + rotated * sin
 
-    kernels = weights[: len(blocks)] if layout == "feature-major" else _block_kernels(model)
+    kernels = weights[: len(blocks)] if layout == "feature-major" else block_kernels(model)
     updated = []
     for index, block in enumerate(blocks):
         attention = block._self_attention_layer
         query_kernel, key_kernel, value_kernel, output_kernel, gate_kernel, up_kernel, down_kernel = kernels[index]
         keys, values = caches[2 * index], caches[2 * index + 1]
+        changes = (None,) * 7 if adapted is None else adapted.factors[index]
+
+        def projected(which: int, kernel: Any, activations: Any, changes: Any = changes) -> Any:
+            """The projection by the block's kernel ``which`` (``block_kernels``'s order), with
+            each row's adapter's change where it has one."""
+            out = project(kernel, activations)
+            if changes[which] is None:
+                return out
+            assert adapted is not None
+            delta = row_delta(activations, changes[which], adapted.rows, feature_major=layout == "feature-major")
+            return out + delta.astype(out.dtype)
 
         residual = x
         normalized = _rms_norm(block._self_attention_layernorm, x, hidden_axis)
-        query = rope(split_heads(project(query_kernel, normalized), heads))
-        key = rope(split_heads(project(key_kernel, normalized), kv_heads))
-        value = split_heads(project(value_kernel, normalized), kv_heads)
+        query = rope(split_heads(projected(0, query_kernel, normalized), heads))
+        key = rope(split_heads(projected(1, key_kernel, normalized), kv_heads))
+        value = split_heads(projected(2, value_kernel, normalized), kv_heads)
         keys = write_keys(keys, heads_last(key), starts)
         values = write_values(values, heads_last(value), starts)
         updated += [keys, values]
@@ -233,12 +252,14 @@ def llama_forward(
         attended = grouped_attention(
             heads_last(query), keys, values, query_positions, logit_scale=attention._inv_norm_factor
         )  # [rows, T, heads * head_dim]
-        x = project(output_kernel, merge_heads(attended)) + residual
+        x = projected(3, output_kernel, merge_heads(attended)) + residual
 
         residual = x
         normalized = _rms_norm(block._feedforward_layernorm, x, hidden_axis)
-        gate = ops.cast(block.activation(ops.cast(project(gate_kernel, normalized), "float32")), block.compute_dtype)
-        x = project(down_kernel, project(up_kernel, normalized) * gate) + residual
+        gate = ops.cast(
+            block.activation(ops.cast(projected(4, gate_kernel, normalized), "float32")), block.compute_dtype
+        )
+        x = projected(6, down_kernel, projected(5, up_kernel, normalized) * gate) + residual
     x = _rms_norm(backbone.layer_norm, x, hidden_axis)
     embedding = backbone.token_embedding
     output = ops.convert_to_tensor(embedding.embeddings) if embedding.tie_weights else weights[-1]

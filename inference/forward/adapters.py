@@ -1,0 +1,82 @@
+"""LoRA adapters served unmerged over their base's kernels, several in one batch, as vLLM,
+S-LoRA and Punica serve them: one copy of the base's weights, and per row of a batch the
+adapter it runs (0: none, the base itself).
+
+An adapter's change to a kernel, ``merged - base`` flattened to ``[in, out]`` as the family's
+pass multiplies by it, is kept as two factors, ``down [in, R]`` and ``up [R, out]``
+(``factors_of``); an engine stacks them over the adapters it serves, adapter 0 all zeros
+(``stack``), so that every row runs the same program and only the index differs. A row's
+projection is then ``x @ kernel + (x @ down[i]) @ up[i]``: the base's kernel is read once for
+all rows, whichever adapter each runs, and the factors add ``R * (in + out)`` multiply-adds a
+token to the kernel's ``in * out``. ``R`` is the change's rank: a Dense layer's LoRA rank, or
+heads times it for a kernel whose LoRA factors are per head (keras's ``EinsumDense`` keeps
+``a`` as ``kernel.shape[:-1] + (rank,)``).
+
+Plain NumPy and JAX, no Keras: the families' passes (``inference.forward.llama``,
+``inference.forward.gemma3``) call ``row_delta`` where a kernel has factors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+# Singular values below this share of the largest are the change's rounding, not its rank.
+RANK_TOLERANCE = 1e-6
+
+
+class Adapted(NamedTuple):
+    """What a batch's rows run besides the base: ``rows [rows]`` (int32) each row's adapter, 0
+    for none; ``factors`` per block, per kernel in the family's order, its stacked
+    ``(down [adapters, in, R], up [adapters, R, out])`` or None where no adapter changes it."""
+
+    rows: Any
+    factors: tuple[tuple[tuple[Any, Any] | None, ...], ...]
+
+
+def factors_of(delta: np.ndarray, tolerance: float = RANK_TOLERANCE) -> tuple[np.ndarray, np.ndarray]:
+    """``delta [in, out]`` as ``down [in, R] @ up [R, out]``, ``R`` its numerical rank (at least
+    1), by a singular value decomposition in float64, the singular values split evenly between
+    the two factors; returned in ``delta``'s dtype."""
+    matrix = np.asarray(delta, dtype=np.float64)
+    left, values, right = np.linalg.svd(matrix, full_matrices=False)
+    rank = max(1, int(np.sum(values > tolerance * values[0]))) if values.size and values[0] > 0 else 1
+    root = np.sqrt(values[:rank])
+    return (left[:, :rank] * root).astype(delta.dtype), (root[:, None] * right[:rank]).astype(delta.dtype)
+
+
+def stack(per_adapter: Sequence[tuple[np.ndarray, np.ndarray] | None], shape: tuple[int, int]) -> tuple[Any, Any]:
+    """One kernel's factors over an engine's adapters, ``per_adapter[i]`` being adapter ``i + 1``'s
+    (None: it leaves the kernel as it is): ``(down [1 + n, in, R], up [1 + n, R, out])``, adapter 0
+    and those without a change all zeros, every adapter's zero-padded to the largest ``R``.
+    ``shape`` is the kernel's ``(in, out)``."""
+    rank = max([1, *(down.shape[1] for down, _ in filter(None, per_adapter))])
+    ins, outs = shape
+    down = np.zeros((1 + len(per_adapter), ins, rank), np.float32)
+    up = np.zeros((1 + len(per_adapter), rank, outs), np.float32)
+    for index, factors in enumerate(per_adapter, start=1):
+        if factors is not None:
+            first, second = factors
+            down[index, :, : first.shape[1]] = first
+            up[index, : second.shape[0]] = second
+    return down, up
+
+
+def row_delta(x: Any, factors: tuple[Any, Any], rows: Any, *, feature_major: bool = False) -> Any:
+    """What each row's adapter adds to a projection of ``x``: ``x [rows * T, in]`` gives ``[rows
+    * T, out]``; feature-major, ``x [in, rows * T]`` gives ``[out, rows * T]`` (the Llama pass's
+    layouts; tokens row by row). Each row's factors are gathered once, not each token's."""
+    import jax.numpy as jnp
+
+    down, up = factors
+    count = rows.shape[0]
+    down, up = down[rows], up[rows]  # [rows, in, R], [rows, R, out]
+    if feature_major:
+        grouped = x.reshape(x.shape[0], count, -1)  # [in, rows, T]
+        low = jnp.einsum("irt,rik->rtk", grouped, down)
+        return jnp.einsum("rtk,rko->ort", low, up).reshape(up.shape[-1], -1)
+    grouped = x.reshape(count, -1, x.shape[-1])  # [rows, T, in]
+    low = jnp.einsum("rti,rik->rtk", grouped, down)
+    return jnp.einsum("rtk,rko->rto", low, up).reshape(-1, up.shape[-1])

@@ -1,0 +1,228 @@
+"""LoRA adapters served unmerged (inference/forward/adapters.py): factors of an adapter's change,
+stacked over an engine's adapters, and the families' passes with a different adapter on each row
+of one batch, each row's logits those of its adapter merged into the kernels."""
+
+from __future__ import annotations
+
+import operator
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import keras_hub
+import numpy as np
+import pytest
+
+from inference.forward import gemma3, llama
+from inference.forward.adapters import Adapted, factors_of, stack
+from inference.forward.attention import cache_shapes
+
+LLAMA_PRESET = Path(__file__).resolve().parents[1] / "inference" / "presets" / "llama3-calendar"
+ROWS, LENGTH, POSITIONS = 3, 5, 8
+# The kernels the arena's fixers change (query, value and the feed-forward's three), in the
+# families' block_kernels order, and the LoRA rank they are trained at.
+CHANGED = (0, 2, 4, 5, 6)
+RANK = 4
+# Each block's layers holding block_kernels's seven kernels, by family.
+LLAMA_KERNELS = (
+    "_self_attention_layer._query_dense",
+    "_self_attention_layer._key_dense",
+    "_self_attention_layer._value_dense",
+    "_self_attention_layer._output_dense",
+    "_feedforward_gate_dense",
+    "_feedforward_intermediate_dense",
+    "_feedforward_output_dense",
+)
+GEMMA3_KERNELS = (
+    "attention.query_dense",
+    "attention.key_dense",
+    "attention.value_dense",
+    "attention.output_dense",
+    "gating_ffw",
+    "gating_ffw_2",
+    "ffw_linear",
+)
+
+
+def test_an_adapters_change_is_two_factors_of_its_rank() -> None:
+    rng = np.random.default_rng(0)
+    delta = (rng.normal(size=(20, 3)) @ rng.normal(size=(3, 30))).astype(np.float32)
+    down, up = factors_of(delta)
+    assert down.shape == (20, 3) and up.shape == (3, 30) and down.dtype == np.float32
+    np.testing.assert_allclose(down @ up, delta, rtol=1e-5, atol=1e-5)
+    down, up = factors_of(np.zeros((4, 6), np.float32))  # No change: one zero factor each.
+    assert down.shape == (4, 1) and not down.any() and not up.any()
+
+
+def test_stacked_factors_keep_adapter_zero_and_an_unchanged_kernel_at_zero() -> None:
+    rng = np.random.default_rng(1)
+    first = (rng.normal(size=(6, 2)).astype(np.float32), rng.normal(size=(2, 5)).astype(np.float32))
+    third = (rng.normal(size=(6, 3)).astype(np.float32), rng.normal(size=(3, 5)).astype(np.float32))
+    down, up = stack([first, None, third], (6, 5))
+    assert down.shape == (4, 6, 3) and up.shape == (4, 3, 5)
+    products = np.einsum("aik,ako->aio", down, up)
+    assert not products[0].any() and not products[2].any()  # The base itself; an adapter that leaves it.
+    np.testing.assert_allclose(products[1], first[0] @ first[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(products[3], third[0] @ third[1], rtol=1e-5, atol=1e-6)
+
+
+def random_changes(kernels: list[tuple[Any, ...]], adapters: int, seed: int) -> list[list[list[np.ndarray | None]]]:
+    """Per adapter, per block, per kernel: a change of rank RANK to the changed kernels of the
+    upper blocks (None elsewhere), as large as a trained adapter's relative to its kernel."""
+    rng = np.random.default_rng(seed)
+    changes = []
+    for _ in range(adapters):
+        per_block = []
+        for index, block in enumerate(kernels):
+            per_kernel: list[np.ndarray | None] = []
+            for which, kernel in enumerate(block):
+                if which not in CHANGED or index < len(kernels) // 2:
+                    per_kernel.append(None)
+                    continue
+                ins, outs = kernel.shape
+                scale = 0.3 * float(np.std(np.asarray(kernel)))
+                change = rng.normal(size=(ins, RANK)) @ rng.normal(size=(RANK, outs)) * scale / np.sqrt(RANK)
+                per_kernel.append(change.astype(np.float32))
+            per_block.append(per_kernel)
+        changes.append(per_block)
+    return changes
+
+
+def adapted(rows: list[int], changes: list[list[list[np.ndarray | None]]], kernels: list[tuple[Any, ...]]) -> Adapted:
+    """Every adapter's factors stacked, kernel by kernel, and each row's adapter."""
+    factors = []
+    for index, block in enumerate(kernels):
+        per_kernel = []
+        for which, kernel in enumerate(block):
+            mine = [adapter[index][which] for adapter in changes]
+            if all(change is None for change in mine):
+                per_kernel.append(None)
+                continue
+            down, up = stack([None if c is None else factors_of(c) for c in mine], tuple(kernel.shape))
+            per_kernel.append((jnp.asarray(down), jnp.asarray(up)))
+        factors.append(tuple(per_kernel))
+    return Adapted(jnp.asarray(rows, jnp.int32), tuple(factors))
+
+
+def kernel_variables(backbone: Any, layers: tuple[str, ...]) -> list[list[Any]]:
+    """Per block, the variables of its seven kernels (the layers' own, without any LoRA)."""
+    return [[operator.attrgetter(layer)(block)._kernel for layer in layers] for block in backbone.transformer_layers]
+
+
+def zero_caches(layers: int, rows: int, kv_heads: int, head_dim: int) -> tuple[Any, ...]:
+    key, value = cache_shapes(rows, kv_heads, head_dim, POSITIONS)
+    return tuple(jnp.zeros(shape, jnp.float32) for _ in range(layers) for shape in (key, value))
+
+
+def merged_logits(
+    variables: list[list[Any]],
+    unflatten: Callable[[np.ndarray, Any], np.ndarray],
+    change: list[list[np.ndarray | None]],
+    run: Callable[[], Any],
+) -> Any:
+    """``run()``'s logits with ``change`` added into the kernels' variables (then restored)."""
+    saved = [[np.asarray(v.value) for v in block] for block in variables]
+    try:
+        for block, deltas in zip(variables, change, strict=True):
+            for variable, delta in zip(block, deltas, strict=True):
+                if delta is not None:
+                    variable.assign(np.asarray(variable.value) + unflatten(delta, variable))
+        return run()
+    finally:
+        for block, values in zip(variables, saved, strict=True):
+            for variable, value in zip(block, values, strict=True):
+                variable.assign(value)
+
+
+def rows_match_their_merged_adapters(
+    forward: Callable[[Adapted | None], Any],
+    variables: list[list[Any]],
+    unflatten: Callable[[np.ndarray, Any], np.ndarray],
+    kernels: list[tuple[Any, ...]],
+) -> None:
+    """Rows 0, 1, 2 run the base, adapter 1 and adapter 2 in one batch; each row's logits are
+    those of the batch run with its adapter merged, and the base's with none."""
+    changes = random_changes(kernels, adapters=2, seed=3)
+    together = np.asarray(forward(adapted([0, 1, 2], changes, kernels)))
+    base = np.asarray(forward(None))
+    np.testing.assert_allclose(together[0], base[0], rtol=1e-5, atol=1e-5)
+    for row in (1, 2):
+        merged = np.asarray(merged_logits(variables, unflatten, changes[row - 1], lambda: forward(None)))
+        assert np.abs(merged[row] - base[row]).max() > 1e-2  # The change changes the logits...
+        np.testing.assert_allclose(together[row], merged[row], rtol=2e-4, atol=2e-4)  # ...as merged.
+
+
+@pytest.mark.parametrize("layout", ["token-major", "feature-major"])
+def test_llama_rows_run_their_own_adapters_in_one_batch(layout: llama.Layout) -> None:
+    lm = keras_hub.models.CausalLM.from_preset(str(LLAMA_PRESET))
+    backbone = lm.backbone
+    tokens = jnp.asarray(np.random.default_rng(5).integers(0, backbone.vocabulary_size, (ROWS, LENGTH)), jnp.int32)
+    head_dim = backbone.hidden_dim // backbone.num_query_heads
+
+    def forward(adapters: Adapted | None) -> Any:
+        caches = zero_caches(backbone.num_layers, ROWS, backbone.num_key_value_heads, head_dim)
+        weights = llama.llama_weights(lm, layout)
+        logits, _ = llama.llama_forward(lm, tokens, caches, jnp.zeros(ROWS, jnp.int32), weights, layout, adapters)
+        return logits
+
+    variables = kernel_variables(backbone, LLAMA_KERNELS)
+
+    def unflatten(delta: np.ndarray, variable: Any) -> np.ndarray:  # block_kernels flattens by reshaping
+        return delta.reshape(variable.shape)
+
+    kernels = [tuple(np.asarray(k) for k in block) for block in llama.block_kernels(lm)]
+    rows_match_their_merged_adapters(forward, variables, unflatten, kernels)
+
+
+def test_gemma3_rows_run_their_own_adapters_in_one_batch() -> None:
+    backbone = keras_hub.models.Gemma3Backbone(
+        vocabulary_size=64, image_size=None, num_layers=4, num_query_heads=2, num_key_value_heads=1,
+        hidden_dim=16, intermediate_dim=24, head_dim=8, use_post_ffw_norm=True, use_post_attention_norm=True,
+        use_sliding_window_attention=True, sliding_window_size=4,
+    )  # fmt: skip
+    lm = keras_hub.models.Gemma3CausalLM(backbone=backbone, preprocessor=None)
+    tokens = jnp.asarray(np.random.default_rng(6).integers(0, 64, (ROWS, LENGTH)), jnp.int32)
+
+    def forward(adapters: Adapted | None) -> Any:
+        caches = zero_caches(backbone.num_layers, ROWS, backbone.num_key_value_heads, backbone.head_dim)
+        logits, _ = gemma3.gemma3_forward(lm, tokens, caches, jnp.zeros(ROWS, jnp.int32), (), adapters)
+        return logits
+
+    variables = kernel_variables(backbone, GEMMA3_KERNELS)
+
+    def unflatten(delta: np.ndarray, variable: Any) -> np.ndarray:
+        if len(variable.shape) == 3 and variable.shape[1] == backbone.hidden_dim:  # [heads, in, head_dim]
+            heads, ins, head_dim = variable.shape
+            return delta.reshape(ins, heads, head_dim).transpose(1, 0, 2)
+        return delta.reshape(variable.shape)
+
+    kernels = [tuple(np.asarray(k) for k in block) for block in gemma3.block_kernels(lm)]
+    rows_match_their_merged_adapters(forward, variables, unflatten, kernels)
+
+
+def test_the_passes_trace_with_adapters_in_jit() -> None:
+    """The engine runs the passes in jit: the adapters' indices are traced, not static."""
+    lm = keras_hub.models.CausalLM.from_preset(str(LLAMA_PRESET))
+    backbone = lm.backbone
+    kernels = [tuple(np.asarray(k) for k in block) for block in llama.block_kernels(lm)]
+    changes = random_changes(kernels, adapters=1, seed=4)
+    head_dim = backbone.hidden_dim // backbone.num_query_heads
+    tokens = jnp.ones((2, 1), jnp.int32)
+    weights = llama.llama_weights(lm, "token-major")
+
+    @jax.jit
+    def step(rows: Any) -> Any:
+        caches = zero_caches(backbone.num_layers, 2, backbone.num_key_value_heads, head_dim)
+        together = adapted([0, 0], changes, kernels)._replace(rows=rows)
+        logits, _ = llama.llama_forward(lm, tokens, caches, jnp.zeros(2, jnp.int32), weights, "token-major", together)
+        return logits
+
+    base, mixed = step(jnp.asarray([0, 0], jnp.int32)), step(jnp.asarray([0, 1], jnp.int32))
+    np.testing.assert_allclose(mixed[0], base[0], rtol=1e-5, atol=1e-5)
+    assert np.abs(np.asarray(mixed[1] - base[1])).max() > 1e-3
