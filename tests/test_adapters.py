@@ -19,11 +19,19 @@ import keras_hub
 import numpy as np
 import pytest
 
+from inference.building.demo_models import SYSTEM_PROMPT
+from inference.chat_templates import ChatTurn, render_prompt, stop_strings
+from inference.engine import Engine
+from inference.engine.prefix_cache import NO_MATCH, PrefixCache, PrefixMatch
 from inference.forward import gemma3, llama
-from inference.forward.adapters import Adapted, factors_of, stack
+from inference.forward.adapters import Adapted, factors_of, stack, stack_adapters
 from inference.forward.attention import cache_shapes
+from inference.registry import read_preset
 
-LLAMA_PRESET = Path(__file__).resolve().parents[1] / "inference" / "presets" / "llama3-calendar"
+PRESETS = Path(__file__).resolve().parents[1] / "inference" / "presets"
+LLAMA_PRESET, GEMMA_PRESET = PRESETS / "llama3-calendar", PRESETS / "gemma-calendar"
+ENGINE_BUCKETS, ENGINE_WINDOWS = (128,), (128,)
+NEW_TOKENS = 24
 ROWS, LENGTH, POSITIONS = 3, 5, 8
 # The kernels the arena's fixers change (query, value and the feed-forward's three), in the
 # families' block_kernels order, and the LoRA rank they are trained at.
@@ -64,7 +72,10 @@ def test_stacked_factors_keep_adapter_zero_and_an_unchanged_kernel_at_zero() -> 
     rng = np.random.default_rng(1)
     first = (rng.normal(size=(6, 2)).astype(np.float32), rng.normal(size=(2, 5)).astype(np.float32))
     third = (rng.normal(size=(6, 3)).astype(np.float32), rng.normal(size=(3, 5)).astype(np.float32))
-    down, up = stack([first, None, third], (6, 5))
+    stacked = stack([first, None, third])
+    assert stack([None, None]) is None  # No adapter changes the kernel.
+    assert stacked is not None
+    down, up = stacked
     assert down.shape == (4, 6, 3) and up.shape == (4, 3, 5)
     products = np.einsum("aik,ako->aio", down, up)
     assert not products[0].any() and not products[2].any()  # The base itself; an adapter that leaves it.
@@ -94,20 +105,15 @@ def random_changes(kernels: list[tuple[Any, ...]], adapters: int, seed: int) -> 
     return changes
 
 
-def adapted(rows: list[int], changes: list[list[list[np.ndarray | None]]], kernels: list[tuple[Any, ...]]) -> Adapted:
+def factored(changes: list[list[list[np.ndarray | None]]]) -> list[list[list[tuple[np.ndarray, np.ndarray] | None]]]:
+    """Each adapter's changes as factors (``factors_of``), per block, per kernel."""
+    return [[[None if c is None else factors_of(c) for c in block] for block in adapter] for adapter in changes]
+
+
+def adapted(rows: list[int], changes: list[list[list[np.ndarray | None]]]) -> Adapted:
     """Every adapter's factors stacked, kernel by kernel, and each row's adapter."""
-    factors = []
-    for index, block in enumerate(kernels):
-        per_kernel = []
-        for which, kernel in enumerate(block):
-            mine = [adapter[index][which] for adapter in changes]
-            if all(change is None for change in mine):
-                per_kernel.append(None)
-                continue
-            down, up = stack([None if c is None else factors_of(c) for c in mine], tuple(kernel.shape))
-            per_kernel.append((jnp.asarray(down), jnp.asarray(up)))
-        factors.append(tuple(per_kernel))
-    return Adapted(jnp.asarray(rows, jnp.int32), tuple(factors))
+    on_device = jax.tree_util.tree_map(jnp.asarray, stack_adapters(factored(changes)))
+    return Adapted(jnp.asarray(rows, jnp.int32), on_device)
 
 
 def kernel_variables(backbone: Any, layers: tuple[str, ...]) -> list[list[Any]]:
@@ -149,7 +155,7 @@ def rows_match_their_merged_adapters(
     """Rows 0, 1, 2 run the base, adapter 1 and adapter 2 in one batch; each row's logits are
     those of the batch run with its adapter merged, and the base's with none."""
     changes = random_changes(kernels, adapters=2, seed=3)
-    together = np.asarray(forward(adapted([0, 1, 2], changes, kernels)))
+    together = np.asarray(forward(adapted([0, 1, 2], changes)))
     base = np.asarray(forward(None))
     np.testing.assert_allclose(together[0], base[0], rtol=1e-5, atol=1e-5)
     for row in (1, 2):
@@ -219,10 +225,75 @@ def test_the_passes_trace_with_adapters_in_jit() -> None:
     @jax.jit
     def step(rows: Any) -> Any:
         caches = zero_caches(backbone.num_layers, 2, backbone.num_key_value_heads, head_dim)
-        together = adapted([0, 0], changes, kernels)._replace(rows=rows)
+        together = adapted([0, 0], changes)._replace(rows=rows)
         logits, _ = llama.llama_forward(lm, tokens, caches, jnp.zeros(2, jnp.int32), weights, "token-major", together)
         return logits
 
     base, mixed = step(jnp.asarray([0, 0], jnp.int32)), step(jnp.asarray([0, 1], jnp.int32))
     np.testing.assert_allclose(mixed[0], base[0], rtol=1e-5, atol=1e-5)
     assert np.abs(np.asarray(mixed[1] - base[1])).max() > 1e-3
+
+
+def test_a_cached_prefix_serves_only_the_adapter_that_computed_it() -> None:
+    cache = PrefixCache(entries=2, capacity=64, block=16)
+    prompt = list(range(40))
+    row = cache.store(prompt, NO_MATCH, adapter=1)
+    assert row is not None
+    assert cache.lookup(prompt, limit=40) == NO_MATCH  # The base's keys and values differ.
+    assert cache.lookup(prompt, limit=40, adapter=2) == NO_MATCH
+    assert cache.lookup(prompt, limit=40, adapter=1) == PrefixMatch(entry=row, length=32)
+    assert cache.store(prompt, NO_MATCH, adapter=0) not in (None, row)  # The base's gets a row of its own.
+
+
+def greedy(engine: Engine, prompt: str, adapter: int = 0) -> Any:
+    """A greedy request of the demo model's reply length, stopping at its turn's end."""
+    family = read_preset(LLAMA_PRESET).family
+    return engine.submit(prompt, max_new_tokens=NEW_TOKENS, stop_strings=stop_strings(family), adapter=adapter)
+
+
+def merged_text(lm: keras_hub.models.CausalLM, change: list[list[np.ndarray | None]], prompt: str) -> str:
+    """The greedy text of an engine on ``lm`` with ``change`` merged into its kernels."""
+    variables = kernel_variables(lm.backbone, LLAMA_KERNELS)
+
+    def text() -> str:
+        with Engine(lm, slots=1, buckets=ENGINE_BUCKETS, windows=ENGINE_WINDOWS) as engine:
+            return greedy(engine, prompt).result()
+
+    return merged_logits(variables, lambda delta, variable: delta.reshape(variable.shape), change, text)
+
+
+def test_an_engine_serves_each_adapter_as_its_merged_model_in_one_batch() -> None:
+    """The base and two adapters, one request each on the same prompt, decoded together: each
+    text is what an engine on that adapter merged into the kernels writes; the prompt's cached
+    prefix of one adapter is not another's."""
+    lm = keras_hub.models.CausalLM.from_preset(str(LLAMA_PRESET))
+    kernels = [tuple(np.asarray(k) for k in block) for block in llama.block_kernels(lm)]
+    changes = random_changes(kernels, adapters=2, seed=7)
+    prompt = render_prompt(
+        read_preset(LLAMA_PRESET).family, SYSTEM_PROMPT, [ChatTurn("user", "Lunch with Ann at noon")]
+    )
+    with Engine(lm, slots=3, buckets=ENGINE_BUCKETS, windows=ENGINE_WINDOWS, adapters=factored(changes)) as engine:
+        requests = [greedy(engine, prompt, adapter) for adapter in (0, 1, 2)]
+        texts = [request.result() for request in requests]
+        assert engine.peak_active_slots == 3  # All three in one batch.
+    with Engine(lm, slots=1, buckets=ENGINE_BUCKETS, windows=ENGINE_WINDOWS) as base:
+        assert texts[0] == greedy(base, prompt).result()
+    for adapter in (1, 2):
+        assert texts[adapter] == merged_text(lm, changes[adapter - 1], prompt)
+    assert texts[1] != texts[0] or texts[2] != texts[0]  # The adapters write something else.
+
+
+def test_adapters_are_refused_where_the_pass_or_the_request_cannot_take_them() -> None:
+    lm = keras_hub.models.CausalLM.from_preset(str(LLAMA_PRESET))
+    kernels = [tuple(np.asarray(k) for k in block) for block in llama.block_kernels(lm)]
+    changes = factored(random_changes(kernels, adapters=1, seed=8))
+    with pytest.raises(ValueError, match="blocks"):
+        Engine(lm, slots=1, buckets=ENGINE_BUCKETS, windows=ENGINE_WINDOWS, adapters=[changes[0][:-1]])
+    gemma = keras_hub.models.CausalLM.from_preset(str(GEMMA_PRESET))
+    with pytest.raises(ValueError, match="takes no LoRA adapters"):
+        Engine(gemma, slots=1, buckets=ENGINE_BUCKETS, windows=ENGINE_WINDOWS, adapters=changes)
+    engine = Engine(lm, slots=1, buckets=ENGINE_BUCKETS, windows=ENGINE_WINDOWS, adapters=changes)
+    for adapter in (2, -1, True, "1"):
+        with pytest.raises(ValueError, match="adapter must be"):
+            engine.submit("Hi", max_new_tokens=4, adapter=adapter)  # type: ignore[arg-type]
+    engine.shutdown()

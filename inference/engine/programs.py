@@ -19,8 +19,17 @@ if TYPE_CHECKING:
     import keras_hub
 
 # After the chunk in prefill_chunk's integer argument: last, start, length, slot, the pool row
-# read, top_k and the two words of the PRNG key.
-CHUNK_FIELDS = 8
+# read, top_k, the two words of the PRNG key and the request's LoRA adapter (0: none).
+CHUNK_FIELDS = 9
+
+
+def _adapted(adapters: Any, rows: Any) -> dict[str, Any]:
+    """The forward pass's ``adapted`` keyword, to splat: the engine's stacked LoRA factors and
+    each row's adapter; nothing for an engine without adapters (its programs trace as they
+    would without them)."""
+    from inference.forward.adapters import Adapted
+
+    return {"adapted": Adapted(rows, adapters)} if adapters else {}
 
 
 class Programs:
@@ -90,6 +99,8 @@ class Programs:
         if one.shape != (1, lm.backbone.num_layers, 2, 2, *one.shape[4:]):  # Not keras-hub's layout.
             decoder = None
         self.in_place = in_place = decoder is not None
+        # Whether the pass takes LoRA adapters per row (an engine may then serve some).
+        self.adapters = decoder is not None and decoder.adapters
         forward, prepare, self.layout = decoder[:3] if decoder is not None else (None, None, None)
         if in_place:
             _, layers, _, _, kv_heads, head_dim = one.shape
@@ -139,10 +150,13 @@ class Programs:
                 "temperature": jnp.zeros((slots,), jnp.float32),
                 "top_k": jnp.zeros((slots,), jnp.int32),
                 "top_p": jnp.ones((slots,), jnp.float32),
+                "adapter": jnp.zeros((slots,), jnp.int32),  # Each slot's LoRA adapter (0: none).
             }
             return caches(slots, window), caches(1, context), slot_state, pool
 
-        def start(slot_state: dict[str, Any], slot: Any, last: Any, length: Any, key: Any, *params: Any) -> Any:
+        def start(
+            slot_state: dict[str, Any], slot: Any, last: Any, length: Any, key: Any, *params: Any, adapter: Any = 0
+        ) -> Any:
             # The slot starts from the prompt's last token, at its own index: the first decode
             # step runs it and samples the first new token, as keras-hub's generate loop does
             # after _build_cache (so greedy output stays generate()'s).
@@ -154,6 +168,7 @@ class Programs:
                 "temperature": temperature,
                 "top_k": top_k,
                 "top_p": top_p,
+                "adapter": adapter,
             }
             return {name: value.at[slot].set(updates[name]) for name, value in slot_state.items()}
 
@@ -184,6 +199,7 @@ class Programs:
         def prefill_chunk(
             state: Any,
             weights: tuple[Any, ...],
+            adapters: Any,
             staging: Any,
             slot_state: dict[str, Any],
             pool: Any,
@@ -195,13 +211,15 @@ class Programs:
 
             ``integers`` (uint32, filled by ``Engine._prefill``: one transfer instead of ten) holds
             the chunk, then ``last``, ``start``, ``length``, ``slot``, the pool row to read,
-            ``top_k`` and the PRNG key; ``reals`` the temperature and top-p. The prompt's first
-            positions come from the row read (its first ``start`` positions hold the prompt's
-            cached prefix; 0 for none), and the chunk (the prompt's tokens after it but the
-            last, padded) runs at ``start`` onwards. Its positions are then copied into the
-            staging row (``insert`` takes them to the slot, ``store`` to a pool row); the slot
-            starts from ``last``. ``prefix`` (static: one of ``SHORT_PREFIXES`` or the pool's capacity)
-            bounds ``start``: the chunk attends over ``prefix`` + its own positions. The pool
+            ``top_k``, the PRNG key and the request's adapter; ``reals`` the temperature and
+            top-p. ``adapters``: the engine's stacked LoRA factors (``Adapted.factors``), or ()
+            for none. The prompt's first positions come from the row read (its first ``start``
+            positions hold the prompt's cached prefix; 0 for none), and the chunk (the prompt's
+            tokens after it but the last, padded) runs at ``start`` onwards. Its positions are
+            then copied into the staging row (``insert`` takes them to the slot, ``store`` to a
+            pool row); the slot starts from ``last``. ``prefix`` (static: one of
+            ``SHORT_PREFIXES`` or the pool's capacity) bounds ``start``: the chunk attends over
+            ``prefix`` + its own positions. The pool
             is only read here: a program that reads a row and writes another of the same pool
             made XLA copy the whole pool first (about 380 MB a prefill for SmolLM2).
             """
@@ -211,6 +229,7 @@ class Programs:
             chunk = integers[None, :size].astype(jnp.int32)
             last, begin, length, slot, read_row, top_k = (fields[i].astype(jnp.int32) for i in range(6))
             key, (temperature, top_p) = fields[6:8], (reals[0], reals[1])
+            adapter = fields[8].astype(jnp.int32)
             # The positions the prefill touches: the host keeps begin (at most the prefix) + size
             # within the context.
             span = min(prefix + size, context)
@@ -218,11 +237,18 @@ class Programs:
             model, scope = stateless(state)
             with scope:
                 row = tuple(jax.lax.dynamic_index_in_dim(part, read_row, axis=0) for part in pool)
-                _, local = forward(model, chunk, fitted(fitted(row, kept), span), begin[None], weights)
+                _, local = forward(
+                    model,
+                    chunk,
+                    fitted(fitted(row, kept), span),
+                    begin[None],
+                    weights,
+                    **_adapted(adapters, adapter[None]),
+                )
             # Beyond the prompt, the staging row keeps padding's keys and values: masked until
             # overwritten.
             staging = put_row(staging, local, 0)
-            slot_state = start(slot_state, slot, last, length, key, temperature, top_k, top_p)
+            slot_state = start(slot_state, slot, last, length, key, temperature, top_k, top_p, adapter=adapter)
             return staging, slot_state
 
         def store(pool: Any, staging: Any, row: Any, positions: int) -> Any:
@@ -245,7 +271,13 @@ class Programs:
             return fitted(cache, window)
 
         def generate(
-            state: Any, weights: tuple[Any, ...], cache: Any, slot_state: dict[str, Any], active: Any, count: Any
+            state: Any,
+            weights: tuple[Any, ...],
+            adapters: Any,
+            cache: Any,
+            slot_state: dict[str, Any],
+            active: Any,
+            count: Any,
         ) -> tuple[Any, dict[str, Any], Any]:
             # `count` steps (at most `steps`): a traced bound, so that the engine can change how
             # many steps a dispatch runs without compiling anything.
@@ -269,7 +301,9 @@ class Programs:
                 # below it); their writes are never read.
                 clamped = jnp.minimum(positions, window - 1)
                 if in_place:
-                    logits, cache = forward(model, tokens[:, None], cache, clamped, weights)
+                    logits, cache = forward(
+                        model, tokens[:, None], cache, clamped, weights, **_adapted(adapters, slot_state["adapter"])
+                    )
                     logits = logits[:, 0]
                 else:
                     logits, only = all_slots(tokens, cache[0], clamped)
@@ -307,14 +341,14 @@ class Programs:
         # One compilation per prefill length (bucket).
         self.prefill = jax.jit(prefill, donate_argnums=(1, 2))
         # One compilation per chunk length and prefix bound (Engine._prefixes).
-        self.prefill_chunk = jax.jit(prefill_chunk, donate_argnums=(2, 3), static_argnums=(7,))
+        self.prefill_chunk = jax.jit(prefill_chunk, donate_argnums=(3, 4), static_argnums=(8,))
         # One compilation per stored length (Engine._pool_lengths).
         self.store = jax.jit(store, donate_argnums=(0,), static_argnums=(3,))
         # One compilation per window (insert, generate) and pair of neighbouring windows
         # (resize: the engine steps through the windows between two).
         self.insert = jax.jit(insert, donate_argnums=(0,))
         self.resize = jax.jit(resize, static_argnums=(1,))
-        self.generate = jax.jit(generate, donate_argnums=(2, 3))
+        self.generate = jax.jit(generate, donate_argnums=(3, 4))
 
     def laid_out(self, state: Any) -> tuple[Any, ...]:
         """The matmul weights the forward pass multiplies by, laid out from the variables

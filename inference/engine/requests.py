@@ -45,12 +45,14 @@ class Request(DeltaQueue):
         wake: Callable[[], None],
         background: bool = False,
         on_end: Callable[[], None] | None = None,
+        adapter: int = 0,
     ) -> None:
         super().__init__()
         self.prompt_ids = prompt_ids
         self.max_new_tokens = max_new_tokens  # Already capped by the context.
         self.sampling = sampling
         self.background = background
+        self.adapter = adapter  # The engine's LoRA adapter it runs (0: the base itself).
         self.stop_reason: EngineStopReason | None = None
         self.stats = GenerationStats()
         self.error: BaseException | None = None

@@ -179,10 +179,6 @@ def sample_tokens(
     return jax.lax.cond(jnp.any(sampling), sampled, lambda: (greedy, keys))
 
 
-# read, top_k and the two words of the PRNG key.
-CHUNK_FIELDS = 8
-
-
 def slot_params(sampling: SamplingParams) -> tuple[Any, ...]:
     """Per-request prefill arguments as NumPy scalars: fixed dtypes, never a recompilation."""
     seed = int(sampling.seed)

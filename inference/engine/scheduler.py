@@ -29,6 +29,7 @@ from inference.engine.shapes import (
     default_windows,
     sizes,
 )
+from inference.forward.adapters import stack_adapters
 from inference.streaming import (
     MIN_BUCKET,
     IncrementalText,
@@ -80,6 +81,7 @@ class _DeviceState:
     slot_state: dict[str, Any]
     pool: Any
     weights: tuple[Any, ...]
+    adapters: Any = ()  # The engine's stacked LoRA factors (inference.forward.adapters), or ().
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,12 @@ class Engine:
     adaptive, see ``DISPATCH_TARGET_S``). Each bucket and each window is one compilation, all
     done by ``warm_up()``.
 
+    ``adapters``: LoRA adapters served unmerged over the model's own kernels, numbered from 1 in
+    this order (``submit(adapter=...)``; 0 is the model itself), each given per block, per kernel
+    of its family's ``block_kernels``, as ``inference.forward.adapters.factors_of`` gives them or
+    None where it leaves a kernel as it is. Requests of different adapters share decode steps,
+    each row running its own; the Llama 3, Mistral and Gemma 3 passes take them.
+
     ``prefix_cache_rows`` prompt prefixes of up to ``prefix_cache_tokens`` tokens (default half
     the context, at most 1024) are kept on the device (see ``inference.engine.prefix_cache``): a prompt
     that starts like a recent one (same template and system prompt, or the same dialog one turn
@@ -180,6 +188,7 @@ class Engine:
         prefix_cache_rows: int = DEFAULT_PREFIX_CACHE_ROWS,
         prefix_cache_tokens: int | None = None,
         compact: bool = False,
+        adapters: Sequence[Sequence[Sequence[tuple[Any, Any] | None]]] = (),
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}.")
@@ -203,6 +212,12 @@ class Engine:
         capacity -= capacity % PREFIX_BLOCK
         self._programs = programs_for(lm, slots, self.max_steps_per_dispatch, context, prefix_cache_rows, capacity)
         self.in_place = self._programs.in_place
+        if adapters and not self._programs.adapters:
+            raise ValueError(f"{type(lm).__name__}'s forward pass takes no LoRA adapters.")
+        if any(len(adapter) != lm.backbone.num_layers for adapter in adapters):
+            raise ValueError(f"An adapter needs factors for each of the model's {lm.backbone.num_layers} blocks.")
+        self.adapter_count = len(adapters)
+        self._adapter_factors = stack_adapters(adapters) if adapters else ()
         self.prefix_cache = PrefixCache(prefix_cache_rows if self.in_place else 0, capacity, PREFIX_BLOCK)
         smallest = PREFIX_BLOCK if self.in_place else MIN_BUCKET
         fine_up_to = FINE_BUCKETS_UP_TO if self.in_place else 0
@@ -330,6 +345,7 @@ class Engine:
         sampling: SamplingParams = GREEDY,
         ignore_stop_tokens: bool = False,
         background: bool = False,
+        adapter: int = 0,
     ) -> Request:
         """Queue a generation; iterate the returned Request for its text deltas.
 
@@ -338,7 +354,8 @@ class Engine:
         stop. ``ignore_stop_tokens`` makes no token stop the generation (stop strings still cut
         and end the text): benchmarks use it to generate exactly ``max_new_tokens``. A
         ``background`` request waits while any foreground one of the process is queued or
-        running (``inference.engine.priority``). The reply is capped by the context
+        running (``inference.engine.priority``). ``adapter``: which of the engine's LoRA
+        adapters generates it (0: the model itself). The reply is capped by the context
         (``Request.max_new_tokens`` is the effective limit). Raises ValueError for an invalid
         request (nothing is queued), EngineClosedError after ``shutdown()`` and EngineError if
         the decode thread died.
@@ -353,6 +370,8 @@ class Engine:
             raise ValueError("stop_strings must be a sequence of strings, not one string.")
         if not all(isinstance(stop, str) and stop for stop in stop_strings):
             raise ValueError("Stop strings must be non-empty strings.")
+        if not isinstance(adapter, int) or isinstance(adapter, bool) or not 0 <= adapter <= self.adapter_count:
+            raise ValueError(f"adapter must be an integer within 0..{self.adapter_count}, got {adapter!r}.")
         prompt_ids = encode_prompt(self.lm, prompt)
         limit = self.context_length
         if len(prompt_ids) + 1 > limit:
@@ -370,6 +389,7 @@ class Engine:
             wake=self._wake,
             background=background,
             on_end=None if background else FOREGROUND.leave,
+            adapter=adapter,
         )
         with self._cond:
             self._check_open()
@@ -469,7 +489,10 @@ class Engine:
         state = _model_state(self.lm)
         self._window = self.windows[0]
         cache, staging, slot_state, pool = self._programs.init(state, self._window)
-        self._device = _DeviceState(state, cache, staging, slot_state, pool, self._programs.laid_out(state))
+        import jax
+
+        adapters = jax.tree_util.tree_map(jax.device_put, self._adapter_factors)
+        self._device = _DeviceState(state, cache, staging, slot_state, pool, self._programs.laid_out(state), adapters)
         self.prefix_cache.clear()
 
     def _run(self) -> None:
@@ -564,7 +587,7 @@ class Engine:
             resized = self._resize(next((w for w in self.windows if w >= needed), self.context_length))
         for request in admitted:
             assert request._slot is not None
-            self._prefill(request.prompt_ids, request._slot, request.sampling)
+            self._prefill(request.prompt_ids, request._slot, request.sampling, adapter=request.adapter)
             self._insert(request._slot)
 
         dispatched = None
@@ -642,7 +665,13 @@ class Engine:
         device = self._device
         assert device is not None
         device.cache, device.slot_state, out = self._programs.generate(
-            device.state, device.weights, device.cache, device.slot_state, active, self._input(count, np.int32)
+            device.state,
+            device.weights,
+            device.adapters,
+            device.cache,
+            device.slot_state,
+            active,
+            self._input(count, np.int32),
         )
         return out
 
@@ -663,14 +692,16 @@ class Engine:
         sampling: SamplingParams,
         bucket: int | None = None,
         prefix: int | None = None,
+        adapter: int = 0,
     ) -> None:
         """Dispatch the prefill of a prompt's keys and values (all but its last token's) into
         the staging row, and start ``slot`` from its last token; ``_insert`` then copies the
         staging row to the slot, and the slot's first decode step gives the first new token.
 
         In-place families start from the longest cached prefix (leaving at least the last
-        token to run) and keep the prompt's prefix for later prompts. ``bucket`` and ``prefix``
-        force a compiled shape (warm-up: a two-token prompt, nothing cached).
+        token to run) and keep the prompt's prefix for later prompts, of its ``adapter``.
+        ``bucket`` and ``prefix`` force a compiled shape (warm-up: a two-token prompt, nothing
+        cached).
         """
         programs = self._programs
         device = self._device
@@ -685,21 +716,22 @@ class Engine:
                 device.state, device.staging, device.slot_state, token_ids, np.int32(length), np.int32(slot), *params
             )
             return
-        match = NO_MATCH if bucket else self.prefix_cache.lookup(prompt_ids, limit=length - 1)
+        match = NO_MATCH if bucket else self.prefix_cache.lookup(prompt_ids, limit=length - 1, adapter=adapter)
         size = bucket or next(b for b in self.buckets if b >= max(length - 1 - match.length, 1))
         if match.length + size > self.context_length:  # The chunk would not fit after the prefix.
             match = NO_MATCH
             size = next(b for b in self.buckets if b >= max(length - 1, 1))
         # The prefill computes every position but the last token's: only those can be kept.
-        row = None if bucket else self.prefix_cache.store(prompt_ids[:-1], match)
+        row = None if bucket else self.prefix_cache.store(prompt_ids[:-1], match, adapter=adapter)
         integers = np.full(size + CHUNK_FIELDS, self._pad_id, dtype=np.uint32)
         integers[: length - 1 - match.length] = prompt_ids[match.length : length - 1]
         temperature, top_k, top_p, key = params
-        integers[size:] = (prompt_ids[-1], match.length, length, slot, match.entry, top_k, *key)
+        integers[size:] = (prompt_ids[-1], match.length, length, slot, match.entry, top_k, *key, adapter)
         prefix = prefix or next(p for p in self._prefixes(size) if p >= match.length)
         device.staging, device.slot_state = programs.prefill_chunk(
             device.state,
             device.weights,
+            device.adapters,
             device.staging,
             device.slot_state,
             device.pool,

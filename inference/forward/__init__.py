@@ -28,6 +28,8 @@ class InPlaceDecoder(NamedTuple):
     # keras-hub cache cannot be built without its other inputs (Gemma 3's images); None: the
     # engine finds it by building keras-hub's cache abstractly.
     cache_layout: Callable[[Any], tuple[int, int, int, str]] | None = None
+    # Whether ``forward`` takes LoRA adapters per row (``adapted``: inference.forward.adapters).
+    adapters: bool = False
 
 
 def in_place_decoder(lm: Any, context: int) -> InPlaceDecoder | None:

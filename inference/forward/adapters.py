@@ -4,8 +4,9 @@ adapter it runs (0: none, the base itself).
 
 An adapter's change to a kernel, ``merged - base`` flattened to ``[in, out]`` as the family's
 pass multiplies by it, is kept as two factors, ``down [in, R]`` and ``up [R, out]``
-(``factors_of``); an engine stacks them over the adapters it serves, adapter 0 all zeros
-(``stack``), so that every row runs the same program and only the index differs. A row's
+(``factors_of``); an engine (``inference.engine``'s ``adapters``) stacks them over the
+adapters it serves, adapter 0 all zeros (``stack_adapters``), so that every row runs the same
+program and only the index differs. A row's
 projection is then ``x @ kernel + (x @ down[i]) @ up[i]``: the base's kernel is read once for
 all rows, whichever adapter each runs, and the factors add ``R * (in + out)`` multiply-adds a
 token to the kernel's ``in * out``. ``R`` is the change's rank: a Dense layer's LoRA rank, or
@@ -47,13 +48,16 @@ def factors_of(delta: np.ndarray, tolerance: float = RANK_TOLERANCE) -> tuple[np
     return (left[:, :rank] * root).astype(delta.dtype), (root[:, None] * right[:rank]).astype(delta.dtype)
 
 
-def stack(per_adapter: Sequence[tuple[np.ndarray, np.ndarray] | None], shape: tuple[int, int]) -> tuple[Any, Any]:
+def stack(per_adapter: Sequence[tuple[np.ndarray, np.ndarray] | None]) -> tuple[np.ndarray, np.ndarray] | None:
     """One kernel's factors over an engine's adapters, ``per_adapter[i]`` being adapter ``i + 1``'s
     (None: it leaves the kernel as it is): ``(down [1 + n, in, R], up [1 + n, R, out])``, adapter 0
-    and those without a change all zeros, every adapter's zero-padded to the largest ``R``.
-    ``shape`` is the kernel's ``(in, out)``."""
-    rank = max([1, *(down.shape[1] for down, _ in filter(None, per_adapter))])
-    ins, outs = shape
+    and those without a change all zeros, every adapter's zero-padded to the largest ``R``. None
+    when no adapter changes the kernel."""
+    changed = [factors for factors in per_adapter if factors is not None]
+    if not changed:
+        return None
+    rank = max(down.shape[1] for down, _ in changed)
+    ins, outs = changed[0][0].shape[0], changed[0][1].shape[1]
     down = np.zeros((1 + len(per_adapter), ins, rank), np.float32)
     up = np.zeros((1 + len(per_adapter), rank, outs), np.float32)
     for index, factors in enumerate(per_adapter, start=1):
@@ -62,6 +66,20 @@ def stack(per_adapter: Sequence[tuple[np.ndarray, np.ndarray] | None], shape: tu
             down[index, :, : first.shape[1]] = first
             up[index, : second.shape[0]] = second
     return down, up
+
+
+def stack_adapters(adapters: Sequence[Sequence[Sequence[tuple[np.ndarray, np.ndarray] | None]]]) -> Any:
+    """An engine's adapters' factors, each given per block, per kernel of the family's order
+    (``factors_of`` or None), stacked kernel by kernel (``stack``): ``Adapted.factors``."""
+    blocks = {len(adapter) for adapter in adapters}
+    kernels = {len(block) for adapter in adapters for block in adapter}
+    if len(blocks) != 1 or len(kernels) != 1:
+        raise ValueError("Every adapter needs the same blocks, each with the same kernels.")
+    (block_count,), (kernel_count,) = blocks, kernels
+    return tuple(
+        tuple(stack([adapter[index][which] for adapter in adapters]) for which in range(kernel_count))
+        for index in range(block_count)
+    )
 
 
 def row_delta(x: Any, factors: tuple[Any, Any], rows: Any, *, feature_major: bool = False) -> Any:
