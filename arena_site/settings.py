@@ -395,6 +395,11 @@ ARENA_PREFIX_CACHE_TOKENS = int(os.environ.get("ARENA_PREFIX_CACHE_TOKENS", "102
 # of which holds memory of its own (docs/models.md), for a little padding. On by default in the
 # embedded arena (a laptop), off on an inference host.
 ARENA_ENGINE_COMPACT = env_bool("ARENA_ENGINE_COMPACT", not REDIS_URL)
+# Serve a model the project fine-tuned (a fixer) as a LoRA adapter in the engine of the model it
+# was tuned from, when both are hosted by the same workers: one copy of the shared weights, one
+# set of caches, and their replies decoded together (inference/hosts/engines.py). Off by default
+# until its memory and pacing figures are measured (docs/models.md).
+ARENA_FIXERS_AS_ADAPTERS = env_bool("ARENA_FIXERS_AS_ADAPTERS", False)
 # A reply that runs longer than this is cancelled and marked failed (thread pools have no hard
 # Celery time limit, so the generation service enforces it).
 ARENA_GENERATION_TIMEOUT_SECONDS = float(os.environ.get("ARENA_GENERATION_TIMEOUT_SECONDS", "300"))

@@ -32,6 +32,9 @@ class PresetInfo:
     # its preprocessor's sequence_length, lowered to the backbone's max_sequence_length where it
     # has one. None when the preset does not say.
     context: int | None = None
+    # For a model the project fine-tuned (inference.building.fixer): the folder name of the
+    # imported preset it was trained from, which can serve it as a LoRA adapter. None otherwise.
+    fine_tuned_from: str | None = None
 
 
 def read_preset(path: Path) -> PresetInfo:
@@ -62,7 +65,14 @@ def read_preset(path: Path) -> PresetInfo:
         quality=quality if isinstance(quality, str) else None,
         base=arena.get("base") is True,
         context=_context_length(path, config),
+        fine_tuned_from=_fine_tuned_from(arena),
     )
+
+
+def _fine_tuned_from(arena: dict[str, Any]) -> str | None:
+    tuned = arena.get("fine_tuned")
+    base = tuned.get("base") if isinstance(tuned, dict) else None
+    return base if isinstance(base, str) and base else None
 
 
 def _context_length(path: Path, config: dict[str, Any]) -> int | None:

@@ -26,3 +26,10 @@ def models_for_host(*, names: Sequence[str] = (), queues: Sequence[str] = ()) ->
         if missing:
             raise ValueError(f"No enabled model on queue {', '.join(missing)}.")
     return list(models)
+
+
+def hosted_beside(model: LLM) -> list[LLM]:
+    """The other enabled models the workers of ``model``'s queue host on the arena's own engines
+    (not served elsewhere), by name."""
+    others = LLM.objects.enabled().filter(queue=model.queue, endpoint_url="").exclude(pk=model.pk)
+    return list(others.order_by("name"))

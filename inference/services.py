@@ -8,6 +8,7 @@ imported only when a model hosted here first generates, so that importing this m
 tier does) stays cheap.
 """
 
+import dataclasses
 import logging
 import os
 import sys
@@ -18,12 +19,13 @@ from pathlib import Path
 from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 
-from inference import metrics
+from inference import metrics, selectors
 from inference.chat_templates import ChatTurn
 from inference.clients.base import GREEDY, Generation, ModelClient, Sampling, StopReason
 from inference.clients.openai_compatible import Endpoint, OpenAICompatibleClient
 from inference.hosts.engines import ModelSpec
 from inference.models import LLM, parse_mesh_shape
+from inference.registry import PresetInfo, read_preset
 from inference.reply_edges import without_edge_whitespace, without_family_prefix, without_family_prefix_text
 from inference.streaming import GenerationStats, Tick
 
@@ -51,6 +53,21 @@ def resolve_preset(preset: str) -> str:
 
 
 def model_spec(model: LLM) -> ModelSpec:
+    """How a process hosting ``model`` loads it. With ``ARENA_FIXERS_AS_ADAPTERS``, a model the
+    project fine-tuned from another enabled model of the same queue is served by that model's
+    engine as a LoRA adapter (``inference.hosts.engines``): its spec names the other's, whose
+    spec names its preset among its adapters."""
+    spec = _own_spec(model)
+    if not settings.ARENA_FIXERS_AS_ADAPTERS or model.served_elsewhere:
+        return spec
+    base = _tuned_from(model)
+    if base is not None:
+        return dataclasses.replace(spec, adapter_of=model_spec(base))
+    tuned = [other for other in selectors.hosted_beside(model) if getattr(_tuned_from(other), "pk", None) == model.pk]
+    return dataclasses.replace(spec, adapters=tuple(_own_spec(other).preset for other in tuned))
+
+
+def _own_spec(model: LLM) -> ModelSpec:
     return ModelSpec(
         name=model.name,
         family=model.family,
@@ -62,6 +79,29 @@ def model_spec(model: LLM) -> ModelSpec:
         prefix_cache_tokens=settings.ARENA_PREFIX_CACHE_TOKENS,
         compact=settings.ARENA_ENGINE_COMPACT,
     )
+
+
+def _tuned_from(model: LLM) -> LLM | None:
+    """The model hosted beside ``model`` that it was fine-tuned from (its preset's metadata names
+    that model's preset folder), loaded alike (dtype, mesh); None if there is none."""
+    info = _preset_info(model)
+    tuned_from = None if info is None else info.fine_tuned_from
+    if tuned_from is None:
+        return None
+    for other in selectors.hosted_beside(model):
+        info = _preset_info(other)
+        loaded_alike = (other.dtype, other.mesh_shape) == (model.dtype, model.mesh_shape)
+        if info is not None and info.path.name == tuned_from and info.fine_tuned_from is None and loaded_alike:
+            return other
+    return None
+
+
+def _preset_info(model: LLM) -> PresetInfo | None:
+    """The local preset's description; None for a hub handle or a folder that is not one."""
+    try:
+        return read_preset(Path(resolve_preset(model.preset)))
+    except (ValueError, OSError):
+        return None
 
 
 def warm_up(model: LLM) -> None:

@@ -4,8 +4,10 @@ of one batch, each row's logits those of its adapter merged into the kernels."""
 
 from __future__ import annotations
 
+import json
 import operator
 import os
+import shutil
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -19,13 +21,18 @@ import keras_hub
 import numpy as np
 import pytest
 
+from inference import services
+from inference.building.checkpoints import write_arena_metadata
 from inference.building.demo_models import SYSTEM_PROMPT
 from inference.chat_templates import ChatTurn, render_prompt, stop_strings
 from inference.engine import Engine
+from inference.engine.adapter_engine import AdapterEngine
 from inference.engine.prefix_cache import NO_MATCH, PrefixCache, PrefixMatch
 from inference.forward import gemma3, llama
 from inference.forward.adapters import Adapted, factors_of, stack, stack_adapters
 from inference.forward.attention import cache_shapes
+from inference.hosts import engines
+from inference.models import LLM
 from inference.registry import read_preset
 
 PRESETS = Path(__file__).resolve().parents[1] / "inference" / "presets"
@@ -289,6 +296,8 @@ def test_adapters_are_refused_where_the_pass_or_the_request_cannot_take_them() -
     changes = factored(random_changes(kernels, adapters=1, seed=8))
     with pytest.raises(ValueError, match="blocks"):
         Engine(lm, slots=1, buckets=ENGINE_BUCKETS, windows=ENGINE_WINDOWS, adapters=[changes[0][:-1]])
+    with pytest.raises(ValueError, match="architecture"):  # A host asked to serve another model as one.
+        engines.adapter_factors(lm, str(PRESETS / "mistral-calendar"))
     gemma = keras_hub.models.CausalLM.from_preset(str(GEMMA_PRESET))
     with pytest.raises(ValueError, match="takes no LoRA adapters"):
         Engine(gemma, slots=1, buckets=ENGINE_BUCKETS, windows=ENGINE_WINDOWS, adapters=changes)
@@ -297,3 +306,65 @@ def test_adapters_are_refused_where_the_pass_or_the_request_cannot_take_them() -
         with pytest.raises(ValueError, match="adapter must be"):
             engine.submit("Hi", max_new_tokens=4, adapter=adapter)  # type: ignore[arg-type]
     engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tuned_preset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo model fine-tuned, as the project's fixers are saved: its preset with a low-rank
+    change merged into the upper blocks' kernels, and metadata naming the preset it came from."""
+    lm = keras_hub.models.CausalLM.from_preset(str(LLAMA_PRESET))
+    kernels = [tuple(np.asarray(k) for k in block) for block in llama.block_kernels(lm)]
+    change = random_changes(kernels, adapters=1, seed=9)[0]
+    for block, deltas in zip(kernel_variables(lm.backbone, LLAMA_KERNELS), change, strict=True):
+        for variable, delta in zip(block, deltas, strict=True):
+            if delta is not None:
+                variable.assign(np.asarray(variable.value) + delta.reshape(variable.shape))
+    path = tmp_path_factory.mktemp("presets") / "llama3-calendar-tuned"
+    lm.save_to_preset(str(path))
+    for name in ("config.json", "task.json"):  # As the fixers' presets are built.
+        shutil.copy(LLAMA_PRESET / name, path / name)
+    arena = json.loads((LLAMA_PRESET / "metadata.json").read_text())["fix_arena"]
+    write_arena_metadata(path, {**arena, "fine_tuned": {"model": path.name, "base": LLAMA_PRESET.name}})
+    return path
+
+
+def test_a_host_serves_a_fine_tuned_model_in_its_base_s_engine(tuned_preset: Path) -> None:
+    """The tuned model's requests run as an adapter of its base's engine, writing what the tuned
+    preset writes in an engine of its own; stopping the base stops serving both."""
+    family = read_preset(LLAMA_PRESET).family
+    base = engines.ModelSpec("base", family, str(LLAMA_PRESET), slots=2, adapters=(str(tuned_preset),))
+    tuned = engines.ModelSpec("tuned", family, str(tuned_preset), slots=2, adapter_of=base)
+    prompt = render_prompt(family, SYSTEM_PROMPT, [ChatTurn("user", "Dinner with Bo on May 2 at 7pm")])
+    try:
+        view = engines.engine_for(tuned)
+        assert isinstance(view, AdapterEngine) and view.engine is engines.engine_for(base)
+        assert engines.engine_for(tuned) is view and engines.running_specs()["tuned"] == tuned
+        served = view.submit(prompt, max_new_tokens=NEW_TOKENS, stop_strings=stop_strings(family)).result()
+        as_base = greedy(view.engine, prompt).result()
+        assert (view.active_slots, view.queued) == (0, 0)
+        assert engines.shutdown_where(lambda spec: spec.name == "base") == ["base", "tuned"]
+    finally:
+        engines.shutdown_all()
+    alone = keras_hub.models.CausalLM.from_preset(str(tuned_preset))
+    with Engine(alone, slots=1, buckets=ENGINE_BUCKETS, windows=ENGINE_WINDOWS) as engine:
+        assert served == greedy(engine, prompt).result()
+    assert served != as_base  # The adapter writes its own text.
+
+
+@pytest.mark.django_db
+def test_a_fine_tuned_model_is_served_by_its_base_s_engine_when_both_are_hosted_together(
+    tuned_preset: Path, settings: Any
+) -> None:
+    settings.ARENA_FIXERS_AS_ADAPTERS = True
+    base = LLM.objects.create(name="demo", family="llama3", preset=str(LLAMA_PRESET), queue="q")
+    tuned = LLM.objects.create(name="demo-tuned", family="llama3", preset=str(tuned_preset), queue="q")
+    LLM.objects.create(name="mistral", family="mistral", preset=str(PRESETS / "mistral-calendar"), queue="q")
+    assert services.model_spec(tuned).adapter_of == services.model_spec(base)
+    assert services.model_spec(base).adapters == (str(tuned_preset),)
+    tuned.queue = "elsewhere"  # Hosted by other workers: an engine of its own.
+    tuned.save()
+    assert services.model_spec(tuned).adapter_of is None and services.model_spec(base).adapters == ()
+    tuned.queue = "q"
+    tuned.save()
+    settings.ARENA_FIXERS_AS_ADAPTERS = False
+    assert services.model_spec(tuned).adapter_of is None and services.model_spec(base).adapters == ()

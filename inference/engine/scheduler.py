@@ -289,6 +289,14 @@ class Engine:
         """Submitted requests waiting for a free slot."""
         return len(self._pending)
 
+    def active_slots_of(self, adapter: int) -> int:
+        """Slots holding a running request of ``adapter`` (0: the model itself)."""
+        return sum(r is not None and r.adapter == adapter for r in self._slots)
+
+    def queued_of(self, adapter: int) -> int:
+        """Requests of ``adapter`` waiting for a free slot."""
+        return sum(r.adapter == adapter for r in list(self._pending))
+
     def start(self) -> Engine:
         """Start the decode thread (idempotent); submit() and warm_up() call it themselves."""
         with self._cond:

@@ -32,6 +32,23 @@ class InPlaceDecoder(NamedTuple):
     adapters: bool = False
 
 
+def adapter_kernels(lm: Any) -> Callable[[Any], list[tuple[Any, ...]]] | None:
+    """The function giving ``lm``'s block kernels as its pass multiplies by them, per block, in
+    the order LoRA adapters are given to the engine (``inference.forward.adapters``); None for a
+    family whose pass takes no adapters."""
+    import keras_hub
+
+    if type(lm) in (keras_hub.models.Llama3CausalLM, keras_hub.models.MistralCausalLM):
+        from inference.forward.llama import block_kernels
+
+        return block_kernels
+    if type(lm) is keras_hub.models.Gemma3CausalLM:
+        from inference.forward.gemma3 import block_kernels
+
+        return block_kernels
+    return None
+
+
 def in_place_decoder(lm: Any, context: int) -> InPlaceDecoder | None:
     """The engine's own forward pass for ``lm`` (the first family's that takes it), with the
     function that lays out its matmul weights; None where there is none."""

@@ -2,7 +2,10 @@
 
 Plain module (no Django). Every generation job in the process — Celery thread-pool tasks on an
 inference host, or the in-process worker of the embedded mode — gets its model's engine from
-here, so concurrent replies of the same model share one decode batch.
+here, so concurrent replies of the same model share one decode batch. A fine-tuned model whose
+spec names the model it was tuned from (``ModelSpec.adapter_of``) is served by that model's
+engine as a LoRA adapter (its change to the kernels, unmerged: ``inference.forward.adapters``),
+so the two share weights, caches and decode steps.
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
 if TYPE_CHECKING:
     from inference.engine import Engine
+    from inference.engine.adapter_engine import AdapterEngine
 
 logger = logging.getLogger(__name__)
 
@@ -37,15 +41,24 @@ class ModelSpec:
     prefix_cache_rows: int = 16
     prefix_cache_tokens: int = 1024  # At most: the engine keeps at most half the context.
     compact: bool = False  # Compile powers of two only (Engine's ``compact``): half the programs' memory.
+    # Presets of models fine-tuned from this one that its engine serves as LoRA adapters, in order
+    # (adapter 1, 2, ...).
+    adapters: tuple[str, ...] = ()
+    # For such a fine-tuned model: the spec of the model whose engine serves it (whose
+    # ``adapters`` name this preset); None: an engine of its own.
+    adapter_of: ModelSpec | None = None
 
 
-_engines: dict[str, tuple[ModelSpec, Engine]] = {}
+_engines: dict[str, tuple[ModelSpec, Engine | AdapterEngine]] = {}
 _lock = threading.Lock()
 _loading: dict[str, threading.Lock] = {}
 
 
-def engine_for(spec: ModelSpec) -> Engine:
-    """The running engine of this model, loading and starting it on first use."""
+def engine_for(spec: ModelSpec) -> Engine | AdapterEngine:
+    """The running engine of this model, loading and starting it on first use (for an adapter,
+    its base's engine, serving it)."""
+    if spec.adapter_of is not None:
+        return _adapter_engine(spec, spec.adapter_of)
     with _lock:
         loaded = _engines.get(spec.name)
         if loaded is not None and loaded[0] == spec:
@@ -60,9 +73,30 @@ def engine_for(spec: ModelSpec) -> Engine:
         with _lock:
             previous = _engines.get(spec.name)
             _engines[spec.name] = (spec, engine)
+            # Adapters served by the engine replaced: each gets the new one at its next use.
+            for name in [n for n, (s, _) in _engines.items() if s.adapter_of and s.adapter_of.name == spec.name]:
+                del _engines[name]
         if previous is not None:  # The roster entry changed (preset, dtype, mesh): replace it.
             previous[1].shutdown()
         return engine
+
+
+def _adapter_engine(spec: ModelSpec, base: ModelSpec) -> AdapterEngine:
+    """The adapter view of ``base``'s engine serving ``spec`` (its adapter ``spec.preset``)."""
+    from inference.engine.adapter_engine import AdapterEngine
+
+    if spec.preset not in base.adapters:
+        raise ValueError(f"{base.name}'s engine does not serve {spec.preset} as an adapter.")
+    engine = engine_for(base)
+    assert not isinstance(engine, AdapterEngine), "An adapter's base is served by an engine of its own."
+    with _lock:
+        loaded = _engines.get(spec.name)
+        view = None if loaded is None or loaded[0] != spec else loaded[1]
+        if isinstance(view, AdapterEngine) and view.engine is engine:
+            return view
+        view = AdapterEngine(engine, base.adapters.index(spec.preset) + 1)
+        _engines[spec.name] = (spec, view)
+        return view
 
 
 def _start_engine(spec: ModelSpec) -> Engine:
@@ -82,18 +116,54 @@ def _start_engine(spec: ModelSpec) -> Engine:
         logger.info("%s shares %.0f MB of weights with a model loaded before it", spec.name, shared / 1e6)
         return_freed_memory()  # Its own copies of the shared arrays.
     context = context_length(lm)
+    adapters = [adapter_factors(lm, preset) for preset in spec.adapters]
+    if adapters:
+        logger.info("%s serves %d adapter(s): %s", spec.name, len(adapters), ", ".join(spec.adapters))
+        return_freed_memory()  # The tuned models read for their factors.
     engine = Engine(
         lm,
         slots=spec.slots,
         prefix_cache_rows=spec.prefix_cache_rows,
         prefix_cache_tokens=min(spec.prefix_cache_tokens, context // 2),
         compact=spec.compact,
+        adapters=adapters,
     )
     engine.start()
     return engine
 
 
-def running_engines() -> dict[str, Engine]:
+def adapter_factors(lm: Any, preset: str) -> list[list[tuple[Any, Any] | None]]:
+    """A model fine-tuned from ``lm`` (its preset, merged) as a LoRA adapter over ``lm``: per
+    block, per kernel of the family's pass (``inference.forward.adapter_kernels``), the factors of
+    its change (``inference.forward.adapters.factors_of``), None where it left the kernel as it
+    was. The tuned model is read, then dropped."""
+    import keras_hub
+    import numpy as np
+
+    import inference.tokenizers  # noqa: F401  (the imported presets' tokenizer class)
+    from inference.forward import adapter_kernels
+    from inference.forward.adapters import factors_of
+
+    kernels = adapter_kernels(lm)
+    if kernels is None:
+        raise ValueError(f"{type(lm).__name__}'s forward pass takes no LoRA adapters.")
+    tuned = keras_hub.models.CausalLM.from_preset(preset)
+    tuned_kernels, base_kernels = kernels(tuned), kernels(lm)
+    shapes = [[k.shape for k in block] for block in tuned_kernels]
+    if type(tuned) is not type(lm) or shapes != [[k.shape for k in block] for block in base_kernels]:
+        raise ValueError(f"{preset} is not of its base's architecture: it cannot be served as its adapter.")
+    factors = []
+    for tuned_block, base_block in zip(tuned_kernels, base_kernels, strict=True):
+        block: list[tuple[Any, Any] | None] = []
+        for tuned_kernel, base_kernel in zip(tuned_block, base_block, strict=True):
+            change = np.asarray(tuned_kernel, np.float32) - np.asarray(base_kernel, np.float32)
+            block.append(factors_of(change) if change.any() else None)
+        factors.append(block)
+    del tuned
+    return factors
+
+
+def running_engines() -> dict[str, Engine | AdapterEngine]:
     """The engines of this process by model name (inference.metrics reads their slots)."""
     with _lock:
         return {name: engine for name, (_, engine) in _engines.items()}
@@ -105,7 +175,7 @@ def running_specs() -> dict[str, ModelSpec]:
         return {name: spec for name, (spec, _) in _engines.items()}
 
 
-def warm_up(spec: ModelSpec) -> Engine:
+def warm_up(spec: ModelSpec) -> Engine | AdapterEngine:
     """Load the model and compile every shape its engine will use, before taking traffic."""
     engine = engine_for(spec)
     engine.warm_up()
@@ -132,6 +202,10 @@ def shutdown_where(chosen: Callable[[ModelSpec], bool], timeout_s: float | None 
     with _lock:
         names = [name for name, (spec, _) in _engines.items() if chosen(spec)]
         engines = [_engines.pop(name)[1] for name in names]
+        # Adapters of a stopped engine go with it.
+        served = [n for n, (s, _) in _engines.items() if s.adapter_of and s.adapter_of.name in names]
+        for name in served:
+            del _engines[name]
     for engine in engines:
-        engine.shutdown(timeout_s)
-    return names
+        engine.shutdown(timeout_s)  # An adapter's stops nothing: its base's engine serves others.
+    return [*names, *served]
