@@ -2,6 +2,8 @@
 
 from collections.abc import Sequence
 
+from django.conf import settings
+
 from inference.models import LLM
 
 
@@ -29,7 +31,10 @@ def models_for_host(*, names: Sequence[str] = (), queues: Sequence[str] = ()) ->
 
 
 def hosted_beside(model: LLM) -> list[LLM]:
-    """The other enabled models the workers of ``model``'s queue host on the arena's own engines
-    (not served elsewhere), by name."""
-    others = LLM.objects.enabled().filter(queue=model.queue, endpoint_url="").exclude(pk=model.pk)
+    """The other enabled models hosted with ``model`` on the arena's own engines (not served
+    elsewhere), by name: in the embedded arena every one (its in-process worker serves them all),
+    else those of its queue (the same workers serve them)."""
+    others = LLM.objects.enabled().filter(endpoint_url="").exclude(pk=model.pk)
+    if settings.GENERATION_BACKEND != "in-process":
+        others = others.filter(queue=model.queue)
     return list(others.order_by("name"))

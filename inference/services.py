@@ -54,9 +54,9 @@ def resolve_preset(preset: str) -> str:
 
 def model_spec(model: LLM) -> ModelSpec:
     """How a process hosting ``model`` loads it. With ``ARENA_FIXERS_AS_ADAPTERS``, a model the
-    project fine-tuned from another enabled model of the same queue is served by that model's
-    engine as a LoRA adapter (``inference.hosts.engines``): its spec names the other's, whose
-    spec names its preset among its adapters."""
+    project fine-tuned from another model hosted with it (``selectors.hosted_beside``) is served
+    by that model's engine as a LoRA adapter (``inference.hosts.engines``): its spec names the
+    other's, whose spec names its preset among its adapters."""
     spec = _own_spec(model)
     if not settings.ARENA_FIXERS_AS_ADAPTERS or model.served_elsewhere:
         return spec

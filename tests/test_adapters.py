@@ -352,10 +352,11 @@ def test_a_host_serves_a_fine_tuned_model_in_its_base_s_engine(tuned_preset: Pat
 
 
 @pytest.mark.django_db
-def test_a_fine_tuned_model_is_served_by_its_base_s_engine_when_both_are_hosted_together(
+def test_a_fine_tuned_model_is_served_by_its_base_s_engine_where_both_are_hosted_together(
     tuned_preset: Path, settings: Any
 ) -> None:
     settings.ARENA_FIXERS_AS_ADAPTERS = True
+    settings.GENERATION_BACKEND = "celery"  # An inference host's workers: the models of their queue.
     base = LLM.objects.create(name="demo", family="llama3", preset=str(LLAMA_PRESET), queue="q")
     tuned = LLM.objects.create(name="demo-tuned", family="llama3", preset=str(tuned_preset), queue="q")
     LLM.objects.create(name="mistral", family="mistral", preset=str(PRESETS / "mistral-calendar"), queue="q")
@@ -364,7 +365,7 @@ def test_a_fine_tuned_model_is_served_by_its_base_s_engine_when_both_are_hosted_
     tuned.queue = "elsewhere"  # Hosted by other workers: an engine of its own.
     tuned.save()
     assert services.model_spec(tuned).adapter_of is None and services.model_spec(base).adapters == ()
-    tuned.queue = "q"
-    tuned.save()
+    settings.GENERATION_BACKEND = "in-process"  # The embedded arena serves every model in one process.
+    assert services.model_spec(tuned).adapter_of == services.model_spec(base)
     settings.ARENA_FIXERS_AS_ADAPTERS = False
     assert services.model_spec(tuned).adapter_of is None and services.model_spec(base).adapters == ()
