@@ -398,7 +398,7 @@ ARENA_ENGINE_COMPACT = env_bool("ARENA_ENGINE_COMPACT", not REDIS_URL)
 # Serve a model the project fine-tuned (a fixer) as a LoRA adapter in the engine of the model it
 # was tuned from, when both are hosted by the same workers: one copy of the shared weights, one
 # set of caches, and their replies decoded together (inference/hosts/engines.py). Off by default
-# until its memory and pacing figures are measured (docs/models.md).
+# until its anonymity is checked (docs/models.md).
 ARENA_FIXERS_AS_ADAPTERS = env_bool("ARENA_FIXERS_AS_ADAPTERS", False)
 # A reply that runs longer than this is cancelled and marked failed (thread pools have no hard
 # Celery time limit, so the generation service enforces it).
