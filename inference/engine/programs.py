@@ -55,7 +55,7 @@ class Programs:
         import jax.numpy as jnp
         import keras_hub
 
-        from inference.forward import in_place_decoder
+        from inference.forward import adapter_kernels, in_place_decoder
         from inference.forward.attention import KEY_POSITION_AXIS, VALUE_POSITION_AXIS, cache_shapes
 
         if not (hasattr(lm, "_build_cache") and hasattr(lm, "call_with_cache")):
@@ -100,7 +100,7 @@ class Programs:
             decoder = None
         self.in_place = in_place = decoder is not None
         # Whether the pass takes LoRA adapters per row (an engine may then serve some).
-        self.adapters = decoder is not None and decoder.adapters
+        self.adapters = in_place and adapter_kernels(lm) is not None
         forward, prepare, self.layout = decoder[:3] if decoder is not None else (None, None, None)
         if in_place:
             _, layers, _, _, kv_heads, head_dim = one.shape

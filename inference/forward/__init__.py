@@ -28,14 +28,12 @@ class InPlaceDecoder(NamedTuple):
     # keras-hub cache cannot be built without its other inputs (Gemma 3's images); None: the
     # engine finds it by building keras-hub's cache abstractly.
     cache_layout: Callable[[Any], tuple[int, int, int, str]] | None = None
-    # Whether ``forward`` takes LoRA adapters per row (``adapted``: inference.forward.adapters).
-    adapters: bool = False
 
 
 def adapter_kernels(lm: Any) -> Callable[[Any], list[tuple[Any, ...]]] | None:
     """The function giving ``lm``'s block kernels as its pass multiplies by them, per block, in
     the order LoRA adapters are given to the engine (``inference.forward.adapters``); None for a
-    family whose pass takes no adapters."""
+    family whose pass takes no adapters (its ``forward`` has no ``adapted``)."""
     import keras_hub
 
     if type(lm) in (keras_hub.models.Llama3CausalLM, keras_hub.models.MistralCausalLM):

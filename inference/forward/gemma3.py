@@ -24,7 +24,7 @@ def in_place_decoder(lm: Any, context: int) -> InPlaceDecoder | None:
     since Gemma 3's keras-hub cache also takes image inputs."""
     if not supports(lm):
         return None
-    return InPlaceDecoder(gemma3_forward, gemma3_weights, cache_layout=cache_layout, adapters=True)
+    return InPlaceDecoder(gemma3_forward, gemma3_weights, cache_layout=cache_layout)
 
 
 def supports(lm: Any) -> bool:

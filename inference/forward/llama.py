@@ -48,10 +48,7 @@ def in_place_decoder(lm: Any, context: int) -> InPlaceDecoder | None:
         return None
     layout = faster_layout(lm)
     return InPlaceDecoder(
-        functools.partial(llama_forward, layout=layout),
-        functools.partial(llama_weights, layout=layout),
-        layout,
-        adapters=True,
+        functools.partial(llama_forward, layout=layout), functools.partial(llama_weights, layout=layout), layout
     )
 
 
