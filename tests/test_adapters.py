@@ -1,6 +1,8 @@
 """LoRA adapters served unmerged (inference/forward/adapters.py): factors of an adapter's change,
-stacked over an engine's adapters, and the families' passes with a different adapter on each row
-of one batch, each row's logits those of its adapter merged into the kernels."""
+stacked over an engine's adapters; the families' passes with a different adapter on each row of
+one batch, each row's logits those of its adapter merged into the kernels; the engine serving
+them, each adapter's greedy text that of its merged model; and a model host serving a
+fine-tuned preset in its base's engine (inference/hosts/engines.py)."""
 
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ ENGINE_BUCKETS, ENGINE_WINDOWS = (128,), (128,)
 NEW_TOKENS = 24
 ROWS, LENGTH, POSITIONS = 3, 5, 8
 # The kernels the arena's fixers change (query, value and the feed-forward's three), in the
-# families' block_kernels order, and the LoRA rank they are trained at.
+# families' block_kernels order, and the rank of the tests' changes to them.
 CHANGED = (0, 2, 4, 5, 6)
 RANK = 4
 # Each block's layers holding block_kernels's seven kernels, by family.
