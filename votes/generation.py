@@ -241,7 +241,7 @@ class DeltaBatcher:
         it to its last text (None when too little was written to tell). To the last text, not to
         the model's end: what the pace must keep up with is text appearing, and the tokens a
         model spends after its last text (a stop sequence held back, a turn marker) show nothing.
-        Counted in, they made short replies look slow and pulled the pace down."""
+        Counted in, they would make short replies look slow and pull the pace down."""
         if self.first_text_at is None or self.last_text_at is None:
             return None
         chars = len(self.text) - self.first_text_chars
