@@ -24,9 +24,19 @@ from votes.protocol import ArenaError
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+_networks_used: set[int] = set()
+
+
 def fresh_address() -> str:
-    """An address no other test (or earlier run within the throttle's minute) has used."""
-    return f"198.18.{secrets.randbelow(256)}.{secrets.randbelow(254) + 1}"
+    """An address in a /24 network no other call has used: the throttles count per network
+    (``votes.rate_limits.network_of``), so two addresses of one /24 would share a budget. Drawn
+    from 198.18.0.0/15 (512 networks), so an earlier run within the throttle's minute is unlikely
+    to have used it either (conftest clears the throttles between tests anyway)."""
+    network = secrets.randbelow(512)
+    while network in _networks_used:
+        network = secrets.randbelow(512)
+    _networks_used.add(network)
+    return f"198.{18 + network // 256}.{network % 256}.{secrets.randbelow(254) + 1}"
 
 
 async def api_status(application: Any, peer: str, forwarded_for: str | None) -> int:
