@@ -395,11 +395,21 @@ ARENA_PREFIX_CACHE_TOKENS = int(os.environ.get("ARENA_PREFIX_CACHE_TOKENS", "102
 # of which holds memory of its own (docs/models.md), for a little padding. On by default in the
 # embedded arena (a laptop), off on an inference host.
 ARENA_ENGINE_COMPACT = env_bool("ARENA_ENGINE_COMPACT", not REDIS_URL)
+# The dtype the engines keep keys and values in (slots, staging row, prefix pool): "float16"
+# halves them for a float32 model, each key and value rounded once, as vLLM's kv_cache_dtype does
+# (on a CPU Gemma 3's decode step 7-15 % slower, SmolLM2's none; bfloat16 slower: docs/models.md);
+# empty: the model's own dtype (greedy text then matches keras-hub's generate() exactly).
+# float16 by default in the embedded arena (a laptop), the model's on an inference host.
+ARENA_ENGINE_CACHE_DTYPE = os.environ.get("ARENA_ENGINE_CACHE_DTYPE", "" if REDIS_URL else "float16")
+if ARENA_ENGINE_CACHE_DTYPE not in ("", "float32", "bfloat16", "float16"):
+    raise ImproperlyConfigured(
+        f"ARENA_ENGINE_CACHE_DTYPE: {ARENA_ENGINE_CACHE_DTYPE!r} is none of float32, bfloat16, float16 or empty."
+    )
 # Serve a model the project fine-tuned (a fixer) as a LoRA adapter in the engine of the model it
 # was tuned from, when both are hosted by the same workers: one copy of the shared weights, one
-# set of caches, and their replies decoded together (inference/hosts/engines.py). Off by default
-# until its anonymity is checked (docs/models.md).
-ARENA_FIXERS_AS_ADAPTERS = env_bool("ARENA_FIXERS_AS_ADAPTERS", False)
+# set of caches, and their replies decoded together (inference/hosts/engines.py). The
+# identification probe runs on the roster served so (docs/security.md).
+ARENA_FIXERS_AS_ADAPTERS = env_bool("ARENA_FIXERS_AS_ADAPTERS", True)
 # A reply that runs longer than this is cancelled and marked failed (thread pools have no hard
 # Celery time limit, so the generation service enforces it).
 ARENA_GENERATION_TIMEOUT_SECONDS = float(os.environ.get("ARENA_GENERATION_TIMEOUT_SECONDS", "300"))

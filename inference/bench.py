@@ -40,6 +40,7 @@ import os
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
+import dataclasses
 import itertools
 import random
 import threading
@@ -84,13 +85,16 @@ def _load(path: Path) -> Any:
         return _models[key]
 
 
-def resident_mib() -> float:
-    """This process's resident memory (Linux's ``VmRSS``), in MiB."""
+def resident_mib(field: str = "VmRSS") -> float:
+    """This process's resident memory (Linux's ``VmRSS``; ``VmHWM``: its peak so far), in MiB."""
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
-    raise RuntimeError("No VmRSS in /proc/self/status: resident memory is measured on Linux only.")
+    raise RuntimeError(f"No {field} in /proc/self/status: resident memory is measured on Linux only.")
+
+
+STEP_WINDOWS_UP_TO = 1024  # ``resident_memory`` times decode steps at the windows up to this.
 
 
 def resident_memory(
@@ -100,14 +104,20 @@ def resident_memory(
     prefix_cache_rows: int,
     prefix_cache_tokens: int,
     compact: bool = False,
+    cache_dtype: str | None = None,
     beside: str | Path | None = None,
+    adapters: Sequence[str | Path] = (),
 ) -> dict[str, Any]:
     """What one model holds resident in the arena's engine, measured in this process: loaded
     as the arena loads it (``inference.hosts.engines``), then warmed up (every shape compiled,
     freed memory handed back). Call it in a process that has loaded no model: the first one
     also pays for JAX's own start, reported apart (``runtime_mib``). ``beside``: another
     preset loaded and warmed first, as the arena serves them together (a fixer beside its base:
-    what it adds, sharing the base's equal weights and compiled programs)."""
+    what it adds, sharing the base's equal weights and compiled programs). ``adapters``: presets
+    fine-tuned from this one, served by its engine as LoRA adapters as the roster serves a fixer
+    (``inference.services.model_spec``: the slots for each model served; what is reported is the
+    engine with them all). Then it times a decode step of every slot at each window up to
+    ``STEP_WINDOWS_UP_TO`` positions (``step_ms``)."""
     import jax.numpy as jnp
 
     from inference.hosts import engines
@@ -123,10 +133,14 @@ def resident_memory(
             prefix_cache_rows=prefix_cache_rows,
             prefix_cache_tokens=prefix_cache_tokens,
             compact=compact,
+            cache_dtype=cache_dtype,
         )
 
     path = Path(preset)
     spec = spec_of(path)
+    if adapters:
+        tuned = tuple(str(Path(adapter).resolve()) for adapter in adapters)
+        spec = dataclasses.replace(spec, adapters=tuned, slots=slots * (1 + len(tuned)))
     before = resident_mib()
     jnp.zeros(1).block_until_ready()  # JAX's CPU client, before the model.
     if beside is not None:
@@ -140,10 +154,13 @@ def resident_memory(
     result = {
         "preset": path.name,
         "parameters": engine.lm.count_params(),
-        "slots": slots,
+        "slots": spec.slots,
+        "adapters": [Path(adapter).name for adapter in adapters],
         "prefix_cache_rows": engine.prefix_cache.entries,
         "prefix_cache_tokens": engine.prefix_cache.capacity,
         "compact": compact,
+        "cache_dtype": engine.cache_dtype,
+        "layout": engine.forward_layout,  # The Llama pass's, timed at load (its laid-out copy).
         "beside": None if beside is None else Path(beside).name,
         "compilations": engine.compilations,
         "warm_up_s": time.perf_counter() - began,
@@ -152,7 +169,13 @@ def resident_memory(
         "loaded_mib": loaded - runtime,
         "warm_up_mib": warm - loaded,
         "model_mib": warm - runtime,
+        "peak_mib": resident_mib("VmHWM"),  # The process's, from its start.
     }
+    # Then, what a decode step of every slot costs at each window up to STEP_WINDOWS_UP_TO
+    # positions (``Engine.decode_step_seconds``, as the throughput run reports it): what the
+    # settings that save memory (compact shapes, the cache dtype) cost in speed.
+    timed = [window for window in engine.windows if window <= STEP_WINDOWS_UP_TO] or list(engine.windows[:1])
+    result["step_ms"] = {str(window): 1000 * engine.decode_step_seconds(window, seconds=1.0) for window in timed}
     engines.shutdown_all()
     return result
 
@@ -162,11 +185,16 @@ def format_memory(result: dict[str, Any]) -> str:
     return (
         f"{result['preset']} ({result['parameters']:,} parameters; {result['slots']} slots, prefix pool "
         f"{result['prefix_cache_rows']} x {result['prefix_cache_tokens']}"
-        f"{', compact shapes' if result['compact'] else ''}"
-        f"{', beside ' + result['beside'] if result['beside'] else ''}): {result['model_mib']:.0f} MiB resident "
+        f"{', compact shapes' if result['compact'] else ''}, {result['cache_dtype']} caches"
+        f"{', ' + result['layout'] if result['layout'] else ''}"
+        f"{', beside ' + result['beside'] if result['beside'] else ''}"
+        f"{', serving ' + ' and '.join(result['adapters']) + ' as LoRA adapters' if result['adapters'] else ''}): "
+        f"{result['model_mib']:.0f} MiB resident "
         f"once warm ({result['loaded_mib']:.0f} MiB loaded, +{result['warm_up_mib']:.0f} MiB for "
         f"{result['compilations']} compiled programs and caches); "
-        f"{before} {result['runtime_mib']:.0f} MiB before it; warm-up {result['warm_up_s']:.0f} s"
+        f"{before} {result['runtime_mib']:.0f} MiB before it; warm-up {result['warm_up_s']:.0f} s; "
+        f"the process's peak {result['peak_mib']:.0f} MiB; a decode step of every slot "
+        + ", ".join(f"{ms:.1f} ms over {window} positions" for window, ms in result["step_ms"].items())
     )
 
 

@@ -9,6 +9,7 @@ tier does) stays cheap.
 """
 
 import dataclasses
+import functools
 import logging
 import os
 import sys
@@ -56,15 +57,21 @@ def model_spec(model: LLM) -> ModelSpec:
     """How a process hosting ``model`` loads it. With ``ARENA_FIXERS_AS_ADAPTERS``, a model the
     project fine-tuned from another model hosted with it (``selectors.hosted_beside``) is served
     by that model's engine as a LoRA adapter (``inference.hosts.engines``): its spec names the
-    other's, whose spec names its preset among its adapters."""
+    other's, whose spec names its preset among its adapters, with ``ARENA_ENGINE_SLOTS`` for each
+    model it serves (as many replies of each model at once as an engine of its own would take; the
+    prefix pool is shared). Called for every reply: one roster query per spec, the presets'
+    descriptions read once per change of their files."""
     spec = _own_spec(model)
     if not settings.ARENA_FIXERS_AS_ADAPTERS or model.served_elsewhere:
         return spec
-    base = _tuned_from(model)
+    beside = selectors.hosted_beside(model)
+    base = next((other for other in beside if _tuned_from(model, other)), None)
     if base is not None:
         return dataclasses.replace(spec, adapter_of=model_spec(base))
-    tuned = [other for other in selectors.hosted_beside(model) if getattr(_tuned_from(other), "pk", None) == model.pk]
-    return dataclasses.replace(spec, adapters=tuple(_own_spec(other).preset for other in tuned))
+    tuned = [other for other in beside if _tuned_from(other, model)]
+    return dataclasses.replace(
+        spec, adapters=tuple(_own_spec(other).preset for other in tuned), slots=spec.slots * (1 + len(tuned))
+    )
 
 
 def _own_spec(model: LLM) -> ModelSpec:
@@ -78,30 +85,46 @@ def _own_spec(model: LLM) -> ModelSpec:
         prefix_cache_rows=settings.ARENA_PREFIX_CACHE_ROWS,
         prefix_cache_tokens=settings.ARENA_PREFIX_CACHE_TOKENS,
         compact=settings.ARENA_ENGINE_COMPACT,
+        cache_dtype=settings.ARENA_ENGINE_CACHE_DTYPE or None,
     )
 
 
-def _tuned_from(model: LLM) -> LLM | None:
-    """The model hosted beside ``model`` that it was fine-tuned from (its preset's metadata names
-    that model's preset folder), loaded alike (dtype, mesh); None if there is none."""
-    info = _preset_info(model)
-    tuned_from = None if info is None else info.fine_tuned_from
-    if tuned_from is None:
-        return None
-    for other in selectors.hosted_beside(model):
-        info = _preset_info(other)
-        loaded_alike = (other.dtype, other.mesh_shape) == (model.dtype, model.mesh_shape)
-        if info is not None and info.path.name == tuned_from and info.fine_tuned_from is None and loaded_alike:
-            return other
-    return None
+def _tuned_from(tuned: LLM, base: LLM) -> bool:
+    """Whether the project fine-tuned ``tuned`` from ``base`` (``tuned``'s preset metadata names
+    ``base``'s preset folder, and ``base`` was tuned from nothing), both loaded alike (dtype,
+    mesh)."""
+    tuned_info, base_info = _preset_info(tuned), _preset_info(base)
+    return (
+        tuned_info is not None
+        and base_info is not None
+        and tuned_info.fine_tuned_from == base_info.path.name
+        and base_info.fine_tuned_from is None
+        and (tuned.dtype, tuned.mesh_shape) == (base.dtype, base.mesh_shape)
+    )
 
 
 def _preset_info(model: LLM) -> PresetInfo | None:
     """The local preset's description; None for a hub handle or a folder that is not one."""
+    path = Path(resolve_preset(model.preset))
+    stamps = tuple(_modified_ns(path / name) for name in ("config.json", "metadata.json"))
     try:
-        return read_preset(Path(resolve_preset(model.preset)))
+        return _read_preset(path, stamps)
     except (ValueError, OSError):
         return None
+
+
+def _modified_ns(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=256)
+def _read_preset(path: Path, stamps: tuple[int | None, ...]) -> PresetInfo:
+    """``read_preset``, once per change of the files that say what a preset is (``stamps``:
+    their modification times; a failed read is not kept)."""
+    return read_preset(path)
 
 
 def warm_up(model: LLM) -> None:

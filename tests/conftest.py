@@ -16,6 +16,7 @@ import pytest
 import redis
 from asgiref.sync import sync_to_async
 from celery.contrib.testing.worker import start_worker
+from channels.db import database_sync_to_async
 from channels.layers import channel_layers
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
@@ -293,6 +294,15 @@ def unserved_llms(demo_llms: Any) -> Any:
         llm.queue = f"unserved-{secrets.token_hex(4)}.{llm.name}"
         llm.save()
     return demo_llms
+
+
+async def engine_serving(llm: LLM) -> Any:
+    """The engine this process serves ``llm`` with, as its worker finds it: the roster's spec,
+    read from the database off the event loop (a fixer's is its base's engine)."""
+    from inference import services
+    from inference.hosts import engines
+
+    return engines.engine_for(await database_sync_to_async(services.model_spec)(llm))
 
 
 def finish_as_worker(message_id: int, content: str) -> None:

@@ -1,8 +1,10 @@
 """LoRA adapters served unmerged (inference/forward/adapters.py): factors of an adapter's change,
 stacked over an engine's adapters; the families' passes with a different adapter on each row of
 one batch, each row's logits those of its adapter merged into the kernels; the engine serving
-them, each adapter's greedy text that of its merged model; and a model host serving a
-fine-tuned preset in its base's engine (inference/hosts/engines.py)."""
+them, each adapter's greedy text that of its merged model; a model host serving a fine-tuned
+preset in its base's engine (inference/hosts/engines.py), reading its factors from beside its
+preset where they were saved, the roster linking them, and ``bench_engine --memory --adapter``
+measuring it."""
 
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import json
 import operator
 import os
 import shutil
+import subprocess
+import sys
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -31,7 +35,7 @@ from inference.engine import Engine
 from inference.engine.adapter_engine import AdapterEngine
 from inference.engine.prefix_cache import NO_MATCH, PrefixCache, PrefixMatch
 from inference.forward import gemma3, llama
-from inference.forward.adapters import Adapted, factors_of, stack, stack_adapters
+from inference.forward.adapters import Adapted, factors_of, save_factors, stack, stack_adapters
 from inference.forward.attention import cache_shapes
 from inference.hosts import engines
 from inference.models import LLM
@@ -364,10 +368,62 @@ def test_a_fine_tuned_model_is_served_by_its_base_s_engine_where_both_are_hosted
     LLM.objects.create(name="mistral", family="mistral", preset=str(PRESETS / "mistral-calendar"), queue="q")
     assert services.model_spec(tuned).adapter_of == services.model_spec(base)
     assert services.model_spec(base).adapters == (str(tuned_preset),)
+    # Slots for each model it serves: as many replies of each at once as engines of their own take.
+    assert services.model_spec(base).slots == 2 * settings.ARENA_ENGINE_SLOTS
     tuned.queue = "elsewhere"  # Hosted by other workers: an engine of its own.
     tuned.save()
     assert services.model_spec(tuned).adapter_of is None and services.model_spec(base).adapters == ()
+    assert services.model_spec(base).slots == settings.ARENA_ENGINE_SLOTS
     settings.GENERATION_BACKEND = "in-process"  # The embedded arena serves every model in one process.
     assert services.model_spec(tuned).adapter_of == services.model_spec(base)
     settings.ARENA_FIXERS_AS_ADAPTERS = False
     assert services.model_spec(tuned).adapter_of is None and services.model_spec(base).adapters == ()
+
+
+def test_bench_engine_measures_a_base_serving_its_fine_tuned_model_as_an_adapter(
+    tuned_preset: Path, tmp_path: Path
+) -> None:
+    """``bench_engine --memory --adapter``, as docs/models.md measures a fixer served by its
+    base's engine: the engine serves the tuned preset as its adapter, with slots for each model.
+    In a process of its own, as the command is run (it measures the whole process)."""
+    repo = Path(__file__).resolve().parents[1]
+    options = ["--memory", "--json", "--slots", "2", "--preset", str(LLAMA_PRESET), "--adapter", str(tuned_preset)]
+    done = subprocess.run(
+        [sys.executable, "manage.py", "bench_engine", *options],
+        cwd=repo,
+        env={**os.environ, "ARENA_VAR_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["preset"], result["adapters"], result["slots"]) == (LLAMA_PRESET.name, [tuned_preset.name], 4)
+    assert result["compilations"] > 0 and result["model_mib"] > 0
+
+
+def test_a_host_reads_an_adapter_s_factors_from_beside_its_preset(
+    tuned_preset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where a fine-tuned preset's build saved its factors (as build_fixer_preset does), a host
+    reads them, not the whole tuned model; factors that do not fit the base are refused."""
+    lm = keras_hub.models.CausalLM.from_preset(str(LLAMA_PRESET))
+    computed = engines.adapter_factors(lm, str(tuned_preset))  # No file: from the merged preset.
+    saved = tmp_path / tuned_preset.name
+    shutil.copytree(tuned_preset, saved)
+    save_factors(saved / engines.ADAPTER_FACTORS, computed)
+
+    def unread(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("The tuned model was read.")
+
+    monkeypatch.setattr(keras_hub.models.CausalLM, "from_preset", unread)
+    read = engines.adapter_factors(lm, str(saved))
+    assert [[pair is None for pair in block] for block in read] == [[p is None for p in block] for block in computed]
+    for block, expected in zip(read, computed, strict=True):
+        for pair, want in zip(block, expected, strict=True):
+            if pair is not None:
+                np.testing.assert_array_equal(pair[0], want[0])
+                np.testing.assert_array_equal(pair[1], want[1])
+    save_factors(saved / engines.ADAPTER_FACTORS, computed[:-1])  # One block short.
+    with pytest.raises(ValueError, match="not this model's"):
+        engines.adapter_factors(lm, str(saved))

@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
-from inference import services
-from inference.hosts import engines
 from leaderboard import services as leaderboard_services
+from tests.conftest import engine_serving
 from votes import services as votes_services
 from votes.models import Battle, Message
 
@@ -106,7 +105,7 @@ async def test_every_page_gone_past_the_grace_period_stops_the_replies(
         assert len(reply.content) > len(shown_when_left[side])
     assert stopped_after >= settings.ARENA_LEAVE_GRACE_SECONDS
     for llm in long_replies:  # The engines have their slots back.
-        engine = engines.engine_for(services.model_spec(llm))
+        engine = await engine_serving(llm)
         assert engine.active_slots == 0
 
 

@@ -199,6 +199,9 @@ def test_bench_engine_reports_the_resident_memory_of_one_model(tmp_path: Path) -
     assert result["compact"] is True
     assert result["compilations"] > 0 and result["loaded_mib"] > 0 and result["warm_up_mib"] > 0
     assert result["model_mib"] == pytest.approx(result["loaded_mib"] + result["warm_up_mib"])
+    assert result["peak_mib"] >= result["process_mib"] + result["runtime_mib"] + result["model_mib"]
+    # Then each window's decode step, timed (up to 1024 positions).
+    assert result["step_ms"] and all(int(window) <= 1024 and ms > 0 for window, ms in result["step_ms"].items())
 
 
 def test_bench_engine_reports_what_a_model_adds_beside_another_of_its_architecture(tmp_path: Path) -> None:
@@ -221,7 +224,7 @@ def test_bench_engine_reports_what_a_model_adds_beside_another_of_its_architectu
 def test_bench_engine_beside_goes_with_memory() -> None:
     from django.core.management import CommandError
 
-    with pytest.raises(CommandError, match="--beside goes with --memory"):
+    with pytest.raises(CommandError, match="--beside and --adapter go with --memory"):
         call_command("bench_engine", "--preset", str(PRESET), "--beside", str(PRESET))
 
 

@@ -267,7 +267,8 @@ async def test_a_prompt_that_fits_both_is_answered_on_both(connect_battle, demo_
     settings.ARENA_MAX_CONVERSATION_BYTES = 100_000
     text, fitting, outgrown = await database_sync_to_async(one_sided_prompt)(demo_llms)
     shorter = text[10:]  # ten emoji fewer: within both contexts
-    assert all(tokens <= limit for tokens, limit in [prompt_tokens(llm, shorter) for llm in demo_llms])
+    fits = [await database_sync_to_async(prompt_tokens)(llm, shorter) for llm in demo_llms]
+    assert all(tokens <= limit for tokens, limit in fits)
     frames = await battle_with(connect_battle, [fitting.name, outgrown.name], shorter)
     assert sorted(frame["status"] for frame in frames if frame["type"] == "end") == ["done", "done"]
 

@@ -298,6 +298,37 @@ def test_compact_shapes_compile_fewer_programs_and_give_the_same_text(
     assert texts == references
 
 
+def test_caches_kept_in_float16_hold_half_the_bytes_and_give_the_same_text(
+    lm: keras_hub.models.CausalLM, preset: PresetInfo, prompts: list[str], references: list[str], max_length: int
+) -> None:
+    """The embedded arena's engines keep keys and values in float16 (``cache_dtype``): every
+    cache of the float32 model (slots, staging row, prefix pool) holds half the bytes, and the
+    bundled model's greedy text stays generate()'s."""
+    assert lm.backbone.compute_dtype == "float32"
+    with Engine(lm, slots=SLOTS, cache_dtype="float16") as narrow:
+        texts = [collect(submit_greedy(narrow, lm, preset.family, p, max_length)) for p in prompts]
+        device = narrow._device
+        assert device is not None
+        assert narrow.cache_dtype == "float16"
+        assert {str(part.dtype) for caches in (device.cache, device.staging, device.pool) for part in caches} == {
+            "float16"
+        }
+    assert texts == references
+
+
+def test_a_key_past_float16s_range_is_kept_at_its_edge() -> None:
+    """A float16 cache holds a key beyond its range as the largest it can (not infinite, which
+    would make every softmax over it not a number), and the others as they are."""
+    import jax.numpy as jnp
+
+    from inference.forward.attention import cache_shapes, write_keys
+
+    keys, _ = cache_shapes(rows=1, kv_heads=1, head_dim=2, positions=4)
+    update = jnp.array([[[[1e6, -1.5]]]], jnp.float32)  # [rows, T, kv_heads, head_dim]
+    written = write_keys(jnp.zeros(keys, jnp.float16), update, jnp.array([1]))
+    assert written[0, 0, :, 1].tolist() == [65504.0, -1.5]
+
+
 def test_a_fine_tuned_model_holds_only_the_weights_it_changed(
     engine: Engine,
     lm: keras_hub.models.CausalLM,
@@ -348,7 +379,8 @@ def test_both_llama_layouts_give_the_text_of_generate(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The Llama pass runs whichever layout multiplies faster here: each gives generate()'s
-    text, so the machine's choice never changes what a model says."""
+    text, so the machine's choice never changes what a model says. An engine with compact
+    shapes (the embedded arena's) keeps the kernels as they lie, whichever is faster."""
     from inference.forward import llama
 
     if not isinstance(lm, (keras_hub.models.Llama3CausalLM, keras_hub.models.MistralCausalLM)):
@@ -359,6 +391,8 @@ def test_both_llama_layouts_give_the_text_of_generate(
         assert laid_out.forward_layout == layout
         texts = [collect(submit_greedy(laid_out, lm, preset.family, p, max_length)) for p in prompts]
     assert texts == references
+    with Engine(lm, slots=SLOTS, compact=True) as compact:
+        assert compact.forward_layout == "token-major"
 
 
 def test_without_a_prefix_cache_the_text_is_the_same(

@@ -11,6 +11,7 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 
 import io
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from inference.building import dialog_data, fixer
+from inference.forward import llama
+from inference.forward.adapters import load_factors
+from inference.hosts.engines import ADAPTER_FACTORS
 from inference.management.commands.finetune_fixer import DEFAULT_WEIGHTS
 
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
@@ -81,6 +85,21 @@ def test_the_fixer_preset_is_the_base_with_the_committed_lora_merged(smollm2_pre
             assert (not np.array_equal(before[name], after[name])) == (name in lora), (index, name)
     merged = tuned.backbone.transformer_layers[fixer.DEFAULT_FIXER.first_block]._self_attention_layer._query_dense
     assert not getattr(merged, "lora_enabled", False)  # Merged into the kernel, served as the base is.
+    # Beside it, the factors of its change, which a host serving it as its base's adapter reads
+    # instead of the whole model: those of the merged kernels less the base's.
+    assert metadata["fine_tuned"]["adapter_factors"] == ADAPTER_FACTORS
+    shapes = [[tuple(kernel.shape) for kernel in block] for block in llama.block_kernels(base)]
+    saved = load_factors(fixer_preset / ADAPTER_FACTORS, shapes)
+    for block, (mine, theirs, changes) in enumerate(
+        zip(llama.block_kernels(tuned), llama.block_kernels(base), saved, strict=True)
+    ):
+        assert (changes[0] is not None) == (block >= first)  # The query kernel, from the first tuned block.
+        for tuned_kernel, base_kernel, pair in zip(mine, theirs, changes, strict=True):
+            change = np.asarray(tuned_kernel) - np.asarray(base_kernel)
+            if pair is None:
+                assert not change.any()
+            else:
+                np.testing.assert_allclose(pair[0] @ pair[1], change, atol=1e-5)
 
 
 def test_the_fixer_is_rebuilt_only_when_its_weights_change(
@@ -97,6 +116,12 @@ def test_the_fixer_is_rebuilt_only_when_its_weights_change(
     metadata["fix_arena"]["imported"]["context"] = 4096
     (reimported / "metadata.json").write_text(json.dumps(metadata))
     assert not fixer.is_built_from(fixer_preset, reimported, DEFAULT_WEIGHTS)
+    earlier = tmp_path / "earlier"  # Built before the factors were saved beside the preset.
+    shutil.copytree(fixer_preset, earlier)
+    metadata = json.loads((earlier / "metadata.json").read_text())
+    del metadata["fix_arena"]["fine_tuned"]["adapter_factors"]
+    (earlier / "metadata.json").write_text(json.dumps(metadata))
+    assert not fixer.is_built_from(earlier, smollm2_preset, DEFAULT_WEIGHTS)
     out = io.StringIO()
     options = (
         "--model",

@@ -293,17 +293,21 @@ async def test_a_client_with_every_public_page_cannot_name_the_models_better_tha
 # battles were played, and names the fresh battles played at the same moments after them, by
 # when they were played, not by anything that tells the models apart. The labelled battles are
 # interleaved with the fresh ones, as a voter who reveals some battles all along has them (a probe
-# trained on the first battles only extrapolates to the later ones). Run on named battles, paced
-# by their pair (as every battle was before the arena-wide pace), the battle probe names the pair.
+# trained on the first battles only extrapolates to the later ones). The control, a known truth
+# planted in the same battles: each pair's replies shown over 1.2 times as long as the pair
+# before it (as pacing each battle by its pair would, were its models' speeds that far apart),
+# the battle probe names the pair. (Named battles played paced by their pair, as every battle was
+# before the arena-wide pace, or unpaced, made weak controls: the roster's models write nearly
+# the same characters a second on this machine, 13.9, 14.6 and 17.6 in one run, so the pairs'
+# paces differed by 5 %, and named the pair 0.37 and 0.42 of the time where chance is 0.33.)
 # Style is measured too (character trigrams of every text the voter holds): it names the models
 # of a battle from their writing, which no arena that reveals names after the vote can hide.
 
 ROSTER_ANONYMOUS = 60  # Anonymous battles: one of each ROSTER_AT_ONCE revealed, the rest fresh.
 ROSTER_DIRECT = 1  # Direct chats with each model.
-# Named battles, paced by their pair: the control, each pair as often (in random order and sides).
-# With both sides on the same ticks only the pace tells a pair there: the SmolLM2 pair's from the
-# pairs with Gemma 3 (the slowest sets their pace), those two not at all, so 2/3 at best.
-ROSTER_NAMED = 18
+# The control's planted pace: each pair's replies take this many times as long as the pair before
+# it (the pairs in the order of their names).
+PLANTED_SLOWER = 1.2
 # Battles in flight together: the eight replies two networks may have in flight (the default
 # ARENA_REPLIES_PER_NETWORK of 4 each), as a voter with two addresses has.
 ROSTER_AT_ONCE = 4
@@ -407,10 +411,40 @@ async def play_many(
     played: list[TimedBattle] = []
     for at in range(0, len(starts), ROSTER_AT_ONCE):
         batch = zip(starts[at : at + ROSTER_AT_ONCE], reveal[at : at + ROSTER_AT_ONCE], strict=True)
-        together = await asyncio.gather(*(play_timed(connect_battle, start, shown) for start, shown in batch))
+        played += await asyncio.gather(*(play_timed(connect_battle, start, shown) for start, shown in batch))
+    return played_together(played)
+
+
+def played_together(battles: list[TimedBattle]) -> list[TimedBattle]:
+    """The battles, each ROSTER_AT_ONCE played at once knowing their mean timings."""
+    known = []
+    for at in range(0, len(battles), ROSTER_AT_ONCE):
+        together = battles[at : at + ROSTER_AT_ONCE]
         beside = tuple(np.mean([battle.timings(side) for battle in together for side in battle.sides], axis=0))
-        played += [dataclasses.replace(battle, beside=beside) for battle in together]
-    return played
+        known += [dataclasses.replace(battle, beside=beside) for battle in together]
+    return known
+
+
+def planted(
+    battles: list[TimedBattle], truths: dict[str, dict[str, str]], slower: dict[frozenset[str], float]
+) -> list[TimedBattle]:
+    """The battles as they would time had each pair a pace of its own: each side's text shown
+    over ``slower[pair]`` times as long from its first text (its longest pause and its wait
+    after the last text stretched alike)."""
+    stretched = []
+    for battle in battles:
+        factor = slower[frozenset(truths[battle.battle_id].values())]
+        sides = {
+            side: dataclasses.replace(
+                timed,
+                last_s=timed.first_s + factor * (timed.last_s - timed.first_s),
+                end_s=timed.first_s + factor * (timed.end_s - timed.first_s),
+                longest_pause_s=factor * timed.longest_pause_s,
+            )
+            for side, timed in battle.sides.items()
+        }
+        stretched.append(dataclasses.replace(battle, sides=sides))
+    return played_together(stretched)
 
 
 def models_of(battle: TimedBattle) -> dict[str, str]:
@@ -533,8 +567,12 @@ def real_roster(smollm2: Path, fixer: Path, gemma3: Path, run_id: str, settings:
     settings.ARENA_ENGINE_SLOTS = 4  # A model plays once a battle: at most four of its replies at once.
     settings.ARENA_ENGINE_COMPACT = True  # The engines' shapes as the embedded arena compiles them.
     services.import_tasks(PROBE_TASK)
+    # The fixer on its base's queue: hosted beside it, as the embedded arena hosts every model (with
+    # ARENA_FIXERS_AS_ADAPTERS, served by its base's engine).
     queues = [f"test-{run_id}.{name}" for name in BATTLE_PRESETS]
-    return [registered_llm(path, queues[index % len(queues)]) for index, path in enumerate((smollm2, fixer, gemma3))]
+    return [
+        registered_llm(path, queue) for path, queue in ((smollm2, queues[0]), (fixer, queues[0]), (gemma3, queues[1]))
+    ]
 
 
 async def test_timing_and_context_probes_name_no_pair_and_no_side_on_the_real_roster(
@@ -542,7 +580,7 @@ async def test_timing_and_context_probes_name_no_pair_and_no_side_on_the_real_ro
 ) -> None:
     """Timing and context probes name neither the pair of a fresh anonymous battle nor the
     target's side better than chance plus 10 points; the battle probe names the pair of battles
-    paced by their pair; style names the models (the residual no pacing can hide)."""
+    shown at a pace planted per pair; style names the models (the residual no pacing can hide)."""
     roster = await database_sync_to_async(real_roster)(smollm2_preset, fixer_preset, gemma3_preset, run_id, settings)
     names = [llm.name for llm in roster]
     assert TARGET in names
@@ -557,16 +595,12 @@ async def test_timing_and_context_probes_name_no_pair_and_no_side_on_the_real_ro
     anonymous = await play_many(connect_battle, [{}] * ROSTER_ANONYMOUS, reveal=reveal)
     revealed = [battle for battle, shown in zip(anonymous, reveal, strict=True) if shown]
     fresh = [battle for battle, shown in zip(anonymous, reveal, strict=True) if not shown]
-    named_pairs = [rng.sample(pair, 2) for pair in itertools.combinations(names, 2)] * (ROSTER_NAMED // 3)
-    rng.shuffle(named_pairs)
-    named = await play_many(connect_battle, [{"mode": "named", "models": pair} for pair in named_pairs])
     truths = {
-        battle.battle_id: await database_sync_to_async(models_of)(battle)
-        for battle in [*direct, *revealed, *fresh, *named]
+        battle.battle_id: await database_sync_to_async(models_of)(battle) for battle in [*direct, *revealed, *fresh]
     }
     known = await database_sync_to_async(published_texts)(Client())
     assert known == {}  # No text of a model in the arena on any public page or API response.
-    assert all(battle.refused for battle in [*direct, *revealed, *fresh, *named])  # The arena's limit, for all.
+    assert all(battle.refused for battle in [*direct, *revealed, *fresh])  # The arena's limit, for all.
 
     # Timing: trained on the revealed anonymous battles, scored on the fresh ones.
     probe = TimingProbe(
@@ -582,12 +616,18 @@ async def test_timing_and_context_probes_name_no_pair_and_no_side_on_the_real_ro
     assert battles <= 1 / 3 + 0.10, battles
     assert sides <= 1 / 2 + 0.10, sides
 
-    # The control: battles paced by their pair, each scored by the battle probe trained on the others.
+    # The control: the same battles with a pace planted per pair, the battle probe trained and
+    # scored as above.
+    pairs_seen = sorted({frozenset(truths[battle.battle_id].values()) for battle in anonymous}, key=sorted)
+    slower = {pair: PLANTED_SLOWER**index for index, pair in enumerate(pairs_seen)}
+    paced = planted(anonymous, truths, slower)
+    planted_probe = BattleProbe(
+        [labelled(battle, truths) for battle, shown in zip(paced, reveal, strict=True) if shown]
+    )
     control = mean(
-        BattleProbe([labelled(other, truths) for other in named if other is not battle]).score(
-            battle, truths[battle.battle_id]
-        )
-        for battle in named
+        planted_probe.score(battle, truths[battle.battle_id])
+        for battle, shown in zip(paced, reveal, strict=True)
+        if not shown
     )
     assert control > 1 / 3 + 0.10, control
 
@@ -605,7 +645,7 @@ async def test_timing_and_context_probes_name_no_pair_and_no_side_on_the_real_ro
     assert binomtest(sum(styled), len(styled), 1 / 6, alternative="greater").pvalue < 0.01, sum(styled)
     print(  # The figures docs/security.md quotes (pytest -s).
         f"real roster: timing gives the true pair {pairs:.3f} by sides and {battles:.3f} by battles (chance"
-        f" 0.333), the target's side {sides:.3f} (chance 0.5, {len(with_target)} battles); paced by the pair,"
+        f" 0.333), the target's side {sides:.3f} (chance 0.5, {len(with_target)} battles); a planted pace,"
         f" {control:.3f}; style names both sides of"
         f" {sum(styled)} of {len(styled)} (chance 1 in 6); the target's side less the other's, in"
         f" {paired_differences(anonymous, truths, TARGET)}"

@@ -4,8 +4,7 @@ nothing at once: tests/test_battle_presence.py.)"""
 import pytest
 from channels.db import database_sync_to_async
 
-from inference import services
-from inference.hosts import engines
+from tests.conftest import engine_serving
 from votes import services as votes_services
 from votes.models import Message
 
@@ -36,7 +35,7 @@ async def test_stop_frame_cancels_streaming_replies(connect_battle, long_replies
     assert frames
     # Both engines have their slots back: nothing keeps decoding for a stopped reply.
     for llm in long_replies:
-        engine = engines.engine_for(services.model_spec(llm))
+        engine = await engine_serving(llm)
         assert engine.active_slots == 0
 
     # The battle goes on: a stopped turn counts as finished.
@@ -73,7 +72,7 @@ async def test_concurrent_battles_share_each_models_batch(
     """Two voters at once: the thread-pool worker runs both jobs of a model in one engine batch."""
     first = await connect_battle()
     second = await connect_battle()  # Same session, two battles: what matters is concurrency.
-    running = [engines.engine_for(services.model_spec(llm)) for llm in long_replies]
+    running = [await engine_serving(llm) for llm in long_replies]
     # Nothing runs now; the peak counts from here (other tests batch several battles too).
     assert all(engine.active_slots == 0 for engine in running)
     for engine in running:

@@ -264,11 +264,18 @@ def build_fixer_preset(
 ) -> Path:
     """The base preset with the LoRA factors merged into its kernels, saved as a preset.
 
-    Merged, so that serving the fixer costs what serving its base costs (a LoRA layer adds two
-    matmuls at every token). The metadata names the base, the weights file and the training,
-    and the chat template the model was taught (so the roster renders its prompts in it).
+    Merged, so that the fixer can be served in an engine of its own at what its base costs (a
+    LoRA layer adds two matmuls at every token). Where its family's pass takes LoRA adapters, the
+    factors of its change are saved beside it (``inference.hosts.engines.ADAPTER_FACTORS``): a
+    host serving it in its base's engine reads them instead of the whole model. The metadata
+    names the base, the weights file, the factors file and the training, and the chat template
+    the model was taught (so the roster renders its prompts in it).
     """
     import shutil
+
+    from inference.forward import adapter_kernels
+    from inference.forward.adapters import factors_between, save_factors
+    from inference.hosts.engines import ADAPTER_FACTORS
 
     tuned = load_base(base_preset)
     enable_fixer_lora(tuned.backbone, spec)
@@ -279,6 +286,8 @@ def build_fixer_preset(
         if getattr(layer, "lora_enabled", False)
     }
     fixer = load_base(base_preset)
+    kernels = adapter_kernels(fixer)
+    base_kernels = kernels(fixer) if kernels is not None else None  # Before the merge: the base's.
     layers = {layer.path: layer for layer in fixer.backbone._flatten_layers(include_self=False)}
     for path, kernel in merged.items():
         layers[path]._kernel.assign(kernel)
@@ -286,6 +295,8 @@ def build_fixer_preset(
         fixer.save_to_preset(str(scratch / "preset"))
         for name in ("config.json", "task.json"):  # keras-hub's get_config gaps, as at import
             shutil.copy(base_preset / name, scratch / "preset" / name)
+        if kernels is not None and base_kernels is not None:
+            save_factors(scratch / "preset" / ADAPTER_FACTORS, factors_between(kernels(fixer), base_kernels))
         write_arena_metadata(
             scratch / "preset",
             {
@@ -297,6 +308,7 @@ def build_fixer_preset(
                     "base": base_preset.name,
                     "lora_weights": weights_path.name,
                     "lora_sha256": file_sha256(weights_path),
+                    "adapter_factors": ADAPTER_FACTORS if kernels is not None else None,
                     "base_metadata_sha256": file_sha256(base_preset / "metadata.json"),
                     **report,
                 },
@@ -309,7 +321,8 @@ def is_built_from(preset_dir: Path, base_preset: Path, weights_path: Path) -> bo
     """Whether ``preset_dir`` is a fixer preset built from exactly this base import and these
     LoRA weights (by the sha256 of the weights and of the base's metadata, which names its
     checkpoint and context): a checkout whose committed weights changed, or whose base was
-    imported again differently, rebuilds its fixer at the next start."""
+    imported again differently, or whose fixer was built before its LoRA factors were saved
+    beside it, rebuilds its fixer at the next start."""
     try:
         built = json.loads((preset_dir / "metadata.json").read_text()).get("fix_arena", {}).get("fine_tuned", {})
         base_metadata = file_sha256(base_preset / "metadata.json")
@@ -318,6 +331,7 @@ def is_built_from(preset_dir: Path, base_preset: Path, weights_path: Path) -> bo
     return (
         (preset_dir / "config.json").is_file()
         and built.get("lora_sha256") == file_sha256(weights_path)
+        and "adapter_factors" in built
         and built.get("base_metadata_sha256") == base_metadata
     )
 

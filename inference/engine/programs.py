@@ -49,7 +49,15 @@ class Programs:
     """
 
     def __init__(
-        self, lm: keras_hub.models.CausalLM, slots: int, steps: int, context: int, prefix_rows: int, capacity: int
+        self,
+        lm: keras_hub.models.CausalLM,
+        slots: int,
+        steps: int,
+        context: int,
+        prefix_rows: int,
+        capacity: int,
+        cache_dtype: str | None = None,
+        relayout: bool = True,
     ) -> None:
         import jax
         import jax.numpy as jnp
@@ -82,7 +90,9 @@ class Programs:
         # Gemma, Gemma 3, Llama 3 and Mistral get a forward pass of the engine's own that updates
         # per-layer caches in place (inference.forward); other families go through keras-hub's
         # call_with_cache and _build_cache.
-        decoder = in_place_decoder(lm, context)
+        # ``relayout``: whether the pass may multiply by the kernels laid out a second time where
+        # that is faster (the Llama pass's feature-major; False for compact engines).
+        decoder = in_place_decoder(lm, context, relayout=relayout)
         if decoder is not None and decoder.cache_layout is not None:
             # Gemma 3's _build_cache and call_with_cache also take image inputs: it only runs
             # through its own forward pass (keras-hub's layout here: the engine lays it out).
@@ -108,27 +118,30 @@ class Programs:
         else:
             self.position_axes = (length_axes[0] + 1,)  # In keras-hub's cache after the slot axis.
         axes = self.position_axes
+        # The in-place caches' dtype: ``cache_dtype`` where given (inference.forward.attention),
+        # else the model's; keras-hub's own caches stay in the model's.
+        self.cache_dtype = jnp.dtype(cache_dtype if in_place and cache_dtype else one.dtype)
 
         def caches(rows: int, length: int) -> tuple[Any, ...]:
             """Zeroed caches of ``rows`` rows and ``length`` positions."""
             if in_place:
                 key, value = cache_shapes(rows, kv_heads, head_dim, length)
-                return tuple(jnp.zeros(shape, one.dtype) for _ in range(layers) for shape in (key, value))
+                return tuple(jnp.zeros(shape, self.cache_dtype) for _ in range(layers) for shape in (key, value))
             shape = tuple(length if i == length_axes[0] else n for i, n in enumerate(one.shape))
             return (jnp.zeros((rows, *shape), one.dtype),)
 
+        def fitted_one(part: Any, length: int, axis: int) -> Any:
+            """``part`` cut or zero-padded to ``length`` positions along ``axis``."""
+            have = part.shape[axis]
+            if length <= have:
+                return jax.lax.slice_in_dim(part, 0, length, axis=axis)
+            pad = [(0, 0)] * part.ndim
+            pad[axis] = (0, length - have)
+            return jnp.pad(part, pad)
+
         def fitted(parts: tuple[Any, ...], length: int) -> tuple[Any, ...]:
             """Each part cut or zero-padded to ``length`` positions."""
-            out = []
-            for part, axis in zip(parts, axes, strict=True):
-                have = part.shape[axis]
-                if length <= have:
-                    out.append(jax.lax.slice_in_dim(part, 0, length, axis=axis))
-                else:
-                    pad = [(0, 0)] * part.ndim
-                    pad[axis] = (0, length - have)
-                    out.append(jnp.pad(part, pad))
-            return tuple(out)
+            return tuple(fitted_one(part, length, axis) for part, axis in zip(parts, axes, strict=True))
 
         def put_row(parts: tuple[Any, ...], rows: tuple[Any, ...], index: Any) -> tuple[Any, ...]:
             """``rows`` (one row each) written into row ``index`` of ``parts``, from position 0."""
@@ -251,24 +264,18 @@ class Programs:
             slot_state = start(slot_state, slot, last, length, key, temperature, top_k, top_p, adapter=adapter)
             return staging, slot_state
 
-        def store(pool: Any, staging: Any, row: Any, positions: int) -> Any:
-            """The staging row's first ``positions`` positions into pool ``row``. The rest of
-            the row keeps what it held: a prefill reads a row only below the prefix it
-            matched, so what lies past the stored prefix is never read."""
-            self.traces[f"store[{positions}]"] += 1
-            return put_row(pool, fitted(staging, positions), row)
+        def fit_part(part: Any, length: int, axis: int) -> Any:
+            """One part cut or zero-padded to ``length`` positions along ``axis``."""
+            self.traces[f"fit[{part.shape[axis]}->{length}]"] += 1
+            return fitted_one(part, length, axis)
 
-        def insert(cache: Any, staging: Any, slot: Any) -> Any:
-            """The staging row's first positions (as many as the window has) into ``slot``."""
-            window = cache[0].shape[axes[0]]
-            self.traces[f"insert[{window}]"] += 1
-            return put_row(cache, fitted(staging, window), slot)
-
-        def resize(cache: Any, window: int) -> Any:
-            """The slot caches cut or zero-padded to ``window`` positions: every running
-            request's positions are below both lengths (the host resizes only then)."""
-            self.traces[f"resize[{cache[0].shape[axes[0]]}->{window}]"] += 1
-            return fitted(cache, window)
+        def put_part(target: Any, source: Any, index: Any, length: int, axis: int) -> Any:
+            """The first ``length`` positions of ``source`` (one row) written into row ``index``
+            of ``target``, from position 0."""
+            self.traces[f"put[{length}]"] += 1
+            return jax.lax.dynamic_update_slice(
+                target, fitted_one(source, length, axis), (index,) + (0,) * (target.ndim - 1)
+            )
 
         def generate(
             state: Any,
@@ -342,13 +349,39 @@ class Programs:
         self.prefill = jax.jit(prefill, donate_argnums=(1, 2))
         # One compilation per chunk length and prefix bound (Engine._prefixes).
         self.prefill_chunk = jax.jit(prefill_chunk, donate_argnums=(3, 4), static_argnums=(8,))
-        # One compilation per stored length (Engine._pool_lengths).
-        self.store = jax.jit(store, donate_argnums=(0,), static_argnums=(3,))
-        # One compilation per window (insert, generate) and pair of neighbouring windows
-        # (resize: the engine steps through the windows between two).
-        self.insert = jax.jit(insert, donate_argnums=(0,))
-        self.resize = jax.jit(resize, static_argnums=(1,))
+        # Store, insert and resize copy the caches part by part, each part by a program of its
+        # own shape: one program copying every layer's keys and values (60 arrays for SmolLM2)
+        # held about 10 MB on XLA's CPU backend, as its copies are unrolled, and there is one
+        # per stored length, window and pair of neighbouring windows; a part's program holds
+        # a few hundred kilobytes, and the same program copies every layer's part of the shape.
+        self._fit_part = jax.jit(fit_part, static_argnums=(1, 2))
+        self._put_part = jax.jit(put_part, donate_argnums=(0,), static_argnums=(3, 4))
+        # One compilation per window.
         self.generate = jax.jit(generate, donate_argnums=(3, 4))
+
+    def store(self, pool: tuple[Any, ...], staging: tuple[Any, ...], row: Any, positions: int) -> tuple[Any, ...]:
+        """The staging row's first ``positions`` positions into pool ``row`` (donating the
+        pool). The rest of the row keeps what it held: a prefill reads a row only below the
+        prefix it matched, so what lies past the stored prefix is never read."""
+        return self._put_parts(pool, staging, row, positions)
+
+    def insert(self, cache: tuple[Any, ...], staging: tuple[Any, ...], slot: Any) -> tuple[Any, ...]:
+        """The staging row's first positions (as many as the window has) into ``slot``
+        (donating the slot caches)."""
+        return self._put_parts(cache, staging, slot, cache[0].shape[self.position_axes[0]])
+
+    def resize(self, cache: tuple[Any, ...], window: int) -> tuple[Any, ...]:
+        """The slot caches cut or zero-padded to ``window`` positions: every running request's
+        positions are below both lengths (the host resizes only then)."""
+        return tuple(self._fit_part(part, window, axis) for part, axis in zip(cache, self.position_axes, strict=True))
+
+    def _put_parts(
+        self, targets: tuple[Any, ...], sources: tuple[Any, ...], index: Any, length: int
+    ) -> tuple[Any, ...]:
+        return tuple(
+            self._put_part(target, source, index, length, axis)
+            for target, source, axis in zip(targets, sources, self.position_axes, strict=True)
+        )
 
     def laid_out(self, state: Any) -> tuple[Any, ...]:
         """The matmul weights the forward pass multiplies by, laid out from the variables
@@ -394,17 +427,26 @@ def architecture(lm: keras_hub.models.CausalLM) -> str:
 
 
 def programs_for(
-    lm: keras_hub.models.CausalLM, slots: int, steps: int, context: int, prefix_rows: int, capacity: int
+    lm: keras_hub.models.CausalLM,
+    slots: int,
+    steps: int,
+    context: int,
+    prefix_rows: int,
+    capacity: int,
+    cache_dtype: str | None = None,
+    relayout: bool = True,
 ) -> Programs:
     """The programs of ``lm``'s architecture and this configuration: made at the first engine,
     then shared (programs whose models are all gone are dropped)."""
-    key = (architecture(lm), slots, steps, context, prefix_rows, capacity)
+    key = (architecture(lm), slots, steps, context, prefix_rows, capacity, cache_dtype, relayout)
     with _programs_lock:
         for stale in [known for known, programs in _programs.items() if programs.model() is None]:
             del _programs[stale]
         programs = _programs.get(key)
         if programs is None:
-            programs = _programs[key] = Programs(lm, slots, steps, context, prefix_rows, capacity)
+            programs = _programs[key] = Programs(
+                lm, slots, steps, context, prefix_rows, capacity, cache_dtype, relayout
+            )
         else:
             programs.attach(lm)
         return programs

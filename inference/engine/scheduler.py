@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from inference.engine.heap import return_freed_memory
 from inference.engine.prefix_cache import NO_MATCH, PrefixCache
 from inference.engine.priority import FOREGROUND
 from inference.engine.programs import CHUNK_FIELDS, programs_for
@@ -156,10 +157,12 @@ class Engine:
     decode step attends over, the smallest that holds every running request's positions
     (default ``default_windows``). The context length is always added to both, so every prompt
     that leaves room for one new token is served. ``compact``: powers of two only for both
-    (``compact_buckets``, ``compact_windows``) and one short prefix: half the programs, and of
-    their memory. ``steps_per_dispatch``: tokens per slot per jitted call, at most (default:
-    adaptive, see ``DISPATCH_TARGET_S``). Each bucket and each window is one compilation, all
-    done by ``warm_up()``.
+    (``compact_buckets``, ``compact_windows``: no window below ``COMPACT_SMALLEST_WINDOW``), no
+    short prefix, and the kernels multiplied as they lie (no second copy in the layout that
+    ``inference.forward.llama.faster_layout`` would time faster): fewer programs, less of their
+    memory, and the weights held once. ``steps_per_dispatch``: tokens per slot per jitted call,
+    at most (default: adaptive, see ``DISPATCH_TARGET_S``). Each bucket and each window is one
+    compilation, all done by ``warm_up()``.
 
     ``adapters``: LoRA adapters served unmerged over the model's own kernels, numbered from 1 in
     this order (``submit(adapter=...)``; 0 is the model itself), each given per block, per kernel
@@ -172,6 +175,11 @@ class Engine:
     that starts like a recent one (same template and system prompt, or the same dialog one turn
     later) is prefilled from where the cached prefix ends. 0 rows turns it off; families without
     an in-place forward pass (see ``in_place_decoder``) always prefill whole prompts.
+
+    ``cache_dtype``: the dtype the in-place families keep keys and values in (slots, staging row,
+    prefix pool), e.g. "float16" for a float32 model: half their memory, each key and value
+    rounded once (``inference.forward.attention``, which says why not bfloat16 on a CPU); None:
+    the model's. Other families keep keras-hub's cache in the model's dtype.
 
     Use it as a context manager or call ``shutdown()``; the decode thread starts on ``start()``,
     ``warm_up()`` or the first ``submit()``. All public methods are thread-safe.
@@ -189,6 +197,7 @@ class Engine:
         prefix_cache_tokens: int | None = None,
         compact: bool = False,
         adapters: Sequence[Sequence[Sequence[tuple[Any, Any] | None]]] = (),
+        cache_dtype: str | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}.")
@@ -210,7 +219,11 @@ class Engine:
         if not PREFIX_BLOCK <= capacity <= context // 2:
             raise ValueError(f"prefix_cache_tokens must be within {PREFIX_BLOCK}..{context // 2}, got {capacity}.")
         capacity -= capacity % PREFIX_BLOCK
-        self._programs = programs_for(lm, slots, self.max_steps_per_dispatch, context, prefix_cache_rows, capacity)
+        # Compact: the forward pass multiplies by the model's kernels as they lie, never by a
+        # second copy laid out otherwise (see Engine's docstring).
+        self._programs = programs_for(
+            lm, slots, self.max_steps_per_dispatch, context, prefix_cache_rows, capacity, cache_dtype, not compact
+        )
         self.in_place = self._programs.in_place
         if adapters and not self._programs.adapters:
             raise ValueError(f"{type(lm).__name__}'s forward pass takes no LoRA adapters.")
@@ -221,9 +234,9 @@ class Engine:
         self.prefix_cache = PrefixCache(prefix_cache_rows if self.in_place else 0, capacity, PREFIX_BLOCK)
         smallest = PREFIX_BLOCK if self.in_place else MIN_BUCKET
         fine_up_to = FINE_BUCKETS_UP_TO if self.in_place else 0
-        # Compact: one short prefix, the longest (a chunk after 112 cached tokens attends over 256
-        # + its own positions, not 128 +): fewer prefill programs.
-        self._short_prefixes = SHORT_PREFIXES[-1:] if compact else SHORT_PREFIXES
+        # Compact: no short prefix (a chunk after a cached prefix attends over the whole pool row
+        # and its own positions): one prefill program per chunk length.
+        self._short_prefixes = () if compact else SHORT_PREFIXES
         if compact:
             bucket_lengths, window_lengths = compact_buckets(context, smallest), compact_windows(context)
         else:
@@ -261,6 +274,11 @@ class Engine:
         """The Llama pass's layout, "token-major" or "feature-major" (timed when the engine's
         programs were built: ``inference.forward.llama.faster_layout``); None for the others."""
         return self._programs.layout
+
+    @property
+    def cache_dtype(self) -> str:
+        """The dtype its caches hold keys and values in."""
+        return str(self._programs.cache_dtype)
 
     @property
     def compilations(self) -> int:
@@ -618,6 +636,7 @@ class Engine:
         for bucket in job.buckets:
             for prefix in self._prefixes(bucket):
                 self._prefill([self._pad_id, self._pad_id], 0, GREEDY, bucket=bucket, prefix=prefix)
+                return_freed_memory()
         device = self._device
         assert device is not None
         if self.prefix_cache.entries:
@@ -628,6 +647,7 @@ class Engine:
             self._resize(window)
             self._insert(0)
             np.asarray(self._generate(inactive, self.steps_per_dispatch))
+            return_freed_memory()
         self._resize(job.windows[0])
         job.done.set()
 

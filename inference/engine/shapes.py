@@ -43,8 +43,15 @@ def default_windows(context: int) -> tuple[int, ...]:
 
 # Compact shapes: each compiled program of a real model holds memory of its own on XLA's CPU
 # backend (its blocks are unrolled; docs/models.md measures an engine's with and without), so an
-# engine on a laptop compiles fewer: powers of two only. A prompt then pads to at most twice its
-# length and a decode step attends over at most twice the positions it needs.
+# engine on a laptop compiles fewer: powers of two only, and no decode window below
+# COMPACT_SMALLEST_WINDOW. A prompt then pads to at most twice its length and a decode step
+# attends over at most twice the positions it needs, or COMPACT_SMALLEST_WINDOW.
+# A decode step's attention is a small part of it at these windows: Gemma 3's step of 8 slots (the
+# slowest model's, which sets the pace) took 133 ms over 256 positions and 139 ms over 512
+# (float16 caches; docs/models.md), so the 192 positions a 64-position window would spare a short
+# first reply cost it about 5 ms a step, where each window compiled is a program of tens of
+# megabytes.
+COMPACT_SMALLEST_WINDOW = 256
 
 
 def compact_buckets(context: int, smallest: int = MIN_BUCKET) -> tuple[int, ...]:
@@ -53,8 +60,9 @@ def compact_buckets(context: int, smallest: int = MIN_BUCKET) -> tuple[int, ...]
 
 
 def compact_windows(context: int) -> tuple[int, ...]:
-    """Decode windows: powers of two from 64 below the context, and the context."""
-    return _lengths(context, MIN_BUCKET, three_halves_from=context)
+    """Decode windows: powers of two from ``COMPACT_SMALLEST_WINDOW`` below the context, and the
+    context."""
+    return _lengths(context, COMPACT_SMALLEST_WINDOW, three_halves_from=context)
 
 
 def _lengths(context: int, smallest: int, three_halves_from: int) -> tuple[int, ...]:

@@ -5,9 +5,10 @@ Each pass computes what the family's ``call_with_cache`` computes, with the mode
 for ``tokens [rows, T]`` at per-row positions, but keeps each layer's keys and values as separate
 arrays that are updated in place (``inference.engine`` explains why). Traced inside jit only.
 
-A family's module offers ``in_place_decoder(lm, context)``: its pass for ``lm``, or None where
-the pass would not compute exactly what keras-hub does. A new family is one new module and one
-entry of ``FAMILIES``.
+A family's module offers ``in_place_decoder(lm, context, relayout=...)``: its pass for ``lm``, or
+None where the pass would not compute exactly what keras-hub does; ``relayout`` False keeps the
+pass on the model's kernels as they lie (no second copy laid out otherwise). A new family is one
+new module and one entry of ``FAMILIES``.
 """
 
 from __future__ import annotations
@@ -47,11 +48,14 @@ def adapter_kernels(lm: Any) -> Callable[[Any], list[tuple[Any, ...]]] | None:
     return None
 
 
-def in_place_decoder(lm: Any, context: int) -> InPlaceDecoder | None:
+def in_place_decoder(lm: Any, context: int, *, relayout: bool = True) -> InPlaceDecoder | None:
     """The engine's own forward pass for ``lm`` (the first family's that takes it), with the
-    function that lays out its matmul weights; None where there is none."""
+    function that lays out its matmul weights; None where there is none. ``relayout``: whether
+    the pass may multiply by a copy of the kernels laid out otherwise where that runs faster
+    (the Llama pass's feature-major layout); False: the kernels as they lie, held once."""
     for family in FAMILIES:
-        decoder = importlib.import_module(f"{__name__}.{family}").in_place_decoder(lm, context)
+        module = importlib.import_module(f"{__name__}.{family}")
+        decoder = module.in_place_decoder(lm, context, relayout=relayout)
         if decoder is not None:
             return decoder
     return None

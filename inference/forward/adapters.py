@@ -13,6 +13,10 @@ token to the kernel's ``in * out``. ``R`` is the change's rank: a Dense layer's 
 heads times it for a kernel whose LoRA factors are per head (keras's ``EinsumDense`` keeps
 ``a`` as ``kernel.shape[:-1] + (rank,)``).
 
+An adapter's factors are computed from its model's kernels and its base's
+(``factors_between``), and can be kept in a file beside its preset (``save_factors``,
+``load_factors``), so that a host serving it need not read the whole tuned model.
+
 Plain NumPy and JAX, no Keras: the families' passes (``inference.forward.llama``,
 ``inference.forward.gemma3``) call ``row_delta`` where a kernel has factors.
 """
@@ -20,6 +24,7 @@ Plain NumPy and JAX, no Keras: the families' passes (``inference.forward.llama``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -46,6 +51,57 @@ def factors_of(delta: np.ndarray, tolerance: float = RANK_TOLERANCE) -> tuple[np
     rank = max(1, int(np.sum(values > tolerance * values[0]))) if values.size and values[0] > 0 else 1
     root = np.sqrt(values[:rank])
     return (left[:, :rank] * root).astype(delta.dtype), (root[:, None] * right[:rank]).astype(delta.dtype)
+
+
+Factors = list[list[tuple[np.ndarray, np.ndarray] | None]]  # Per block, per kernel of the family's order.
+
+
+def factors_between(tuned: Sequence[Sequence[Any]], base: Sequence[Sequence[Any]]) -> Factors:
+    """An adapter's factors from its model's kernels and its base's, each per block, per kernel
+    of the family's order (``block_kernels``, ``[in, out]``): ``factors_of`` each change in
+    float32, None where the kernel is unchanged."""
+    shapes = [[tuple(kernel.shape) for kernel in block] for block in tuned]
+    if shapes != [[tuple(kernel.shape) for kernel in block] for block in base]:
+        raise ValueError("The tuned model's kernels are not shaped as its base's.")
+    factors: Factors = []
+    for tuned_block, base_block in zip(tuned, base, strict=True):
+        pairs = zip(tuned_block, base_block, strict=True)
+        changes = (np.asarray(mine, np.float32) - np.asarray(theirs, np.float32) for mine, theirs in pairs)
+        factors.append([factors_of(change) if change.any() else None for change in changes])
+    return factors
+
+
+def save_factors(path: Path, factors: Factors) -> None:
+    """``factors`` in an ``.npz`` file: ``down_{block}_{kernel}`` and ``up_{block}_{kernel}`` where
+    the kernel changes, and the block and kernel counts."""
+    arrays = {"shape": np.array([len(factors), len(factors[0]) if factors else 0])}
+    for index, block in enumerate(factors):
+        for which, pair in enumerate(block):
+            if pair is not None:
+                arrays[f"down_{index}_{which}"], arrays[f"up_{index}_{which}"] = pair
+    with path.open("wb") as out:
+        np.savez(out, **arrays)
+
+
+def load_factors(path: Path, kernel_shapes: Sequence[Sequence[tuple[int, ...]]]) -> Factors:
+    """The factors ``save_factors`` wrote, for a base whose block kernels have ``kernel_shapes``
+    (``[in, out]`` per block, per kernel); ValueError where they do not fit them."""
+    with np.load(path) as saved:
+        blocks, kernels = (int(n) for n in saved["shape"])
+        if blocks != len(kernel_shapes) or any(len(block) != kernels for block in kernel_shapes):
+            raise ValueError(f"{path}: factors for {blocks} blocks of {kernels} kernels, not this model's.")
+        factors: Factors = []
+        for index, block in enumerate(kernel_shapes):
+            factors.append([])
+            for which, (ins, outs) in enumerate(block):
+                if f"down_{index}_{which}" not in saved:
+                    factors[-1].append(None)
+                    continue
+                down, up = saved[f"down_{index}_{which}"], saved[f"up_{index}_{which}"]
+                if down.shape[0] != ins or up.shape[1] != outs or down.shape[1] != up.shape[0]:
+                    raise ValueError(f"{path}: block {index}'s kernel {which} does not fit this model's.")
+                factors[-1].append((down, up))
+    return factors
 
 
 def stack(per_adapter: Sequence[tuple[np.ndarray, np.ndarray] | None]) -> tuple[np.ndarray, np.ndarray] | None:

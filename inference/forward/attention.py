@@ -10,6 +10,13 @@ keras-hub's own order (``[rows, positions, kv_heads, head_dim]``) makes XLA tran
 cache of every layer at every token. Grouped-query attention contracts each key/value head with
 its group of query heads directly, never repeating keys and values to the number of query heads
 (which, on a CPU, costs more than the attention itself).
+
+The caches may be kept narrower than the model computes (float16 for a float32 model: half the
+memory of every slot, staging row and prefix pool row), as vLLM's ``kv_cache_dtype`` keeps them:
+keys and values are rounded once when written and attended over in the model's dtype. On a CPU
+float16 is the narrow dtype that costs least: XLA widens bfloat16 slowly (a decode step of 8
+slots over 1024 positions: SmolLM2 116 ms with float16 caches, 94 ms float32, 270 ms bfloat16;
+Gemma 3 158, 137 and 229 ms; docs/models.md).
 """
 
 from __future__ import annotations
@@ -38,26 +45,41 @@ def masked_softmax(logits: Any, mask: Any, axis: int = -1) -> Any:
     return probabilities.astype(logits.dtype)
 
 
+def narrowed(update: Any, dtype: Any) -> Any:
+    """``update`` in the cache's ``dtype``, held within that dtype's range where it is narrower
+    (float16's reaches 65504: a larger key would be infinite, and its softmax not a number)."""
+    import jax.numpy as jnp
+
+    if update.dtype == dtype:
+        return update
+    top = float(jnp.finfo(dtype).max)
+    if top < float(jnp.finfo(update.dtype).max):
+        update = jnp.clip(update, -top, top)
+    return update.astype(dtype)
+
+
 def write_keys(cache: Any, update: Any, starts: Any) -> Any:
     """``cache [rows, kv_heads, head_dim, positions]`` with ``update [rows, T, kv_heads,
-    head_dim]`` written at each row's positions ``starts[r]`` onwards (in place under jit)."""
+    head_dim]`` written at each row's positions ``starts[r]`` onwards (in place under jit), in
+    the cache's dtype."""
     import jax
     import jax.numpy as jnp
 
     def write(row: Any, part: Any, start: Any) -> Any:
-        return jax.lax.dynamic_update_slice(row, jnp.transpose(part, (1, 2, 0)), (0, 0, start))
+        return jax.lax.dynamic_update_slice(row, narrowed(jnp.transpose(part, (1, 2, 0)), row.dtype), (0, 0, start))
 
     return jax.vmap(write)(cache, update, starts)
 
 
 def write_values(cache: Any, update: Any, starts: Any) -> Any:
     """``cache [rows, kv_heads, positions, head_dim]`` with ``update [rows, T, kv_heads,
-    head_dim]`` written at each row's positions ``starts[r]`` onwards (in place under jit)."""
+    head_dim]`` written at each row's positions ``starts[r]`` onwards (in place under jit), in
+    the cache's dtype."""
     import jax
     import jax.numpy as jnp
 
     def write(row: Any, part: Any, start: Any) -> Any:
-        return jax.lax.dynamic_update_slice(row, jnp.swapaxes(part, 0, 1), (0, start, 0))
+        return jax.lax.dynamic_update_slice(row, narrowed(jnp.swapaxes(part, 0, 1), row.dtype), (0, start, 0))
 
     return jax.vmap(write)(cache, update, starts)
 
@@ -77,8 +99,11 @@ def grouped_attention(
 
     The query comes scaled where the family scales the query (Gemma); ``logit_scale`` scales
     the logits instead, where the family does that (Llama, Mistral): the same arithmetic in the
-    same order, so greedy tokens match the family's own ``call_with_cache``."""
+    same order, so greedy tokens match the family's own ``call_with_cache``. Caches kept in a
+    narrower dtype than the query's (``Engine``'s ``cache_dtype``) are read in the query's."""
     import jax.numpy as jnp
+
+    keys, values = keys.astype(query.dtype), values.astype(query.dtype)
 
     rows, length, heads, head_dim = query.shape
     kv_heads = keys.shape[1]

@@ -10,8 +10,9 @@ from inference.forward import InPlaceDecoder
 from inference.forward.attention import grouped_attention, write_keys, write_values
 
 
-def in_place_decoder(lm: Any, context: int) -> InPlaceDecoder | None:
-    """This pass for a Gemma model without sliding windows, soft caps or dropout."""
+def in_place_decoder(lm: Any, context: int, *, relayout: bool = True) -> InPlaceDecoder | None:
+    """This pass for a Gemma model without sliding windows, soft caps or dropout (one layout:
+    ``relayout`` changes nothing)."""
     import keras_hub
 
     backbone = lm.backbone

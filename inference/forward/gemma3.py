@@ -19,7 +19,7 @@ from inference.forward.adapters import Adapted, row_delta
 from inference.forward.attention import grouped_attention, write_keys, write_values
 
 
-def in_place_decoder(lm: Any, context: int) -> InPlaceDecoder | None:
+def in_place_decoder(lm: Any, context: int, *, relayout: bool = True) -> InPlaceDecoder | None:
     """This pass for a text-only Gemma 3 model (see ``supports``); its caches' layout is given,
     since Gemma 3's keras-hub cache also takes image inputs."""
     if not supports(lm):

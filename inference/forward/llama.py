@@ -2,7 +2,8 @@
 
 The pass runs its projections in one of two layouts: on a CPU, whichever multiplies a decode
 step's rows faster on the machine the engine is built on (``faster_layout``;
-``inference.forward.layout`` says why it depends on the machine); on an accelerator,
+``inference.forward.layout`` says why it depends on the machine); on an accelerator, and in an
+engine with compact shapes (the embedded arena's: ``relayout`` False, its weights held once),
 token-major:
 
 * token-major (keras-hub's): the residual stream is ``[tokens, hidden]`` and every projection
@@ -28,13 +29,18 @@ Layout = Literal["token-major", "feature-major"]
 # How many rows the layouts are timed at: a decode step of the engine's default 8 slots.
 TIMED_ROWS = 8
 TIMED_BYTES = 512 * 1024 * 1024  # At most this much of the kernels is timed (then whole blocks).
+# Feature-major holds a second copy of the block kernels: it must pay for it, its products at
+# least this much faster than token-major's. Where the two time within it (docs/inference.md
+# names such hosts), the copy would cost SmolLM2 425 MB for steps a few per cent faster or slower
+# from run to run.
+FEATURE_MAJOR_GAIN = 0.10
 _timed_layouts: weakref.WeakKeyDictionary[Any, dict[int, Layout]] = weakref.WeakKeyDictionary()
 
 
-def in_place_decoder(lm: Any, context: int) -> InPlaceDecoder | None:
-    """This pass, in the faster layout, for a Llama 3 or Mistral decoder whose sliding window, if
-    any, covers the context. Vicuna (LlamaCausalLM) has the same blocks but no engine test yet:
-    it keeps the generic step."""
+def in_place_decoder(lm: Any, context: int, *, relayout: bool = True) -> InPlaceDecoder | None:
+    """This pass, in the faster layout (``relayout``; else token-major, the kernels as they lie),
+    for a Llama 3 or Mistral decoder whose sliding window, if any, covers the context. Vicuna
+    (LlamaCausalLM) has the same blocks but no engine test yet: it keeps the generic step."""
     import keras_hub
 
     backbone = lm.backbone
@@ -46,7 +52,7 @@ def in_place_decoder(lm: Any, context: int) -> InPlaceDecoder | None:
     window = getattr(backbone, "sliding_window", None)
     if (window is not None and window < context) or getattr(backbone, "dropout", 0):
         return None
-    layout = faster_layout(lm)
+    layout = faster_layout(lm) if relayout else "token-major"
     return InPlaceDecoder(
         functools.partial(llama_forward, layout=layout), functools.partial(llama_weights, layout=layout), layout
     )
@@ -83,8 +89,10 @@ def block_kernels(model: Any) -> list[tuple[Any, ...]]:
 
 def faster_layout(model: Any, rows: int = TIMED_ROWS, seconds: float = 0.3) -> Layout:
     """The layout whose block projections at ``rows`` rows run faster here (best of repeated
-    runs of the products, each layout for about ``seconds``), timed once per model and row
-    count: every engine of a model runs the same layout, and only the first one waits for it.
+    runs of the products, each layout for about ``seconds``; feature-major only where it is
+    ``FEATURE_MAJOR_GAIN`` faster, as it holds a second copy of the kernels), timed once per
+    model and row count: every engine of a model runs the same layout, and only the first one
+    waits for it.
 
     Timed on a CPU only, over the first blocks' kernels up to ``TIMED_BYTES`` (all of SmolLM2's:
     more than any cache, as in a step, without copying a large model's weights). An
@@ -107,7 +115,7 @@ def faster_layout(model: Any, rows: int = TIMED_ROWS, seconds: float = 0.3) -> L
             kernels += [np.asarray(kernel) for kernel in block]
         token_major = products_seconds(kernels, rows, columns=False, seconds=seconds)
         feature_major = products_seconds(kernels, rows, columns=True, seconds=seconds)
-        known[rows] = "feature-major" if feature_major < token_major else "token-major"
+        known[rows] = "feature-major" if feature_major < (1 - FEATURE_MAJOR_GAIN) * token_major else "token-major"
     return known[rows]
 
 

@@ -10,8 +10,6 @@ so the two share weights, caches and decode steps.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import os
 import threading
@@ -41,6 +39,7 @@ class ModelSpec:
     prefix_cache_rows: int = 16
     prefix_cache_tokens: int = 1024  # At most: the engine keeps at most half the context.
     compact: bool = False  # Compile powers of two only (Engine's ``compact``): half the programs' memory.
+    cache_dtype: str | None = None  # Keys and values kept in this dtype (Engine's); None: the model's.
     # Presets of models fine-tuned from this one that its engine serves as LoRA adapters, in order
     # (adapter 1, 2, ...).
     adapters: tuple[str, ...] = ()
@@ -48,6 +47,10 @@ class ModelSpec:
     # ``adapters`` name this preset); None: an engine of its own.
     adapter_of: ModelSpec | None = None
 
+
+# A fine-tuned preset's LoRA factors over its base, where its build wrote them
+# (inference.building.fixer): what serving it as an adapter reads instead of the whole model.
+ADAPTER_FACTORS = "adapter_factors.npz"
 
 _engines: dict[str, tuple[ModelSpec, Engine | AdapterEngine]] = {}
 _lock = threading.Lock()
@@ -127,6 +130,7 @@ def _start_engine(spec: ModelSpec) -> Engine:
         prefix_cache_tokens=min(spec.prefix_cache_tokens, context // 2),
         compact=spec.compact,
         adapters=adapters,
+        cache_dtype=spec.cache_dtype,
     )
     engine.start()
     return engine
@@ -136,31 +140,31 @@ def adapter_factors(lm: Any, preset: str) -> list[list[tuple[Any, Any] | None]]:
     """A model fine-tuned from ``lm`` (its preset, merged) as a LoRA adapter over ``lm``: per
     block, per kernel of the family's pass (``inference.forward.adapter_kernels``), the factors of
     its change (``inference.forward.adapters.factors_of``), None where it left the kernel as it
-    was. The tuned model is read, then dropped."""
+    was. Read from the preset's factors file where its build wrote one (``ADAPTER_FACTORS``, a few
+    megabytes); else the tuned model is read whole, then dropped."""
+    from pathlib import Path
+
     import keras_hub
-    import numpy as np
 
     import inference.tokenizers  # noqa: F401  (the imported presets' tokenizer class)
     from inference.forward import adapter_kernels
-    from inference.forward.adapters import factors_of
+    from inference.forward.adapters import factors_between, load_factors
 
     kernels = adapter_kernels(lm)
     if kernels is None:
         raise ValueError(f"{type(lm).__name__}'s forward pass takes no LoRA adapters.")
+    base_kernels = kernels(lm)
+    saved = Path(preset) / ADAPTER_FACTORS
+    if saved.is_file():
+        return load_factors(saved, [[tuple(kernel.shape) for kernel in block] for block in base_kernels])
     tuned = keras_hub.models.CausalLM.from_preset(preset)
-    tuned_kernels, base_kernels = kernels(tuned), kernels(lm)
-    shapes = [[k.shape for k in block] for block in tuned_kernels]
-    if type(tuned) is not type(lm) or shapes != [[k.shape for k in block] for block in base_kernels]:
-        raise ValueError(f"{preset} is not of its base's architecture: it cannot be served as its adapter.")
-    factors = []
-    for tuned_block, base_block in zip(tuned_kernels, base_kernels, strict=True):
-        block: list[tuple[Any, Any] | None] = []
-        for tuned_kernel, base_kernel in zip(tuned_block, base_block, strict=True):
-            change = np.asarray(tuned_kernel, np.float32) - np.asarray(base_kernel, np.float32)
-            block.append(factors_of(change) if change.any() else None)
-        factors.append(block)
-    del tuned
-    return factors
+    refused = f"{preset} is not of its base's architecture: it cannot be served as its adapter."
+    if type(tuned) is not type(lm):
+        raise ValueError(refused)
+    try:
+        return factors_between(kernels(tuned), base_kernels)
+    except ValueError:
+        raise ValueError(refused) from None
 
 
 def running_engines() -> dict[str, Engine | AdapterEngine]:
@@ -184,11 +188,11 @@ def warm_up(spec: ModelSpec) -> Engine | AdapterEngine:
 
 
 def return_freed_memory() -> None:
-    """Hand the C heap's free pages back to the system. A warm-up passes through every window's
-    slot caches and every compilation's scratch memory; glibc keeps what they freed resident
-    (measured with Gemma 3 270M after its warm-up: 7.2 GB resident, 5.4 GB after this)."""
-    with contextlib.suppress(OSError, AttributeError):  # Not glibc: nothing to do.
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    """``inference.engine.heap.return_freed_memory``, imported at use: the web tier imports this
+    module (``ModelSpec``) and needs nothing of the engine package."""
+    from inference.engine.heap import return_freed_memory as hand_back
+
+    hand_back()
 
 
 def shutdown_all() -> None:

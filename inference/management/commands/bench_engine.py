@@ -63,14 +63,23 @@ class Command(BaseCommand):
             "--memory",
             action="store_true",
             help="Instead: the resident memory the preset holds in the arena's engine, loaded and warm, with "
-            "ARENA_ENGINE_SLOTS and the prefix pool settings (--slots overrides the slots). Run one preset per "
-            "process.",
+            "ARENA_ENGINE_SLOTS and the prefix pool settings (--slots overrides the slots), then a decode step of "
+            "every slot at each window up to 1024 positions, timed. Run one preset per process.",
         )
         parser.add_argument(
             "--beside",
             type=Path,
             help="With --memory: load and warm this preset first, as the arena serves them together, and report what "
             "--preset adds beside it (a fixer beside its base shares its equal weights and compiled programs).",
+        )
+        parser.add_argument(
+            "--adapter",
+            type=Path,
+            action="append",
+            default=[],
+            help="With --memory: a preset fine-tuned from --preset, served by its engine as a LoRA adapter, as the "
+            "roster serves a fixer beside its base (ARENA_FIXERS_AS_ADAPTERS); repeatable. Reports the engine with "
+            "them all.",
         )
         parser.add_argument(
             "--sampling",
@@ -87,10 +96,11 @@ class Command(BaseCommand):
         preset = options["preset"] or default_preset()
         if not (Path(preset) / "config.json").is_file():
             raise CommandError(f"{preset} is not a keras-hub preset folder (no config.json).")
-        if options["beside"] and not options["memory"]:
-            raise CommandError("--beside goes with --memory.")
-        if options["beside"] and not (Path(options["beside"]) / "config.json").is_file():
-            raise CommandError(f"{options['beside']} is not a keras-hub preset folder (no config.json).")
+        if (options["beside"] or options["adapter"]) and not options["memory"]:
+            raise CommandError("--beside and --adapter go with --memory.")
+        for other in [options["beside"], *options["adapter"]]:
+            if other and not (Path(other) / "config.json").is_file():
+                raise CommandError(f"{other} is not a keras-hub preset folder (no config.json).")
         if options["against"]:
             self.against(Path(preset), options)
             return
@@ -141,7 +151,9 @@ class Command(BaseCommand):
             prefix_cache_rows=settings.ARENA_PREFIX_CACHE_ROWS,
             prefix_cache_tokens=settings.ARENA_PREFIX_CACHE_TOKENS,
             compact=settings.ARENA_ENGINE_COMPACT,
+            cache_dtype=settings.ARENA_ENGINE_CACHE_DTYPE or None,
             beside=options["beside"],
+            adapters=options["adapter"],
         )
         self.stdout.write(json.dumps(result) if options["json"] else format_memory(result))
 
