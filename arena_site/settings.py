@@ -31,6 +31,15 @@ def env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
+def float_dtype(name: str, default: str) -> str:
+    """A float dtype's name from the environment variable ``name``: empty (the model's own),
+    float32, bfloat16 or float16."""
+    value = os.environ.get(name, default)
+    if value not in ("", "float32", "bfloat16", "float16"):
+        raise ImproperlyConfigured(f"{name}: {value!r} is none of float32, bfloat16, float16 or empty.")
+    return value
+
+
 def _local_secret_key() -> str:
     """A random key kept in var/ so embedded sessions survive restarts; never committed."""
     path = VAR_DIR / "secret_key"
@@ -400,11 +409,14 @@ ARENA_ENGINE_COMPACT = env_bool("ARENA_ENGINE_COMPACT", not REDIS_URL)
 # (on a CPU Gemma 3's decode step 7-15 % slower, SmolLM2's none; bfloat16 slower: docs/models.md);
 # empty: the model's own dtype (greedy text then matches keras-hub's generate() exactly).
 # float16 by default in the embedded arena (a laptop), the model's on an inference host.
-ARENA_ENGINE_CACHE_DTYPE = os.environ.get("ARENA_ENGINE_CACHE_DTYPE", "" if REDIS_URL else "float16")
-if ARENA_ENGINE_CACHE_DTYPE not in ("", "float32", "bfloat16", "float16"):
-    raise ImproperlyConfigured(
-        f"ARENA_ENGINE_CACHE_DTYPE: {ARENA_ENGINE_CACHE_DTYPE!r} is none of float32, bfloat16, float16 or empty."
-    )
+ARENA_ENGINE_CACHE_DTYPE = float_dtype("ARENA_ENGINE_CACHE_DTYPE", "" if REDIS_URL else "float16")
+# The dtype the engines keep a model's token embedding in (its lookup and, tied, its logits'
+# matrix: most of a small model's weights; inference/engine/stored_dtype.py), for the families
+# whose pass runs it at least as fast so (inference.forward.narrow_embedding_pays: Gemma 3):
+# "bfloat16" halves it (Gemma 3 270M: 335 MB less) and speeds up its decode step on a CPU;
+# empty: the model's own dtype. bfloat16 by default in the embedded arena (a laptop), the
+# model's on an inference host.
+ARENA_ENGINE_EMBEDDING_DTYPE = float_dtype("ARENA_ENGINE_EMBEDDING_DTYPE", "" if REDIS_URL else "bfloat16")
 # Serve a model the project fine-tuned (a fixer) as a LoRA adapter in the engine of the model it
 # was tuned from, when both are hosted by the same workers: one copy of the shared weights, one
 # set of caches, and their replies decoded together (inference/hosts/engines.py). The

@@ -105,6 +105,7 @@ def resident_memory(
     prefix_cache_tokens: int,
     compact: bool = False,
     cache_dtype: str | None = None,
+    embedding_dtype: str | None = None,
     beside: str | Path | None = None,
     adapters: Sequence[str | Path] = (),
 ) -> dict[str, Any]:
@@ -134,6 +135,7 @@ def resident_memory(
             prefix_cache_tokens=prefix_cache_tokens,
             compact=compact,
             cache_dtype=cache_dtype,
+            embedding_dtype=embedding_dtype,
         )
 
     path = Path(preset)
@@ -160,6 +162,7 @@ def resident_memory(
         "prefix_cache_tokens": engine.prefix_cache.capacity,
         "compact": compact,
         "cache_dtype": engine.cache_dtype,
+        "embedding_dtype": str(engine.lm.backbone.token_embedding.embeddings.dtype),
         "layout": engine.forward_layout,  # The Llama pass's, timed at load (its laid-out copy).
         "beside": None if beside is None else Path(beside).name,
         "compilations": engine.compilations,
@@ -185,7 +188,8 @@ def format_memory(result: dict[str, Any]) -> str:
     return (
         f"{result['preset']} ({result['parameters']:,} parameters; {result['slots']} slots, prefix pool "
         f"{result['prefix_cache_rows']} x {result['prefix_cache_tokens']}"
-        f"{', compact shapes' if result['compact'] else ''}, {result['cache_dtype']} caches"
+        f"{', compact shapes' if result['compact'] else ''}, {result['cache_dtype']} caches, "
+        f"{result['embedding_dtype']} embedding"
         f"{', ' + result['layout'] if result['layout'] else ''}"
         f"{', beside ' + result['beside'] if result['beside'] else ''}"
         f"{', serving ' + ' and '.join(result['adapters']) + ' as LoRA adapters' if result['adapters'] else ''}): "

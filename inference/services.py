@@ -86,6 +86,7 @@ def _own_spec(model: LLM) -> ModelSpec:
         prefix_cache_tokens=settings.ARENA_PREFIX_CACHE_TOKENS,
         compact=settings.ARENA_ENGINE_COMPACT,
         cache_dtype=settings.ARENA_ENGINE_CACHE_DTYPE or None,
+        embedding_dtype=settings.ARENA_ENGINE_EMBEDDING_DTYPE or None,
     )
 
 

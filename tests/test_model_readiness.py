@@ -265,6 +265,10 @@ def test_a_fresh_embedded_arena_warms_its_roster_before_the_first_voter(tmp_path
 
         stack.wait_until(server, all_ready, timeout_s=300)
         assert all(model["ready"] for model in httpx.get(url + "/api/v1/models", timeout=10).json())
+        # Serving its models, the process holds none of the packages only the tests use
+        # (inference.test_only_packages): Keras runs without them.
+        mapped = Path(f"/proc/{server.process.pid}/maps").read_text()
+        assert "/jaxlib/" in mapped and "/sklearn/" not in mapped and "/pandas/" not in mapped
         report = bench_first_text.measure(url, 2, browser=browser, ready_timeout_s=10)
         assert len(report.battles) == 2
         for battle in report.battles:

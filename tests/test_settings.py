@@ -37,6 +37,7 @@ print(json.dumps({
     "hosts": settings.ALLOWED_HOSTS,
     "hsts_preload": settings.SECURE_HSTS_PRELOAD,
     "hsts_seconds": settings.SECURE_HSTS_SECONDS,
+    "dtypes": [settings.ARENA_ENGINE_CACHE_DTYPE, settings.ARENA_ENGINE_EMBEDDING_DTYPE],
 }))
 """
 
@@ -54,6 +55,7 @@ def test_embedded_defaults(tmp_path: Path) -> None:
         "hosts": ["127.0.0.1", "localhost"],
         "hsts_preload": False,
         "hsts_seconds": 0,
+        "dtypes": ["float16", "bfloat16"],  # A laptop's: keys, values and embeddings kept narrow.
     }
     assert (tmp_path / "secret_key").stat().st_mode & 0o077 == 0
 
@@ -72,6 +74,13 @@ def test_production_services_from_env() -> None:
     assert shown["backend"] == "celery"
     assert shown["broker"] == "redis://cache:6379/0"
     assert shown["hosts"] == ["arena.example.org"]
+    assert shown["dtypes"] == ["", ""]  # An inference host's engines keep the models' own.
+
+
+def test_an_unknown_engine_dtype_is_refused_with_its_name(tmp_path: Path) -> None:
+    result = run_python(SHOW_SETTINGS, ARENA_VAR_DIR=str(tmp_path), ARENA_ENGINE_EMBEDDING_DTYPE="int8")
+    assert result.returncode != 0
+    assert "ARENA_ENGINE_EMBEDDING_DTYPE: 'int8' is none of float32, bfloat16, float16 or empty." in result.stderr
 
 
 def test_hsts_preload_is_opt_in(tmp_path: Path) -> None:

@@ -265,6 +265,7 @@ class Engine:
         # a NumPy argument costs a host-to-device transfer on every call (~70 us a dispatch).
         self._inputs: dict[Any, Any] = {}
         self._freed = 0  # Slots freed in the current loop iteration.
+        self._freed_since_rest = False  # Slots freed since the engine last went idle (_rest).
         FOREGROUND.subscribe(self)
 
     # --- Public API -------------------------------------------------------------------------
@@ -556,6 +557,8 @@ class Engine:
                     in_flight = self._iterate(admitted, free, jobs, in_flight)
                     if self._freed and in_flight is not None:
                         self._await_resubmission()
+                    if in_flight is None and self._freed_since_rest and not any(self._slots):
+                        self._rest()
                 except Exception as exc:  # Fail what was running, keep serving the queue.
                     logger.exception("Engine decode step failed")
                     in_flight = None
@@ -666,6 +669,19 @@ class Engine:
         self._resize(self.windows[0])
         job.step_s = min(durations)
         job.done.set()
+
+    def _rest(self) -> None:
+        """The engine has gone idle after requests: its slot caches back to the smallest window,
+        and what the larger ones and the requests' prefills held handed back to the system
+        (``inference.engine.heap``), so that an idle engine holds no more than a warm one."""
+        import jax
+
+        device = self._device
+        assert device is not None
+        self._resize(self.windows[0])
+        jax.block_until_ready(device.cache)  # The larger caches are freed once it has run.
+        return_freed_memory()
+        self._freed_since_rest = False
 
     def _resize(self, window: int) -> bool:
         """Bring the slot caches to ``window`` positions, one neighbouring window at a time (so
@@ -842,6 +858,7 @@ class Engine:
         if request._slot is not None and self._slots[request._slot] is request:
             self._slots[request._slot] = None
             self._freed += 1
+            self._freed_since_rest = True
 
     def _await_resubmission(self) -> None:
         """Give the readers of requests that just ended a moment to submit their next one.

@@ -48,6 +48,17 @@ def adapter_kernels(lm: Any) -> Callable[[Any], list[tuple[Any, ...]]] | None:
     return None
 
 
+def narrow_embedding_pays(lm: Any) -> bool:
+    """Whether ``lm``'s pass runs a token embedding kept in bfloat16 (``inference.engine.
+    stored_dtype``) at least as fast as a float32 one on a CPU, so that a host narrows it: Gemma
+    3's (its logits then read half the bytes: a decode step of 8 slots 105 ms against 144 ms).
+    Not the Llama pass's, whose logits XLA widens the table for (SmolLM2: 82 ms against 57 ms),
+    nor Gemma's, not measured (scratch timings, this project's Intel Xeon)."""
+    import keras_hub
+
+    return type(lm) is keras_hub.models.Gemma3CausalLM
+
+
 def in_place_decoder(lm: Any, context: int, *, relayout: bool = True) -> InPlaceDecoder | None:
     """The engine's own forward pass for ``lm`` (the first family's that takes it), with the
     function that lays out its matmul weights; None where there is none. ``relayout``: whether

@@ -8,6 +8,7 @@ import numpy as np
 
 from inference.forward import InPlaceDecoder
 from inference.forward.attention import grouped_attention, write_keys, write_values
+from inference.forward.embedding import output_logits, token_rows
 
 
 def in_place_decoder(lm: Any, context: int, *, relayout: bool = True) -> InPlaceDecoder | None:
@@ -55,7 +56,11 @@ def gemma_weights(model: Any) -> tuple[Any, ...]:
             [ops.convert_to_tensor(block.gating_ffw.kernel), ops.convert_to_tensor(block.gating_ffw_2.kernel)], axis=1
         )
         weights += [qkv, output.reshape(-1, output.shape[-1]), gates, ops.convert_to_tensor(block.ffw_linear.kernel)]
-    weights.append(jnp.transpose(ops.convert_to_tensor(backbone.token_embedding.embeddings)))
+    embedding = ops.convert_to_tensor(backbone.token_embedding.embeddings)
+    # An embedding kept narrower than the model computes is multiplied as it lies
+    # (``inference.forward.embedding``): no transposed copy.
+    if embedding.dtype == backbone.compute_dtype:
+        weights.append(jnp.transpose(embedding))
     return tuple(weights)
 
 
@@ -82,7 +87,7 @@ def gemma_forward(
 
     backbone = model.backbone
     rows, length = tokens.shape
-    x = backbone.token_embedding(tokens)  # [rows, T, hidden]
+    x = token_rows(backbone.token_embedding, tokens, backbone.compute_dtype)  # [rows, T, hidden]
     x = x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
     query_positions = starts[:, None] + jnp.arange(length)[None, :]  # [rows, T]
     updated = []
@@ -125,4 +130,9 @@ def gemma_forward(
             hidden = block.post_ffw_norm(hidden)
         x = hidden + attention_x
     x = backbone.layer_norm(x)
-    return jnp.dot(x, weights[-1]), tuple(updated)
+    embedding = ops.convert_to_tensor(backbone.token_embedding.embeddings)
+    if embedding.dtype == x.dtype:  # Its transpose laid out, [hidden, vocabulary].
+        return jnp.dot(x, weights[-1]), tuple(updated)
+    # A narrower embedding, as it lies; the barrier as in inference.forward.llama.
+    logits = jax.lax.optimization_barrier(output_logits(embedding, x.reshape(rows * length, -1)))
+    return jnp.transpose(logits).reshape(rows, length, -1), tuple(updated)

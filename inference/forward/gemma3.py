@@ -17,6 +17,7 @@ import numpy as np
 from inference.forward import InPlaceDecoder
 from inference.forward.adapters import Adapted, row_delta
 from inference.forward.attention import grouped_attention, write_keys, write_values
+from inference.forward.embedding import output_logits, token_rows
 
 
 def in_place_decoder(lm: Any, context: int, *, relayout: bool = True) -> InPlaceDecoder | None:
@@ -121,7 +122,7 @@ def gemma3_forward(
 
     backbone = model.backbone
     rows, length = tokens.shape
-    x = backbone.token_embedding(tokens)
+    x = token_rows(backbone.token_embedding, tokens, backbone.compute_dtype)
     x = x * ops.cast(ops.sqrt(backbone.hidden_dim), x.dtype)
     query_positions = starts[:, None] + jnp.arange(length)[None, :]  # [rows, T]
     updated = []
@@ -180,7 +181,7 @@ def gemma3_forward(
         x = hidden + attention_x
     x = backbone.layer_norm(x)
     embedding = ops.convert_to_tensor(backbone.token_embedding.embeddings)  # [vocabulary, hidden]
-    logits = jnp.dot(embedding, jnp.transpose(x.reshape(rows * length, -1)))  # [vocabulary, tokens]
+    logits = output_logits(embedding, x.reshape(rows * length, -1))  # [vocabulary, tokens]
     # As in inference.forward.llama: without the barrier XLA folds the transpose below into the
     # product and runs it through a slower generic kernel; with it, only the logits move.
     logits = jax.lax.optimization_barrier(logits)

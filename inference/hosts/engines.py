@@ -40,6 +40,9 @@ class ModelSpec:
     prefix_cache_tokens: int = 1024  # At most: the engine keeps at most half the context.
     compact: bool = False  # Compile powers of two only (Engine's ``compact``): half the programs' memory.
     cache_dtype: str | None = None  # Keys and values kept in this dtype (Engine's); None: the model's.
+    # The token embedding kept in this dtype (inference.engine.stored_dtype) where the family's
+    # pass runs it at least as fast (inference.forward.narrow_embedding_pays); None: the model's.
+    embedding_dtype: str | None = None
     # Presets of models fine-tuned from this one that its engine serves as LoRA adapters, in order
     # (adapter 1, 2, ...).
     adapters: tuple[str, ...] = ()
@@ -107,6 +110,8 @@ def _start_engine(spec: ModelSpec) -> Engine:
 
     from inference.engine import Engine
     from inference.engine.shared_weights import share_weights
+    from inference.engine.stored_dtype import narrow_embeddings
+    from inference.forward import narrow_embedding_pays
     from inference.hosts import compile_cache
     from inference.hosts.sharding import load_sharded_causal_lm
     from inference.streaming import context_length
@@ -114,6 +119,12 @@ def _start_engine(spec: ModelSpec) -> Engine:
     compile_cache.enable()
     logger.info("Loading %s from %s on %d device(s)", spec.name, spec.preset, jax.device_count())
     lm = load_sharded_causal_lm(spec.preset, family=spec.family, mesh_shape=spec.mesh_shape, dtype=spec.dtype)
+    # Before sharing: equal narrowed embeddings are shared too.
+    if spec.embedding_dtype and narrow_embedding_pays(lm):
+        narrowed = narrow_embeddings(lm, spec.embedding_dtype)
+        if narrowed:
+            logger.info("%s keeps its embedding in %s: %.0f MB less", spec.name, spec.embedding_dtype, narrowed / 1e6)
+            return_freed_memory()
     shared = share_weights(lm)
     if shared:
         logger.info("%s shares %.0f MB of weights with a model loaded before it", spec.name, shared / 1e6)

@@ -143,6 +143,9 @@ class Command(BaseCommand):
     def memory(self, preset: Path, options: dict[str, Any]) -> None:
         from django.conf import settings
 
+        from inference import model_process
+
+        model_process.prepare()  # As the embedded arena's process is (manage.py serve).
         from inference.bench import format_memory, resident_memory
 
         result = resident_memory(
@@ -152,6 +155,7 @@ class Command(BaseCommand):
             prefix_cache_tokens=settings.ARENA_PREFIX_CACHE_TOKENS,
             compact=settings.ARENA_ENGINE_COMPACT,
             cache_dtype=settings.ARENA_ENGINE_CACHE_DTYPE or None,
+            embedding_dtype=settings.ARENA_ENGINE_EMBEDDING_DTYPE or None,
             beside=options["beside"],
             adapters=options["adapter"],
         )

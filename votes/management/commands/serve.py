@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from inference import warming
+from inference import model_process, warming
 from votes import shutdown
 
 
@@ -39,6 +39,9 @@ class Command(BaseCommand):
         from daphne.cli import CommandLineInterface  # Installs Twisted's asyncio reactor first.
         from twisted.internet import reactor
 
+        # This process serves models: Keras without the test-only packages (77 MB;
+        # inference.model_process), marked before the warmer imports it.
+        model_process.prepare()
         # The embedded arena loads and compiles its roster in the background from now on; its
         # pages say which models are ready (inference.warming).
         warmer = warming.start_embedded(should_stop=shutdown.stopping)
