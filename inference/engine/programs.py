@@ -306,11 +306,11 @@ class Programs:
             self.traces[f"generate[{window}]"] += 1
             model, scope = stateless(state)
             # Token embeddings kept narrower than the model computes (inference.engine.
-            # stored_dtype) go through the loop as values of its own, behind a barrier: read as
-            # loop-invariant, XLA hoisted out of the loop a widened or bit-cast copy of the whole
-            # table for the lookup (Gemma 3's, 671 MB at every dispatch: its decode step of 8
-            # slots took 194 ms against 148 ms with a float32 table; carried, the lookup reads
-            # only its rows).
+            # stored_dtype) go through the loop as values of their own, behind a barrier: read
+            # as loop-invariant, XLA hoisted out of the loop a widened or bit-cast copy of the
+            # whole table for the lookup, made at every dispatch (Gemma 3's decode step of 8
+            # slots took 194 ms so, 144 ms with a float32 table, 105 ms carried: the lookup
+            # then reads only its rows; scratch timings).
             narrow = [at for at in self._tables if state[at[0]][at[1]].dtype.itemsize < 4] if in_place else []
 
             def loop_model(tables: list[Any]) -> tuple[Any, Any]:
