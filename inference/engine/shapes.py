@@ -47,10 +47,10 @@ def default_windows(context: int) -> tuple[int, ...]:
 # COMPACT_SMALLEST_WINDOW. A prompt then pads to at most twice its length and a decode step
 # attends over at most twice the positions it needs, or COMPACT_SMALLEST_WINDOW.
 # A decode step's attention is a small part of it at these windows: Gemma 3's step of 8 slots (the
-# slowest model's, which sets the pace) took 133 ms over 256 positions and 139 ms over 512
+# slowest model's, which sets the pace) took 105 ms over 256 positions and 112 ms over 512
 # (float16 caches; docs/models.md), so the 192 positions a 64-position window would spare a short
-# first reply cost it about 5 ms a step, where each window compiled is a program of tens of
-# megabytes.
+# first reply cost it a few milliseconds a step, where each window compiled is a program of tens
+# of megabytes.
 COMPACT_SMALLEST_WINDOW = 256
 
 

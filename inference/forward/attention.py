@@ -16,7 +16,7 @@ memory of every slot, staging row and prefix pool row), as vLLM's ``kv_cache_dty
 keys and values are rounded once when written and attended over in the model's dtype. On a CPU
 float16 is the narrow dtype that costs least: XLA widens bfloat16 slowly (a decode step of 8
 slots over 1024 positions: SmolLM2 116 ms with float16 caches, 94 ms float32, 270 ms bfloat16;
-Gemma 3 158, 137 and 229 ms; docs/models.md).
+Gemma 3 126, 117 and 219 ms; docs/models.md).
 """
 
 from __future__ import annotations
