@@ -406,7 +406,7 @@ ARENA_PREFIX_CACHE_TOKENS = int(os.environ.get("ARENA_PREFIX_CACHE_TOKENS", "102
 ARENA_ENGINE_COMPACT = env_bool("ARENA_ENGINE_COMPACT", not REDIS_URL)
 # The dtype the engines keep keys and values in (slots, staging row, prefix pool): "float16"
 # halves them for a float32 model, each key and value rounded once, as vLLM's kv_cache_dtype does
-# (on a CPU Gemma 3's decode step 7-15 % slower, SmolLM2's none; bfloat16 slower: docs/models.md);
+# (on a CPU Gemma 3's decode step 5-11 % slower, SmolLM2's up to 24 %; bfloat16 slower: docs/models.md);
 # empty: the model's own dtype (greedy text then matches keras-hub's generate() exactly).
 # float16 by default in the embedded arena (a laptop), the model's on an inference host.
 ARENA_ENGINE_CACHE_DTYPE = float_dtype("ARENA_ENGINE_CACHE_DTYPE", "" if REDIS_URL else "float16")
