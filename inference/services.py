@@ -386,3 +386,11 @@ def stop_local_models(timeout_s: float = 1.0) -> list[str]:
     if engines is None:
         return []
     return engines.shutdown_where(lambda spec: True, timeout_s=timeout_s)
+
+
+def local_models_still_running() -> int:
+    """Engines of this process stopped by :func:`stop_local_models` whose decode thread is still
+    in an XLA call (``inference.hosts.engines.still_running``): the process must then exit with
+    ``os._exit``."""
+    engines = sys.modules.get("inference.hosts.engines")
+    return 0 if engines is None else engines.still_running()

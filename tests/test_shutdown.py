@@ -13,6 +13,7 @@ import json
 import signal
 import sqlite3
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from django.db import connection
 
+from inference.hosts import engines
 from tests.conftest import PRESETS_DIR
 from votes import evaluation_services
 from votes.models import Battle, EvaluationReply, EvaluationRun, Message, Task
@@ -218,13 +220,69 @@ def test_the_admin_runs_an_interrupted_evaluation_again(
     assert sorted(started) == sorted([interrupted.pk, failed.pk])
 
 
+def test_an_engine_in_an_xla_call_is_counted_until_its_thread_ends() -> None:
+    """A shut-down engine whose decode thread is still in an XLA call (here its warm-up's
+    compilations) is counted until the thread ends: a process must not finalise under it (it
+    would abort), and votes.shutdown then leaves with os._exit."""
+    spec = engines.ModelSpec("stopping-tiny", "gemma", str(PRESETS_DIR / "tiny-gemma"), slots=2, compact=True)
+    engine = engines.engine_for(spec)
+    warming_up = threading.Thread(target=engine.warm_up)
+    warming_up.start()
+    deadline = time.monotonic() + 60
+    while engine.compilations == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert engines.shutdown_where(lambda s: s.name == spec.name, timeout_s=0) == [spec.name]
+    assert engines.still_running() == 1
+    warming_up.join(60)
+    assert not warming_up.is_alive()
+    while engines.still_running():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+STUCK_WORKER = """
+import threading, time
+import django
+django.setup()
+from celery.signals import worker_shutdown
+from inference.hosts import engines
+from votes import shutdown, tasks
+
+tasks.ENGINE_STOP_SECONDS = 0.0
+engine = engines.engine_for(engines.ModelSpec("stuck", "gemma", {preset!r}, slots=2, compact=True))
+threading.Thread(target=engine.warm_up, daemon=True).start()
+while engine.compilations == 0:
+    time.sleep(0.005)
+shutdown.begin()  # As Celery's worker_shutting_down, at SIGTERM.
+worker_shutdown.send(sender=None)  # As Celery, once its tasks have ended.
+print("finalised under a compilation")
+"""
+
+
+def test_a_stopping_worker_with_an_engine_in_an_xla_call_leaves_without_finalising(tmp_path: Path) -> None:
+    """Celery's worker_shutdown with an engine still compiling (its thread cannot be interrupted):
+    the worker leaves at once, with status 0. Python's finalisation would end the thread inside
+    XLA's C++ code and abort the process (SIGABRT: "FATAL: exception not rethrown")."""
+    stack = Stack(database_url="", redis_url="", log_dir=tmp_path)
+    child = stack.spawn("stuck", [sys.executable, "-c", STUCK_WORKER.format(preset=str(PRESETS_DIR / "tiny-gemma"))])
+    try:
+        assert child.process.wait(timeout=120) == 0, child.log_tail()
+    finally:
+        stack.stop()
+    log = child.log.read_text(errors="replace")
+    assert "An engine is still in an XLA call" in log and "finalised" not in log, log
+
+
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("stage", ["prompt", "delta"])
 async def test_a_celery_worker_asked_to_stop_ends_its_reply_as_stopped(
-    connect_battle: Any, demo_llms: list[Any], celery_worker: Any, settings: Any, tmp_path: Path
+    connect_battle: Any, demo_llms: list[Any], celery_worker: Any, settings: Any, tmp_path: Path, stage: str
 ) -> None:
-    """A worker serving one side (its own process, as an inference host) gets SIGTERM mid-reply:
-    it exits within compose's stop grace period (10 s), its reply ends as stopped with what the
-    voter saw, and the voter is told at once."""
+    """A worker serving one side (its own process, as an inference host) gets SIGTERM while it
+    loads its model for the reply ("prompt": the prompt was accepted) or mid-reply ("delta"): it
+    exits, with status 0, within compose's stop grace period (10 s), even with its engine in an
+    XLA call; its reply ends as stopped with what the voter saw, and the voter is told at once."""
     host_model = demo_llms[0]  # tiny-gemma: runs to its token limit
     host_model.queue, host_model.max_new_tokens = f"stopping-host-{uuid.uuid4().hex[:8]}", 400
     await database_sync_to_async(host_model.save)()
@@ -241,12 +299,19 @@ async def test_a_celery_worker_asked_to_stop_ends_its_reply_as_stopped(
         battle_id = (await client.receive())["battle"]
         battle = await database_sync_to_async(Battle.objects.get)(public_id=battle_id)
         side = "a" if battle.model_a_id == host_model.pk else "b"
-        await client.receive_until(lambda f: f["type"] == "delta" and f["side"] == side)
-        took = await sync_to_async(stop)(host, signal.SIGTERM)
+        if stage == "delta":
+            await client.receive_until(lambda f: f["type"] == "delta" and f["side"] == side)
+        else:
+            # Off the thread the consumer's database calls run on (thread-sensitive sync_to_async):
+            # it is still queueing the replies.
+            loading = f"Loading {host_model.name}"
+            await asyncio.to_thread(stack.wait_until, host, lambda: loading in host.log.read_text(errors="replace"))
+        took = await asyncio.to_thread(stop, host, signal.SIGTERM)
         assert took < 10, host.log_tail()
         end = (await client.receive_until(lambda f: f["type"] == "end" and f["side"] == side))[-1]
         reply = await database_sync_to_async(Message.objects.get)(battle=battle, side=side, role="assistant")
         assert (end["status"], reply.status, reply.stop_reason) == ("stopped", "stopped", "shutdown")
-        assert reply.content and reply.content == end["text"]
+        assert reply.content == end["text"]
+        assert reply.content or stage == "prompt"
     finally:
         await sync_to_async(stack.stop)()

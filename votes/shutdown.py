@@ -10,10 +10,15 @@ waiting on one ends at once), and, in the embedded mode, ends in the database wh
 unfinished: replies as stopped (``stop_reason`` "shutdown", their text so far kept), evaluation
 runs as interrupted (the admin's "Run again" starts one over). Nothing stays "writing" forever.
 The caller then exits without waiting for threads that cannot be interrupted (a model being
-loaded or compiled).
+loaded or compiled, an engine's decode step): :func:`leave`.
+
+A Celery worker (``votes.tasks``) calls :func:`begin` when asked to stop, waits for its tasks as
+Celery does, then :func:`stop_engines`.
 """
 
 import logging
+import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -44,6 +49,7 @@ def begin() -> None:
 @dataclass(frozen=True)
 class Stopped:
     unfinished_jobs: int  # Jobs still on this process's threads after the grace period.
+    engines_running: int  # Engines whose decode thread was still in an XLA call.
     replies: int  # Replies the database still had unfinished, ended as stopped.
     evaluations: int  # Evaluation runs ended as interrupted.
     took_s: float
@@ -66,14 +72,37 @@ def finish(grace_s: float) -> Stopped:
     if settings.GENERATION_BACKEND == "in-process":
         replies = services.stop_unfinished_replies()
         evaluations = evaluation_services.interrupt_evaluations()
-    result = Stopped(left, replies, evaluations, time.monotonic() - started)
+    running = inference_services.local_models_still_running()
+    result = Stopped(left, running, replies, evaluations, time.monotonic() - started)
     logger.info(
         "Stopped in %.1f s: %d engine(s) shut down, %d reply(ies) ended as stopped, %d evaluation run(s) "
-        "interrupted, %d job(s) left behind",
+        "interrupted, %d job(s) and %d engine(s) left behind",
         result.took_s,
         len(stopped),
         replies,
         evaluations,
         left,
+        running,
     )
     return result
+
+
+def stop_engines(timeout_s: float) -> int:
+    """After :func:`begin` and the jobs' end: this process's engines shut down, each given up to
+    ``timeout_s`` to end its XLA call in flight; how many have not."""
+    from inference import services as inference_services
+
+    begin()
+    inference_services.stop_local_models(timeout_s=timeout_s)
+    return inference_services.local_models_still_running()
+
+
+def leave(exitcode: int = 0) -> None:
+    """Exit now, without Python's finalisation: the way out for a process that still has a thread
+    in code that cannot be interrupted (a model loading or compiling, a decode step). Python
+    would wait for such a thread if it is not a daemon, and end it inside XLA's C++ code if it
+    is, which aborts the process (SIGABRT). Everything worth keeping is written by then."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exitcode)

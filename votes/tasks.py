@@ -5,7 +5,7 @@ import logging
 from typing import Any
 
 from celery import shared_task
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 from django.conf import settings
 
 from arena_site.priority import lower_priority
@@ -15,6 +15,9 @@ from votes.evaluation_services import RUN_EVALUATION_TASK
 from votes.relay import frame_relay
 
 logger = logging.getLogger(__name__)
+
+# How long a stopping worker waits for each engine's XLA call in flight (within compose's 10 s).
+ENGINE_STOP_SECONDS = 2.0
 
 
 # Acknowledged only once finished, and requeued if a pool process dies mid-reply: the reply then
@@ -51,6 +54,19 @@ def stop_work_in_flight(**kwargs: Any) -> None:
     its tasks; its replies end as stopped at their next look and its evaluation run after its
     current step, as interrupted (votes.shutdown), so the wait is seconds, not a whole reply."""
     shutdown.begin()
+
+
+@worker_shutdown.connect
+def stop_engines(sender: Any = None, **kwargs: Any) -> None:
+    """Once its tasks have ended, a worker asked to stop shuts its engines down before it exits:
+    an engine's decode thread may be in an XLA call (a step, a compilation, shrinking its caches
+    after the last reply), and Python's finalisation would end it there and abort the process.
+    If one has not ended within ENGINE_STOP_SECONDS, the worker leaves without finalising."""
+    if not shutdown.stopping():  # Not asked to stop (a test's in-process worker): keep the engines.
+        return
+    if shutdown.stop_engines(ENGINE_STOP_SECONDS):
+        logger.info("An engine is still in an XLA call: leaving without waiting for it")
+        shutdown.leave(getattr(sender, "exitcode", None) or 0)
 
 
 # Acknowledged when done; a run redelivered after a lost worker is skipped unless still pending.

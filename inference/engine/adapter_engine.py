@@ -60,5 +60,6 @@ class AdapterEngine:
     def warm_up(self, timeout: float | None = None) -> None:
         self.engine.warm_up(timeout)
 
-    def shutdown(self, timeout: float | None = None) -> None:
-        """Nothing to stop: see the class."""
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Nothing to stop (see the class): True."""
+        return True

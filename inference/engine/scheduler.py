@@ -427,8 +427,10 @@ class Engine:
         self.start()
         return request
 
-    def shutdown(self, timeout: float | None = None) -> None:
-        """Stop the decode thread; running and queued requests end as "cancelled". Idempotent."""
+    def shutdown(self, timeout: float | None = None) -> bool:
+        """Stop the decode thread; running and queued requests end as "cancelled". Idempotent.
+        Whether the thread has ended: it ends after the XLA call in flight (a step, a compile),
+        which nothing interrupts, so within ``timeout`` it may not have."""
         with self._cond:
             self._closing = True
             self._closed = True
@@ -436,8 +438,9 @@ class Engine:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-        else:
-            self._end_all("cancelled")
+            return not thread.is_alive()
+        self._end_all("cancelled")
+        return True
 
     def __enter__(self) -> Engine:
         return self.start()

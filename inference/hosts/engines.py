@@ -56,6 +56,9 @@ class ModelSpec:
 ADAPTER_FACTORS = "adapter_factors.npz"
 
 _engines: dict[str, tuple[ModelSpec, Engine | AdapterEngine]] = {}
+# Engines shut down whose decode thread was still in an XLA call when their shutdown's timeout
+# ran out (``still_running``).
+_stopping: list[Engine | AdapterEngine] = []
 _lock = threading.Lock()
 _loading: dict[str, threading.Lock] = {}
 
@@ -222,5 +225,18 @@ def shutdown_where(chosen: Callable[[ModelSpec], bool], timeout_s: float | None 
         for name in served:
             del _engines[name]
     for engine in engines:
-        engine.shutdown(timeout_s)  # An adapter's stops nothing: its base's engine serves others.
+        # An adapter's stops nothing: its base's engine serves others.
+        if not engine.shutdown(timeout_s):
+            with _lock:
+                _stopping.append(engine)
     return [*names, *served]
+
+
+def still_running() -> int:
+    """Engines shut down whose decode thread has not ended yet: it ends after the XLA call in
+    flight (a decode step, a compilation), which nothing interrupts. A process exiting with such
+    a thread must leave with ``os._exit``: Python's finalisation would end the thread inside
+    XLA's C++ code, which aborts the process (SIGABRT, "FATAL: exception not rethrown")."""
+    with _lock:
+        _stopping[:] = [engine for engine in _stopping if not engine.shutdown(0)]
+        return len(_stopping)

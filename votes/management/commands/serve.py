@@ -6,10 +6,7 @@ daphne (its own command line, so every daphne option and default is the same) an
 daphne stops taking connections, has those threads stop (``votes.shutdown``).
 """
 
-import logging
-import os
 import signal
-import sys
 from typing import Any
 
 from django.conf import settings
@@ -56,10 +53,7 @@ class Command(BaseCommand):
         stopped = shutdown.finish(options["grace"])
         if warmer is not None:
             warmer.stop()
-        if stopped.unfinished_jobs or (warmer is not None and warmer.busy):
-            # A thread that cannot be interrupted (a model loading or compiling) would hold the
-            # exit; everything it wrote is saved and its reply ended above.
-            logging.shutdown()
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
+        if stopped.unfinished_jobs or stopped.engines_running or (warmer is not None and warmer.busy):
+            # A thread that cannot be interrupted (a model loading or compiling, a decode step)
+            # would hold the exit or abort it; everything it wrote is saved and its reply ended above.
+            shutdown.leave(0)
