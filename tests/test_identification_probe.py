@@ -565,7 +565,11 @@ def real_roster(smollm2: Path, fixer: Path, gemma3: Path, run_id: str, settings:
     settings.ARENA_MAX_NEW_TOKENS = 12
     settings.ARENA_REPLIES_PER_NETWORK = 2 * 4  # The probe's sessions share one address: two networks' caps.
     settings.ARENA_ENGINE_SLOTS = 4  # A model plays once a battle: at most four of its replies at once.
-    settings.ARENA_ENGINE_COMPACT = True  # The engines' shapes as the embedded arena compiles them.
+    # The engines as the embedded arena runs them (arena_site.settings): its shapes, float16
+    # caches, Gemma 3's embedding in bfloat16 (which changes Gemma 3's speed, what the pace hides).
+    settings.ARENA_ENGINE_COMPACT = True
+    settings.ARENA_ENGINE_CACHE_DTYPE = "float16"
+    settings.ARENA_ENGINE_EMBEDDING_DTYPE = "bfloat16"
     services.import_tasks(PROBE_TASK)
     # The fixer on its base's queue: hosted beside it, as the embedded arena hosts every model (with
     # ARENA_FIXERS_AS_ADAPTERS, served by its base's engine).
