@@ -247,9 +247,9 @@ import django
 django.setup()
 from celery.signals import worker_shutdown
 from inference.hosts import engines
-from votes import shutdown, tasks
+from votes import shutdown, tasks  # noqa: F401  (tasks: the worker's signal handlers)
 
-tasks.ENGINE_STOP_SECONDS = 0.0
+engines.STOP_TIMEOUT_S = 0.0
 engine = engines.engine_for(engines.ModelSpec("stuck", "gemma", {preset!r}, slots=2, compact=True))
 threading.Thread(target=engine.warm_up, daemon=True).start()
 while engine.compilations == 0:
@@ -272,6 +272,34 @@ def test_a_stopping_worker_with_an_engine_in_an_xla_call_leaves_without_finalisi
         stack.stop()
     log = child.log.read_text(errors="replace")
     assert "An engine is still in an XLA call" in log and "finalised" not in log, log
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_model_host_serving_the_openai_protocol_stops_mid_reply(tmp_path: Path, signum: int) -> None:
+    """The model host (``python -m inference.hosts.openai_server``, which ``run_inference_host
+    --serve`` runs) gets SIGTERM or Ctrl-C while it streams a completion: it shuts its engines
+    down and exits, with status 0, within compose's stop grace period (10 s)."""
+    port = free_port()
+    stack = Stack(database_url="", redis_url="", log_dir=tmp_path)
+    command = [sys.executable, "-m", "inference.hosts.openai_server", "--port", str(port), "--slots", "2"]
+    command += ["--compile-lazily", "--model", f"tiny={PRESETS_DIR / 'tiny-gemma'}"]
+    host = stack.spawn("model-host", command)
+    request = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Add a meeting with Fred on Nov 11 at 5PM"}],
+        "max_tokens": 400,
+        "stream": True,
+    }
+    try:
+        stack.wait_until(host, lambda: _port_open(port), timeout_s=120)
+        with httpx.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=request, timeout=60) as reply:
+            assert reply.status_code == 200, reply.read()
+            lines = reply.iter_lines()
+            while '"content"' not in next(lines):
+                pass
+            assert stop(host, signum) < 10
+    finally:
+        stack.stop()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -10,15 +10,13 @@ waiting on one ends at once), and, in the embedded mode, ends in the database wh
 unfinished: replies as stopped (``stop_reason`` "shutdown", their text so far kept), evaluation
 runs as interrupted (the admin's "Run again" starts one over). Nothing stays "writing" forever.
 The caller then exits without waiting for threads that cannot be interrupted (a model being
-loaded or compiled, an engine's decode step): :func:`leave`.
+loaded or compiled, an engine's decode step): ``inference.hosts.engines.exit_now``.
 
 A Celery worker (``votes.tasks``) calls :func:`begin` when asked to stop, waits for its tasks as
 Celery does, then :func:`stop_engines`.
 """
 
 import logging
-import os
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -89,20 +87,10 @@ def finish(grace_s: float) -> Stopped:
 
 def stop_engines(timeout_s: float) -> int:
     """After :func:`begin` and the jobs' end: this process's engines shut down, each given up to
-    ``timeout_s`` to end its XLA call in flight; how many have not."""
+    ``timeout_s`` to end its XLA call in flight; how many have not (the process must then leave
+    with ``inference.hosts.engines.exit_now``)."""
     from inference import services as inference_services
 
     begin()
     inference_services.stop_local_models(timeout_s=timeout_s)
     return inference_services.local_models_still_running()
-
-
-def leave(exitcode: int = 0) -> None:
-    """Exit now, without Python's finalisation: the way out for a process that still has a thread
-    in code that cannot be interrupted (a model loading or compiling, a decode step). Python
-    would wait for such a thread if it is not a daemon, and end it inside XLA's C++ code if it
-    is, which aborts the process (SIGABRT). Everything worth keeping is written by then."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(exitcode)

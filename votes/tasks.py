@@ -16,9 +16,6 @@ from votes.relay import frame_relay
 
 logger = logging.getLogger(__name__)
 
-# How long a stopping worker waits for each engine's XLA call in flight (within compose's 10 s).
-ENGINE_STOP_SECONDS = 2.0
-
 
 # Acknowledged only once finished, and requeued if a pool process dies mid-reply: the reply then
 # starts over (the client is told to clear it). When the whole worker dies the broker keeps the
@@ -61,12 +58,14 @@ def stop_engines(sender: Any = None, **kwargs: Any) -> None:
     """Once its tasks have ended, a worker asked to stop shuts its engines down before it exits:
     an engine's decode thread may be in an XLA call (a step, a compilation, shrinking its caches
     after the last reply), and Python's finalisation would end it there and abort the process.
-    If one has not ended within ENGINE_STOP_SECONDS, the worker leaves without finalising."""
+    If one has not ended within ``engines.STOP_TIMEOUT_S``, the worker leaves without finalising."""
+    from inference.hosts import engines
+
     if not shutdown.stopping():  # Not asked to stop (a test's in-process worker): keep the engines.
         return
-    if shutdown.stop_engines(ENGINE_STOP_SECONDS):
+    if shutdown.stop_engines(engines.STOP_TIMEOUT_S):
         logger.info("An engine is still in an XLA call: leaving without waiting for it")
-        shutdown.leave(getattr(sender, "exitcode", None) or 0)
+        engines.exit_now(getattr(sender, "exitcode", None) or 0)
 
 
 # Acknowledged when done; a run redelivered after a lost worker is skipped unless still pending.

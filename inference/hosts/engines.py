@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -56,6 +57,9 @@ class ModelSpec:
 ADAPTER_FACTORS = "adapter_factors.npz"
 
 _engines: dict[str, tuple[ModelSpec, Engine | AdapterEngine]] = {}
+# How long a process that is stopping waits for each engine's XLA call in flight before it leaves
+# without finalising (exit_now): well within compose's stop grace period (10 s).
+STOP_TIMEOUT_S = 2.0
 # Engines shut down whose decode thread was still in an XLA call when their shutdown's timeout
 # ran out (``still_running``).
 _stopping: list[Engine | AdapterEngine] = []
@@ -235,8 +239,26 @@ def shutdown_where(chosen: Callable[[ModelSpec], bool], timeout_s: float | None 
 def still_running() -> int:
     """Engines shut down whose decode thread has not ended yet: it ends after the XLA call in
     flight (a decode step, a compilation), which nothing interrupts. A process exiting with such
-    a thread must leave with ``os._exit``: Python's finalisation would end the thread inside
+    a thread must leave with :func:`exit_now`: Python's finalisation would end the thread inside
     XLA's C++ code, which aborts the process (SIGABRT, "FATAL: exception not rethrown")."""
     with _lock:
         _stopping[:] = [engine for engine in _stopping if not engine.shutdown(0)]
         return len(_stopping)
+
+
+def stop_all(timeout_s: float) -> int:
+    """For a process about to exit: every engine shut down, each given up to ``timeout_s`` to end
+    its XLA call in flight; how many have not (:func:`still_running`)."""
+    shutdown_where(lambda spec: True, timeout_s=timeout_s)
+    return still_running()
+
+
+def exit_now(exitcode: int = 0) -> NoReturn:
+    """Exit without Python's finalisation: the way out of a process that still has a thread in
+    code that cannot be interrupted (a model loading or compiling, a decode step). Python would
+    wait for such a thread if it is not a daemon, and end it inside XLA's C++ code if it is,
+    which aborts the process. The caller has written everything worth keeping."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exitcode)

@@ -22,6 +22,7 @@ import argparse
 import json
 import logging
 import math
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -38,6 +39,7 @@ from starlette.routing import Route
 
 from inference.chat_templates import ChatTurn
 from inference.clients.base import Generation, Sampling
+from inference.hosts import engines
 from inference.hosts.engines import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -76,8 +78,6 @@ class Host:
     def warm_up(self, report: Callable[[str], None] = logger.info, *, compile_all: bool = True) -> None:
         """Load every model and (``compile_all``) compile every shape its engine will use, before
         taking traffic; without it, each shape compiles at its first use."""
-        from inference.hosts import engines
-
         for name, model in self.models.items():
             started = time.monotonic()
             engine = engines.warm_up(model.spec) if compile_all else engines.engine_for(model.spec)
@@ -448,7 +448,28 @@ def serve(host: Host, *, bind: str, port: int, log_level: str = "info", compile_
     import uvicorn
 
     host.warm_up(compile_all=compile_all)
-    uvicorn.run(OpenAIServer(host).app, host=bind, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    # uvicorn stops on SIGTERM or Ctrl-C, then raises the signal again under the handler it found:
+    # this one ends the wait, so that the engines can stop before the process exits (status 0).
+    stopped = {sig: signal.signal(sig, _stop_serving) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        uvicorn.run(OpenAIServer(host).app, host=bind, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    except _StopServing:
+        pass
+    finally:
+        for sig, handler in stopped.items():
+            signal.signal(sig, handler)
+    # A decode thread may be in an XLA call: leave without finalising under it (engines.still_running).
+    if engines.stop_all(engines.STOP_TIMEOUT_S):
+        logger.info("An engine is still in an XLA call: leaving without waiting for it")
+        engines.exit_now(0)
+
+
+class _StopServing(Exception):
+    """The server was asked to stop (SIGTERM, Ctrl-C) and has."""
+
+
+def _stop_serving(signum: int, frame: object) -> None:
+    raise _StopServing
 
 
 def main(argv: Sequence[str] | None = None) -> None:
