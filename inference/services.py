@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
@@ -388,9 +389,25 @@ def stop_local_models(timeout_s: float = 1.0) -> list[str]:
     return engines.shutdown_where(lambda spec: True, timeout_s=timeout_s)
 
 
+def stop_local_models_to_exit() -> int:
+    """For a process about to exit: every engine of it shut down, each given
+    ``inference.hosts.engines.STOP_TIMEOUT_S`` to end its XLA call in flight; how many have not
+    (then leave with :func:`exit_now`)."""
+    engines = sys.modules.get("inference.hosts.engines")
+    return 0 if engines is None else engines.stop_all(engines.STOP_TIMEOUT_S)
+
+
+def exit_now(exitcode: int = 0) -> NoReturn:
+    """Leave without Python's finalisation (``inference.hosts.engines.exit_now``): the way out of a
+    process with a thread still in an XLA call, which finalising would abort."""
+    from inference.hosts import engines
+
+    engines.exit_now(exitcode)
+
+
 def local_models_still_running() -> int:
     """Engines of this process stopped by :func:`stop_local_models` whose decode thread is still
-    in an XLA call (``inference.hosts.engines.still_running``): the process must then exit with
-    ``os._exit``."""
+    in an XLA call (``inference.hosts.engines.still_running``): the process must then leave with
+    ``inference.hosts.engines.exit_now``."""
     engines = sys.modules.get("inference.hosts.engines")
     return 0 if engines is None else engines.still_running()

@@ -10,7 +10,7 @@ waiting on one ends at once), and, in the embedded mode, ends in the database wh
 unfinished: replies as stopped (``stop_reason`` "shutdown", their text so far kept), evaluation
 runs as interrupted (the admin's "Run again" starts one over). Nothing stays "writing" forever.
 The caller then exits without waiting for threads that cannot be interrupted (a model being
-loaded or compiled, an engine's decode step): ``inference.hosts.engines.exit_now``.
+loaded or compiled, an engine's decode step): ``inference.services.exit_now``.
 
 A Celery worker (``votes.tasks``) calls :func:`begin` when asked to stop, waits for its tasks as
 Celery does, then :func:`stop_engines`.
@@ -85,12 +85,11 @@ def finish(grace_s: float) -> Stopped:
     return result
 
 
-def stop_engines(timeout_s: float) -> int:
-    """After :func:`begin` and the jobs' end: this process's engines shut down, each given up to
-    ``timeout_s`` to end its XLA call in flight; how many have not (the process must then leave
-    with ``inference.hosts.engines.exit_now``)."""
+def stop_engines() -> int:
+    """After :func:`begin` and the jobs' end: this process's engines shut down, each given a
+    moment to end its XLA call in flight; how many have not (the process must then leave with
+    ``inference.services.exit_now``)."""
     from inference import services as inference_services
 
     begin()
-    inference_services.stop_local_models(timeout_s=timeout_s)
-    return inference_services.local_models_still_running()
+    return inference_services.stop_local_models_to_exit()

@@ -58,14 +58,14 @@ def stop_engines(sender: Any = None, **kwargs: Any) -> None:
     """Once its tasks have ended, a worker asked to stop shuts its engines down before it exits:
     an engine's decode thread may be in an XLA call (a step, a compilation, shrinking its caches
     after the last reply), and Python's finalisation would end it there and abort the process.
-    If one has not ended within ``engines.STOP_TIMEOUT_S``, the worker leaves without finalising."""
-    from inference.hosts import engines
+    If one has not ended within a moment, the worker leaves without finalising."""
+    from inference import services as inference_services
 
     if not shutdown.stopping():  # Not asked to stop (a test's in-process worker): keep the engines.
         return
-    if shutdown.stop_engines(engines.STOP_TIMEOUT_S):
+    if shutdown.stop_engines():
         logger.info("An engine is still in an XLA call: leaving without waiting for it")
-        engines.exit_now(getattr(sender, "exitcode", None) or 0)
+        inference_services.exit_now(getattr(sender, "exitcode", None) or 0)
 
 
 # Acknowledged when done; a run redelivered after a lost worker is skipped unless still pending.

@@ -450,13 +450,13 @@ def serve(host: Host, *, bind: str, port: int, log_level: str = "info", compile_
     host.warm_up(compile_all=compile_all)
     # uvicorn stops on SIGTERM or Ctrl-C, then raises the signal again under the handler it found:
     # this one ends the wait, so that the engines can stop before the process exits (status 0).
-    stopped = {sig: signal.signal(sig, _stop_serving) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, _stop_serving) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         uvicorn.run(OpenAIServer(host).app, host=bind, port=port, log_level=log_level, timeout_graceful_shutdown=5)
     except _StopServing:
         pass
     finally:
-        for sig, handler in stopped.items():
+        for sig, handler in previous.items():
             signal.signal(sig, handler)
     # A decode thread may be in an XLA call: leave without finalising under it (engines.still_running).
     if engines.stop_all(engines.STOP_TIMEOUT_S):

@@ -56,6 +56,6 @@ class Command(BaseCommand):
         if stopped.unfinished_jobs or stopped.engines_running or (warmer is not None and warmer.busy):
             # A thread that cannot be interrupted (a model loading or compiling, a decode step)
             # would hold the exit or abort it; everything it wrote is saved and its reply ended above.
-            from inference.hosts import engines
+            from inference import services as inference_services
 
-            engines.exit_now(0)
+            inference_services.exit_now(0)
