@@ -408,6 +408,6 @@ def exit_now(exitcode: int = 0) -> NoReturn:
 def local_models_still_running() -> int:
     """Engines of this process stopped by :func:`stop_local_models` whose decode thread is still
     in an XLA call (``inference.hosts.engines.still_running``): the process must then leave with
-    ``inference.hosts.engines.exit_now``."""
+    :func:`exit_now`."""
     engines = sys.modules.get("inference.hosts.engines")
     return 0 if engines is None else engines.still_running()
