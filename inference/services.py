@@ -394,7 +394,7 @@ def stop_local_models_to_exit() -> int:
     ``inference.hosts.engines.STOP_TIMEOUT_S`` to end its XLA call in flight; how many have not
     (then leave with :func:`exit_now`)."""
     engines = sys.modules.get("inference.hosts.engines")
-    return 0 if engines is None else engines.stop_all(engines.STOP_TIMEOUT_S)
+    return 0 if engines is None else engines.shutdown_all(engines.STOP_TIMEOUT_S)
 
 
 def exit_now(exitcode: int = 0) -> NoReturn:

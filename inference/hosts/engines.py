@@ -213,8 +213,11 @@ def return_freed_memory() -> None:
     hand_back()
 
 
-def shutdown_all() -> None:
-    shutdown_where(lambda spec: True)
+def shutdown_all(timeout_s: float | None = None) -> int:
+    """Stop every engine (:func:`shutdown_where`); how many are still in an XLA call once each had
+    ``timeout_s`` (:func:`still_running`; none when ``timeout_s`` is None: each is waited for)."""
+    shutdown_where(lambda spec: True, timeout_s=timeout_s)
+    return still_running()
 
 
 def shutdown_where(chosen: Callable[[ModelSpec], bool], timeout_s: float | None = None) -> list[str]:
@@ -244,13 +247,6 @@ def still_running() -> int:
     with _lock:
         _stopping[:] = [engine for engine in _stopping if not engine.shutdown(0)]
         return len(_stopping)
-
-
-def stop_all(timeout_s: float) -> int:
-    """For a process about to exit: every engine shut down, each given up to ``timeout_s`` to end
-    its XLA call in flight; how many have not (:func:`still_running`)."""
-    shutdown_where(lambda spec: True, timeout_s=timeout_s)
-    return still_running()
 
 
 def exit_now(exitcode: int = 0) -> NoReturn:

@@ -459,7 +459,7 @@ def serve(host: Host, *, bind: str, port: int, log_level: str = "info", compile_
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     # A decode thread may be in an XLA call: leave without finalising under it (engines.still_running).
-    if engines.stop_all(engines.STOP_TIMEOUT_S):
+    if engines.shutdown_all(engines.STOP_TIMEOUT_S):
         logger.info("An engine is still in an XLA call: leaving without waiting for it")
         engines.exit_now(0)
 
